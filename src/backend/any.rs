@@ -1,0 +1,252 @@
+//! `AnyConnection`: one connection type over every enabled backend, for programs that pick
+//! the database at run time (the `dlock` CLI does), and `connect(url)` to build its pool.
+
+use super::sealed::Dialect;
+use super::{Acquired, Backend};
+use crate::{Error, Result};
+use diesel::r2d2::{ConnectionManager, CustomizeConnection, Pool};
+use diesel::{Connection, QueryResult};
+use std::time::Duration;
+
+#[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
+compile_error!("diesel-lock needs at least one backend feature: sqlite, postgres or mysql");
+
+// diesel's MultiConnection derive cannot take `#[cfg]` on variants, so the enum is written
+// once per combination of enabled backends.
+macro_rules! any_connection {
+    ($($(#[$doc:meta])* $variant:ident($conn:ty)),+ $(,)?) => {
+        #[allow(missing_docs, missing_debug_implementations, unreachable_pub)]
+        mod generated {
+            /// A connection to whichever backend the URL named: a diesel `MultiConnection`
+            /// over the backends enabled by this crate's features.
+            #[derive(diesel::MultiConnection)]
+            pub enum AnyConnection {
+                $($(#[$doc])* $variant($conn)),+
+            }
+        }
+        pub use generated::AnyConnection;
+    };
+}
+
+#[cfg(all(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+any_connection!(
+    /// PostgreSQL.
+    Postgresql(diesel::PgConnection),
+    /// MySQL or MariaDB.
+    Mysql(diesel::MysqlConnection),
+    /// SQLite.
+    Sqlite(diesel::SqliteConnection),
+);
+#[cfg(all(feature = "postgres", feature = "mysql", not(feature = "sqlite")))]
+any_connection!(
+    /// PostgreSQL.
+    Postgresql(diesel::PgConnection),
+    /// MySQL or MariaDB.
+    Mysql(diesel::MysqlConnection),
+);
+#[cfg(all(feature = "postgres", not(feature = "mysql"), feature = "sqlite"))]
+any_connection!(
+    /// PostgreSQL.
+    Postgresql(diesel::PgConnection),
+    /// SQLite.
+    Sqlite(diesel::SqliteConnection),
+);
+#[cfg(all(not(feature = "postgres"), feature = "mysql", feature = "sqlite"))]
+any_connection!(
+    /// MySQL or MariaDB.
+    Mysql(diesel::MysqlConnection),
+    /// SQLite.
+    Sqlite(diesel::SqliteConnection),
+);
+#[cfg(all(feature = "postgres", not(feature = "mysql"), not(feature = "sqlite")))]
+any_connection!(
+    /// PostgreSQL.
+    Postgresql(diesel::PgConnection),
+);
+#[cfg(all(not(feature = "postgres"), feature = "mysql", not(feature = "sqlite")))]
+any_connection!(
+    /// MySQL or MariaDB.
+    Mysql(diesel::MysqlConnection),
+);
+#[cfg(all(not(feature = "postgres"), not(feature = "mysql"), feature = "sqlite"))]
+any_connection!(
+    /// SQLite.
+    Sqlite(diesel::SqliteConnection),
+);
+
+/// Runs `$e` with `$c` bound to the concrete connection inside an `AnyConnection`.
+macro_rules! each {
+    ($conn:expr, $c:ident => $e:expr) => {
+        match $conn {
+            #[cfg(feature = "postgres")]
+            AnyConnection::Postgresql($c) => $e,
+            #[cfg(feature = "mysql")]
+            AnyConnection::Mysql($c) => $e,
+            #[cfg(feature = "sqlite")]
+            AnyConnection::Sqlite($c) => $e,
+        }
+    };
+}
+
+impl Dialect for AnyConnection {
+    fn backend(&self) -> Backend {
+        each!(self, c => c.backend())
+    }
+    fn static_backend() -> Option<Backend> {
+        None
+    }
+    fn run_migrations(&mut self) -> Result<()> {
+        each!(self, c => c.run_migrations())
+    }
+    fn is_contention(&self, e: &diesel::result::Error) -> bool {
+        each!(self, c => c.is_contention(e))
+    }
+    fn row_acquire(
+        &mut self,
+        key: &str,
+        owner: &str,
+        retry: bool,
+    ) -> QueryResult<Option<Acquired>> {
+        each!(self, c => c.row_acquire(key, owner, retry))
+    }
+    fn row_delete_stale(&mut self, key: &str, stale_us: i64) -> QueryResult<bool> {
+        each!(self, c => c.row_delete_stale(key, stale_us))
+    }
+    fn row_release(&mut self, id: i64) -> QueryResult<bool> {
+        each!(self, c => c.row_release(id))
+    }
+    fn row_held(&mut self, id: i64) -> QueryResult<bool> {
+        each!(self, c => c.row_held(id))
+    }
+    fn lease_acquire(
+        &mut self,
+        key: &str,
+        owner: &str,
+        holder: &str,
+        ttl_us: i64,
+        retry: bool,
+    ) -> QueryResult<Option<Acquired>> {
+        each!(self, c => c.lease_acquire(key, owner, holder, ttl_us, retry))
+    }
+    fn lease_renew(&mut self, key: &str, holder: &str, ttl_us: i64) -> QueryResult<bool> {
+        each!(self, c => c.lease_renew(key, holder, ttl_us))
+    }
+    fn lease_release(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
+        each!(self, c => c.lease_release(key, holder))
+    }
+    fn lease_held(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
+        each!(self, c => c.lease_held(key, holder))
+    }
+}
+
+/// Applies [`SqliteTuning`](crate::SqliteTuning) to the SQLite connections of an
+/// `AnyConnection` pool; other backends need nothing.
+#[derive(Debug, Clone, Copy)]
+struct AnyTuning;
+
+impl CustomizeConnection<AnyConnection, diesel::r2d2::Error> for AnyTuning {
+    fn on_acquire(&self, conn: &mut AnyConnection) -> Result<(), diesel::r2d2::Error> {
+        match conn {
+            #[cfg(feature = "sqlite")]
+            AnyConnection::Sqlite(c) => super::SqliteTuning::default()
+                .apply(c)
+                .map_err(diesel::r2d2::Error::QueryError),
+            #[allow(unreachable_patterns)]
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Turns a user's URL into the one diesel expects, refusing what cannot work.
+fn normalize(url: &str) -> Result<String> {
+    let url = url.trim();
+    if url.is_empty() {
+        return Err(Error::InvalidUrl("the url is empty".into()));
+    }
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return if cfg!(feature = "sqlite") {
+            sqlite_path(url)
+        } else {
+            Err(Error::InvalidUrl(
+                "a plain path means SQLite, which this build does not include".into(),
+            ))
+        };
+    };
+    match scheme {
+        "postgres" | "postgresql" if cfg!(feature = "postgres") => Ok(url.to_owned()),
+        "mysql" | "mariadb" if cfg!(feature = "mysql") => Ok(format!("mysql://{rest}")),
+        "sqlite" if cfg!(feature = "sqlite") => sqlite_path(rest),
+        "postgres" | "postgresql" | "mysql" | "mariadb" | "sqlite" => Err(Error::InvalidUrl(
+            "this build of diesel-lock does not include that backend's feature".into(),
+        )),
+        _ => Err(Error::InvalidUrl(
+            "unknown scheme: use postgres://, mysql://, sqlite:// or a file path".into(),
+        )),
+    }
+}
+
+fn sqlite_path(path: &str) -> Result<String> {
+    if path.is_empty() {
+        return Err(Error::InvalidUrl("the sqlite path is empty".into()));
+    }
+    if path == ":memory:" || path.contains("mode=memory") {
+        // Each pooled connection would get its own private database: locks in it would
+        // exclude nobody.
+        return Err(Error::InvalidUrl(
+            "an in-memory SQLite database cannot be shared between connections; use a file".into(),
+        ));
+    }
+    Ok(path.to_owned())
+}
+
+/// Builds a connection pool for `url`: `postgres://…`, `mysql://…`, `sqlite://path` or a
+/// plain file path (SQLite). One connection is opened first, so a wrong URL or an unreachable
+/// server fails at once with the driver's reason (which never contains the password).
+///
+/// SQLite connections get [`SqliteTuning`](crate::SqliteTuning). The pool holds at most 10
+/// connections and waits at most 10 s for one.
+///
+/// ```
+/// # fn main() -> diesel_lock::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let path = dir.path().join("locks.db");
+/// let pool = diesel_lock::connect(path.to_str().unwrap())?;
+/// let locker = diesel_lock::Locker::builder(pool).build()?;
+/// locker.migrate()?;
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+/// [`Error::InvalidUrl`] for an empty URL, an unknown scheme, a backend this build lacks, or an
+/// in-memory SQLite database; [`Error::Connection`] if the first connection fails;
+/// [`Error::Pool`] if the pool cannot be built.
+pub fn connect(url: &str) -> Result<Pool<ConnectionManager<AnyConnection>>> {
+    let url = normalize(url)?;
+    drop(AnyConnection::establish(&url)?);
+    Pool::builder()
+        .max_size(10)
+        .min_idle(Some(1))
+        .connection_timeout(Duration::from_secs(10))
+        .connection_customizer(Box::new(AnyTuning))
+        .build(ConnectionManager::new(url))
+        .map_err(Error::Pool)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        assert!(matches!(normalize(""), Err(Error::InvalidUrl(_))));
+        assert!(matches!(normalize("redis://x"), Err(Error::InvalidUrl(_))));
+        #[cfg(feature = "sqlite")]
+        {
+            assert_eq!(normalize("sqlite://dlock.db").unwrap(), "dlock.db");
+            assert_eq!(normalize("/tmp/x.db").unwrap(), "/tmp/x.db");
+            assert!(matches!(normalize(":memory:"), Err(Error::InvalidUrl(_))));
+        }
+        #[cfg(feature = "mysql")]
+        assert_eq!(normalize("mariadb://u@h/d").unwrap(), "mysql://u@h/d");
+    }
+}

@@ -1,0 +1,128 @@
+//! What differs per database: one module per backend holds all of that backend's SQL, behind
+//! one internal trait (`Dialect`). Strategy code calls the trait and never asks which
+//! database it talks to.
+
+use crate::Result;
+use chrono::{DateTime, Utc};
+use diesel::QueryResult;
+
+mod any;
+#[cfg(feature = "mysql")]
+mod mysql;
+#[cfg(feature = "postgres")]
+mod pg;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+pub(crate) mod stmt;
+
+pub use any::{connect, AnyConnection};
+#[cfg(feature = "sqlite")]
+pub use sqlite::SqliteTuning;
+
+/// The database a connection talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Backend {
+    /// PostgreSQL.
+    Postgres,
+    /// MySQL or MariaDB.
+    Mysql,
+    /// SQLite.
+    Sqlite,
+}
+
+impl Backend {
+    /// The backend's name, as used in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Postgres => "postgresql",
+            Backend::Mysql => "mysql",
+            Backend::Sqlite => "sqlite",
+        }
+    }
+}
+
+/// A connection type the library can keep locks in.
+///
+/// Implemented (sealed) for diesel's `PgConnection`, `MysqlConnection`, `SqliteConnection`
+/// (each behind its feature) and for [`AnyConnection`], which picks the backend at run time.
+pub trait LockConnection: sealed::Dialect + diesel::r2d2::R2D2Connection + Send + 'static {}
+
+impl<T> LockConnection for T where T: sealed::Dialect + diesel::r2d2::R2D2Connection + Send + 'static
+{}
+
+pub(crate) use sealed::Acquired;
+
+pub(crate) mod sealed {
+    use super::*;
+
+    /// What a successful acquisition returns from the database. (Public only inside this
+    /// unnameable module, as the sealed trait's signatures need.)
+    #[derive(Debug, Clone, Copy)]
+    pub struct Acquired {
+        /// Row strategy: the row's id (release deletes by it). Lease: unused (0).
+        pub id: i64,
+        pub token: i64,
+        pub acquired_at: DateTime<Utc>,
+    }
+
+    /// The SQL of every strategy, per backend. Durations are whole microseconds.
+    ///
+    /// `retry` is true when the caller already failed an attempt on this key: backends where
+    /// a failed write attempt is costly (MySQL's insert locks, SQLite's single writer) then
+    /// look first with a plain read and skip the write while the key is visibly held.
+    pub trait Dialect: diesel::Connection {
+        /// The backend of this connection.
+        fn backend(&self) -> Backend;
+        /// The backend of every connection of this type, when it is fixed by the type.
+        fn static_backend() -> Option<Backend>;
+        /// Creates or upgrades the tables; safe to run from many processes at once.
+        fn run_migrations(&mut self) -> Result<()>;
+        /// True if `e` means "someone else is competing for this lock right now" (deadlock,
+        /// lock-wait timeout, busy database) rather than a real failure.
+        fn is_contention(&self, e: &diesel::result::Error) -> bool;
+
+        fn row_acquire(
+            &mut self,
+            key: &str,
+            owner: &str,
+            retry: bool,
+        ) -> QueryResult<Option<Acquired>>;
+        /// Deletes the key's row if it is older than `stale_us`; true if one was deleted.
+        fn row_delete_stale(&mut self, key: &str, stale_us: i64) -> QueryResult<bool>;
+        /// Deletes the row by id; false if it was no longer there.
+        fn row_release(&mut self, id: i64) -> QueryResult<bool>;
+        fn row_held(&mut self, id: i64) -> QueryResult<bool>;
+
+        fn lease_acquire(
+            &mut self,
+            key: &str,
+            owner: &str,
+            holder: &str,
+            ttl_us: i64,
+            retry: bool,
+        ) -> QueryResult<Option<Acquired>>;
+        /// Extends an unexpired lease still held by `holder`; false if it is not.
+        fn lease_renew(&mut self, key: &str, holder: &str, ttl_us: i64) -> QueryResult<bool>;
+        /// Clears the lease if `holder` still holds it; false if it did not.
+        fn lease_release(&mut self, key: &str, holder: &str) -> QueryResult<bool>;
+        fn lease_held(&mut self, key: &str, holder: &str) -> QueryResult<bool>;
+    }
+}
+
+/// Runs `f` under a guard that, should `f` fail with a migration error caused by another
+/// process migrating at the same moment, runs it once more (by then nothing is pending).
+pub(crate) fn migrate_with_retry<C>(
+    conn: &mut C,
+    mut f: impl FnMut(&mut C) -> Result<()>,
+) -> Result<()> {
+    match f(conn) {
+        Ok(()) => Ok(()),
+        Err(first) => {
+            log::debug!(
+                "migration failed ({first}); retrying once in case another process raced us"
+            );
+            f(conn)
+        }
+    }
+}

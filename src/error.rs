@@ -1,0 +1,158 @@
+//! The crate's one error type.
+
+use std::fmt;
+use std::time::Duration;
+
+/// `Result` with [`Error`] as the default error type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong while taking, keeping or releasing a lock.
+///
+/// "Someone else holds the key" is not an error: `try_lock` and `try_lock_for` return
+/// `Ok(None)` for it. Database deadlocks and lock-wait timeouts met while *competing* for a
+/// key are contention too, and are retried or reported as `Ok(None)`, never as an error.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// The key is empty, longer than 255 bytes, or contains a NUL byte.
+    InvalidKey {
+        /// Why the key was refused.
+        reason: &'static str,
+    },
+    /// The builder was given a value that cannot work (a zero TTL, an empty owner, ...).
+    InvalidConfig(String),
+    /// The strategy cannot be honoured faithfully by this backend (e.g. `ForUpdate` on SQLite).
+    Unsupported {
+        /// The strategy that was asked for.
+        strategy: &'static str,
+        /// The backend that cannot provide it.
+        backend: &'static str,
+    },
+    /// The library's tables do not exist: call [`Locker::migrate`](crate::Locker::migrate).
+    MissingTable(diesel::result::Error),
+    /// The lock is no longer held by this guard: its lease expired, its row was taken over
+    /// as stale, or its session ended.
+    LockLost {
+        /// The key whose lock was lost.
+        key: String,
+    },
+    /// An optimistic transaction saw its version change on every attempt.
+    Conflict {
+        /// The key whose version kept changing.
+        key: String,
+        /// How many attempts were made.
+        attempts: u32,
+    },
+    /// No connection could be had from the pool in time (exhausted or unreachable database).
+    Pool(r2d2::Error),
+    /// A database error that is not contention.
+    Database(diesel::result::Error),
+    /// Opening a connection failed.
+    Connection(diesel::ConnectionError),
+    /// Running the embedded migrations failed.
+    Migration(Box<dyn std::error::Error + Send + Sync>),
+    /// A database URL could not be understood.
+    InvalidUrl(String),
+    /// The lock could not be released within the time the caller allowed.
+    Timeout(Duration),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::InvalidKey { reason } => write!(f, "invalid lock key: {reason}"),
+            Error::InvalidConfig(why) => write!(f, "invalid lock configuration: {why}"),
+            Error::Unsupported { strategy, backend } => {
+                write!(f, "the {strategy} strategy is not supported on {backend}")
+            }
+            Error::MissingTable(_) => write!(
+                f,
+                "the lock tables do not exist: run Locker::migrate() or `dlock migrate` first"
+            ),
+            Error::LockLost { key } => write!(f, "the lock on {key:?} was lost"),
+            Error::Conflict { key, attempts } => write!(
+                f,
+                "the version of {key:?} changed under every one of {attempts} attempts"
+            ),
+            Error::Pool(_) => write!(f, "no database connection could be had from the pool"),
+            Error::Database(_) => write!(f, "database error"),
+            Error::Connection(_) => write!(f, "could not connect to the database"),
+            Error::Migration(_) => write!(f, "could not create or upgrade the lock tables"),
+            Error::InvalidUrl(why) => write!(f, "invalid database url: {why}"),
+            Error::Timeout(d) => write!(f, "timed out after {d:?}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::MissingTable(e) | Error::Database(e) => Some(e),
+            Error::Pool(e) => Some(e),
+            Error::Connection(e) => Some(e),
+            Error::Migration(e) => Some(&**e),
+            _ => None,
+        }
+    }
+}
+
+impl From<diesel::result::Error> for Error {
+    fn from(e: diesel::result::Error) -> Self {
+        if is_missing_table(&e) {
+            Error::MissingTable(e)
+        } else {
+            Error::Database(e)
+        }
+    }
+}
+
+impl From<r2d2::Error> for Error {
+    fn from(e: r2d2::Error) -> Self {
+        Error::Pool(e)
+    }
+}
+
+impl From<diesel::ConnectionError> for Error {
+    fn from(e: diesel::ConnectionError) -> Self {
+        Error::Connection(e)
+    }
+}
+
+/// The three backends word "table not found" differently and diesel maps none of them to a
+/// kind of its own, so the message is matched. Only our own tables (`dlock_` prefix) count.
+fn is_missing_table(e: &diesel::result::Error) -> bool {
+    if let diesel::result::Error::DatabaseError(_, info) = e {
+        let m = info.message();
+        m.contains("dlock_")
+            && (m.contains("does not exist") // PostgreSQL: relation "dlock_rows" does not exist
+                || m.contains("doesn't exist") // MySQL: Table 'db.dlock_rows' doesn't exist
+                || m.contains("no such table")) // SQLite: no such table: dlock_rows
+    } else {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_are_send_sync_static() {
+        fn assert<T: Send + Sync + 'static + std::error::Error>() {}
+        assert::<Error>();
+    }
+
+    #[test]
+    fn display_is_lowercase() {
+        let samples = [
+            Error::InvalidKey { reason: "empty" },
+            Error::InvalidConfig("ttl is zero".into()),
+            Error::LockLost { key: "k".into() },
+            Error::Database(diesel::result::Error::NotFound),
+        ];
+        for e in samples {
+            let s = e.to_string();
+            assert!(s.chars().next().unwrap().is_lowercase(), "{s}");
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! `LockGuard`: what a held lock looks like to its user; releases in `release` or `Drop`.
+
+use crate::backend::LockConnection;
+use crate::strategy::{self, Hold, Taken};
+use crate::{Locker, Result};
+use chrono::{DateTime, Utc};
+
+/// A held lock. Dropping it releases the lock; [`release`](Self::release) does the same and
+/// reports failure, which `Drop` can only log (at `warn`).
+///
+/// A guard is `Send`: it may be released by another thread than the one that took it.
+#[must_use = "if unused the lock is released immediately"]
+pub struct LockGuard<C: LockConnection> {
+    locker: Locker<C>,
+    key: String,
+    token: i64,
+    acquired_at: DateTime<Utc>,
+    /// `None` once released.
+    hold: Option<Hold>,
+}
+
+impl<C: LockConnection> std::fmt::Debug for LockGuard<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("key", &self.key)
+            .field("token", &self.token)
+            .field("owner", &self.owner())
+            .field("acquired_at", &self.acquired_at)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C: LockConnection> LockGuard<C> {
+    pub(crate) fn new(locker: Locker<C>, key: String, taken: Taken) -> Self {
+        LockGuard {
+            locker,
+            key,
+            token: taken.token,
+            acquired_at: taken.acquired_at,
+            hold: Some(taken.hold),
+        }
+    }
+
+    /// The key this guard holds.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The fencing token: strictly greater than every token issued earlier for this key by
+    /// this strategy. Pass it to whatever the lock protects, and have that refuse writes
+    /// carrying a token lower than one it has seen.
+    pub fn token(&self) -> i64 {
+        self.token
+    }
+
+    /// The owner name stored with the lock.
+    pub fn owner(&self) -> &str {
+        self.locker.owner()
+    }
+
+    /// The database's time at which the lock was taken.
+    pub fn acquired_at(&self) -> DateTime<Utc> {
+        self.acquired_at
+    }
+
+    /// Asks the database whether the lock is still held by this guard.
+    ///
+    /// ```
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let locker = diesel_lock::Locker::builder(diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?).build()?;
+    /// # locker.migrate()?;
+    /// let guard = locker.lock("invoices")?;
+    /// guard.check()?; // before an irreversible step
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::LockLost`](crate::Error::LockLost) if it is not: the lease expired (the
+    /// heartbeat could not renew it in time) or the row was taken over as stale. Other errors
+    /// if the database could not be asked.
+    pub fn check(&self) -> Result<()> {
+        match &self.hold {
+            Some(hold) => strategy::check(&self.locker.ctx(), &self.key, hold),
+            None => Err(crate::Error::LockLost {
+                key: self.key.clone(),
+            }),
+        }
+    }
+
+    /// Releases the lock now and reports whether that worked.
+    ///
+    /// # Errors
+    /// [`Error::LockLost`](crate::Error::LockLost) if the lock had already been lost (it was
+    /// not ours to release); [`Error::Pool`](crate::Error::Pool) or
+    /// [`Error::Database`](crate::Error::Database) if the release could not be done. A lease
+    /// that could not be released expires after its ttl; a row needs `stale_after` or a
+    /// manual `dlock release --force`.
+    pub fn release(mut self) -> Result<()> {
+        self.release_inner()
+    }
+
+    fn release_inner(&mut self) -> Result<()> {
+        let Some(hold) = self.hold.take() else {
+            return Ok(());
+        };
+        let result = strategy::release(&self.locker.ctx(), &self.key, hold);
+        self.locker.released(&self.key);
+        match &result {
+            Ok(()) => log::debug!("lock {:?} released (token {})", self.key, self.token),
+            Err(e) => log::debug!("lock {:?}: release failed: {e}", self.key),
+        }
+        result
+    }
+}
+
+impl<C: LockConnection> Drop for LockGuard<C> {
+    fn drop(&mut self) {
+        if let Err(e) = self.release_inner() {
+            log::warn!("lock {:?}: release on drop failed: {e}", self.key);
+        }
+    }
+}

@@ -1,0 +1,81 @@
+//! Distributed locks kept in the database you already run.
+//!
+//! `diesel-lock` gives synchronous Rust programs locks that exclude each other across threads,
+//! processes and machines, stored in PostgreSQL, MySQL/MariaDB or SQLite (the embedded
+//! default) through Diesel and an r2d2 pool. Every lock is held by an RAII guard:
+//!
+//! ```
+//! use diesel_lock::{Locker, Strategy};
+//! use std::time::Duration;
+//!
+//! # fn main() -> diesel_lock::Result<()> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! # let path = dir.path().join("locks.db");
+//! # let url = path.to_str().unwrap();
+//! // `url` is a file path here (SQLite); postgres:// and mysql:// URLs work the same way.
+//! let locker = Locker::builder(diesel_lock::connect(url)?)
+//!     .strategy(Strategy::Lease { ttl: Duration::from_secs(30) })
+//!     .build()?;
+//! locker.migrate()?; // creates the tables once; safe to call at every start
+//!
+//! {
+//!     let guard = locker.lock("nightly-report")?;
+//!     println!("running with fencing token {}", guard.token());
+//!     // ... work that must not run twice at once ...
+//! } // released here
+//!
+//! match locker.try_lock_for("nightly-report", Duration::from_millis(100))? {
+//!     Some(guard) => guard.release()?, // release() reports errors; Drop can only log them
+//!     None => println!("someone else is running it"),
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! # Strategies
+//! One [`LockGuard`] type serves every [`Strategy`]:
+//!
+//! - [`Strategy::Lease`] (the default, ttl 30 s): a holder id and an expiry computed by the
+//!   database clock. A heartbeat renews the lease every ttl/3 while the guard lives; a holder
+//!   that crashes or is paused past its ttl loses the lock, and [`LockGuard::check`] says so.
+//! - [`Strategy::Row`]: a row inserted on a unique key and deleted by id on release. A crashed
+//!   holder's row stays until `stale_after` lets another taker delete it (or forever without).
+//!
+//! # Guarantees
+//! - **Mutual exclusion** per key and strategy, as long as the database keeps its own
+//!   promises (a committed row is visible to every later statement).
+//! - **Fencing tokens**: [`LockGuard::token`] strictly increases per key, so a resource can
+//!   refuse a holder whose lock has lapsed.
+//! - **Time from the database**: expiries and staleness are computed by the server's clock,
+//!   never the client's.
+//! - **No lock blocks forever after a crash**, except a `Row` lock without `stale_after`,
+//!   which is documented as such.
+//!
+//! Keys are 1 to 255 bytes of UTF-8 without NUL, compared exactly (case-sensitive) on every
+//! backend; anything else is [`Error::InvalidKey`] before any SQL runs. Locks are not
+//! reentrant.
+//!
+//! # Backends
+//! Features `sqlite` (default, compiled in), `postgres` and `mysql` (link the system's
+//! `libpq` and `libmysqlclient`), and `cli` for the `dlock` binary. [`connect`] builds a pool
+//! of [`AnyConnection`] from a URL; a pool of a concrete diesel connection works too. For
+//! SQLite pools you build yourself, add [`SqliteTuning`] as the connection customizer.
+
+#![deny(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+
+mod backend;
+mod error;
+mod guard;
+mod key;
+mod locker;
+mod random;
+mod strategy;
+
+#[cfg(feature = "sqlite")]
+pub use backend::SqliteTuning;
+pub use backend::{connect, AnyConnection, Backend, LockConnection};
+pub use error::{Error, Result};
+pub use guard::LockGuard;
+pub use key::{key_hash, MAX_KEY_LEN};
+pub use locker::{Locker, LockerBuilder};
+pub use strategy::Strategy;

@@ -1,0 +1,514 @@
+//! `Locker` and `LockerBuilder`: the waiting loop (deadlines, backoff, the in-process queue)
+//! written once for every strategy.
+
+use crate::backend::{Backend, LockConnection};
+use crate::guard::LockGuard;
+use crate::strategy::heartbeat::Heartbeat;
+use crate::strategy::{self, Ctx, Strategy, Taken};
+use crate::{key, random, Error, Result};
+use diesel::r2d2::ConnectionManager;
+use r2d2::Pool;
+use std::cell::Cell;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Takes locks on string keys, keeping them in the database behind `pool`.
+///
+/// Cheap to clone (an `Arc`), `Send` and `Sync`: share one per strategy across threads.
+///
+/// # Fairness
+/// Threads of one `Locker` waiting for the same key line up first-come first-served, and only
+/// the first of them polls the database; a release by one of them wakes the next at once.
+/// Waiters in other processes poll with exponential backoff and jitter (1 ms doubling up to
+/// [`LockerBuilder::max_backoff`]), so across processes no order is promised.
+///
+/// # Differences from `std::sync::Mutex`
+/// Locks are not reentrant: a second `try_lock` of a held key returns `Ok(None)`, even from the
+/// same `Locker` and thread, and a second `lock` would wait forever. There is no poisoning:
+/// a guard dropped during a panic releases its lock.
+pub struct Locker<C: LockConnection> {
+    inner: Arc<Inner<C>>,
+}
+
+pub(crate) struct Inner<C: LockConnection> {
+    pool: Pool<ConnectionManager<C>>,
+    strategy: Strategy,
+    owner: String,
+    backend: Backend,
+    max_backoff: Duration,
+    heartbeat: Heartbeat<C>,
+    queues: Queues,
+}
+
+impl<C: LockConnection> Clone for Locker<C> {
+    fn clone(&self) -> Self {
+        Locker {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<C: LockConnection> std::fmt::Debug for Locker<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Locker")
+            .field("strategy", &self.inner.strategy)
+            .field("owner", &self.inner.owner)
+            .field("backend", &self.inner.backend)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Configures a [`Locker`]. Made by [`Locker::builder`].
+pub struct LockerBuilder<C: LockConnection> {
+    pool: Pool<ConnectionManager<C>>,
+    strategy: Strategy,
+    owner: Option<String>,
+    heartbeat: Option<Duration>,
+    max_backoff: Duration,
+}
+
+impl<C: LockConnection> std::fmt::Debug for LockerBuilder<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockerBuilder")
+            .field("strategy", &self.strategy)
+            .field("owner", &self.owner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C: LockConnection> LockerBuilder<C> {
+    /// The strategy used for every lock. Defaults to `Strategy::Lease { ttl: 30 s }`.
+    pub fn strategy(mut self, strategy: Strategy) -> Self {
+        self.strategy = strategy;
+        self
+    }
+
+    /// The owner name stored with each lock, for people reading the tables. Defaults to
+    /// `host:pid:random`. Owner names need not be unique: releases are checked against a
+    /// per-acquisition id, not against the owner.
+    pub fn owner(mut self, owner: impl Into<String>) -> Self {
+        self.owner = Some(owner.into());
+        self
+    }
+
+    /// How often a held lease is renewed. Defaults to a third of the ttl. Must be shorter
+    /// than the ttl. Ignored by strategies without leases.
+    pub fn heartbeat(mut self, every: Duration) -> Self {
+        self.heartbeat = Some(every);
+        self
+    }
+
+    /// The longest pause between two attempts while waiting. Defaults to 50 ms.
+    pub fn max_backoff(mut self, max: Duration) -> Self {
+        self.max_backoff = max;
+        self
+    }
+
+    /// Checks the configuration and builds the `Locker`.
+    ///
+    /// For [`AnyConnection`](crate::AnyConnection) pools this takes one connection from the
+    /// pool to learn the backend.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for a ttl or `stale_after` under 1 ms, a heartbeat not shorter
+    /// than the ttl, an empty or oversized owner or a zero `max_backoff`;
+    /// [`Error::Unsupported`] for a strategy the backend cannot honour; [`Error::Pool`] if a
+    /// connection was needed and none could be had.
+    pub fn build(self) -> Result<Locker<C>> {
+        let owner = self.owner.unwrap_or_else(random::default_owner);
+        if owner.is_empty() || owner.len() > 255 || owner.contains('\0') {
+            return Err(Error::InvalidConfig(
+                "the owner must be 1 to 255 bytes without NUL".into(),
+            ));
+        }
+        if self.max_backoff.is_zero() {
+            return Err(Error::InvalidConfig("max_backoff must not be zero".into()));
+        }
+        let backend = match C::static_backend() {
+            Some(b) => b,
+            None => self.pool.get()?.backend(),
+        };
+        self.strategy.validate(backend)?;
+        let (interval, ttl_us) = match self.strategy {
+            Strategy::Lease { ttl } => {
+                let every = self
+                    .heartbeat
+                    .or(self.strategy.default_heartbeat())
+                    .unwrap_or(ttl);
+                if every.is_zero() || every >= ttl {
+                    return Err(Error::InvalidConfig(
+                        "the heartbeat must be longer than zero and shorter than the ttl".into(),
+                    ));
+                }
+                (every, strategy::micros(ttl).unwrap_or(i64::MAX))
+            }
+            _ => (Duration::from_secs(1), 0),
+        };
+        Ok(Locker {
+            inner: Arc::new(Inner {
+                heartbeat: Heartbeat::new(self.pool.clone(), interval, ttl_us),
+                pool: self.pool,
+                strategy: self.strategy,
+                owner,
+                backend,
+                max_backoff: self.max_backoff,
+                queues: Queues::default(),
+            }),
+        })
+    }
+}
+
+/// When to give up waiting.
+#[derive(Debug, Clone, Copy)]
+enum Deadline {
+    Once,
+    At(Instant),
+    Never,
+}
+
+impl Deadline {
+    fn remaining(self) -> Option<Duration> {
+        match self {
+            Deadline::Once => Some(Duration::ZERO),
+            Deadline::At(t) => Some(t.saturating_duration_since(Instant::now())),
+            Deadline::Never => None,
+        }
+    }
+}
+
+impl<C: LockConnection> Locker<C> {
+    /// Starts configuring a `Locker` over `pool`.
+    ///
+    /// ```
+    /// use diesel_lock::{Locker, Strategy};
+    /// use std::time::Duration;
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let url = dir.path().join("locks.db");
+    /// let pool = diesel_lock::connect(url.to_str().unwrap())?;
+    /// let locker = Locker::builder(pool)
+    ///     .strategy(Strategy::Lease { ttl: Duration::from_secs(10) })
+    ///     .owner("report-worker-1")
+    ///     .build()?;
+    /// locker.migrate()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn builder(pool: Pool<ConnectionManager<C>>) -> LockerBuilder<C> {
+        LockerBuilder {
+            pool,
+            strategy: Strategy::default(),
+            owner: None,
+            heartbeat: None,
+            max_backoff: Duration::from_millis(50),
+        }
+    }
+
+    /// Creates or upgrades the library's tables (embedded diesel migrations). Idempotent, and
+    /// safe to call from many processes at once.
+    ///
+    /// # Errors
+    /// [`Error::Pool`] without a connection, [`Error::Migration`] if the DDL fails (for
+    /// example, missing privileges).
+    pub fn migrate(&self) -> Result<()> {
+        self.inner.pool.get()?.run_migrations()
+    }
+
+    /// Waits as long as it takes, then returns the guard.
+    ///
+    /// If this method returns `Ok`, the lock is held until the guard is dropped or released
+    /// (or, for leases, until the heartbeat fails to renew it: see [`LockGuard::check`]).
+    ///
+    /// ```
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let locker = diesel_lock::Locker::builder(diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?).build()?;
+    /// # locker.migrate()?;
+    /// let guard = locker.lock("nightly-report")?;
+    /// // ... the work only one process may do ...
+    /// guard.release()?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`] before any SQL runs; [`Error::Pool`] when no connection can be
+    /// had in the pool's `connection_timeout`; [`Error::MissingTable`] before `migrate`;
+    /// [`Error::Database`] for other database failures. Contention is never an error.
+    pub fn lock(&self, key: &str) -> Result<LockGuard<C>> {
+        match self.acquire(key, Deadline::Never)? {
+            Some(guard) => Ok(guard),
+            None => unreachable!("waiting without a deadline only ends with the lock"),
+        }
+    }
+
+    /// One attempt: `Ok(None)` when someone else holds the key.
+    ///
+    /// ```
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let locker = diesel_lock::Locker::builder(diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?).build()?;
+    /// # locker.migrate()?;
+    /// let first = locker.try_lock("k")?.expect("free");
+    /// assert!(locker.try_lock("k")?.is_none()); // not reentrant
+    /// drop(first);
+    /// assert!(locker.try_lock("k")?.is_some());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As for [`lock`](Self::lock).
+    pub fn try_lock(&self, key: &str) -> Result<Option<LockGuard<C>>> {
+        self.acquire(key, Deadline::Once)
+    }
+
+    /// Waits at most `timeout`: `Ok(None)` when the deadline passes.
+    ///
+    /// # Errors
+    /// As for [`lock`](Self::lock); [`Error::Pool`] also when the pool has no free connection
+    /// before the deadline (every connection held elsewhere).
+    pub fn try_lock_for(&self, key: &str, timeout: Duration) -> Result<Option<LockGuard<C>>> {
+        let deadline = Instant::now()
+            .checked_add(timeout)
+            .map_or(Deadline::Never, Deadline::At);
+        self.acquire(key, deadline)
+    }
+
+    /// The strategy this `Locker` uses.
+    pub fn strategy(&self) -> Strategy {
+        self.inner.strategy
+    }
+
+    /// The owner name stored with each lock.
+    pub fn owner(&self) -> &str {
+        &self.inner.owner
+    }
+
+    /// The backend behind the pool.
+    pub fn backend(&self) -> Backend {
+        self.inner.backend
+    }
+
+    pub(crate) fn ctx(&self) -> Ctx<'_, C> {
+        Ctx {
+            pool: &self.inner.pool,
+            owner: &self.inner.owner,
+            heartbeat: &self.inner.heartbeat,
+        }
+    }
+
+    /// Tells local waiters for `key` that it was just released.
+    pub(crate) fn released(&self, key: &str) {
+        self.inner.queues.wake(key);
+    }
+
+    fn acquire(&self, key: &str, deadline: Deadline) -> Result<Option<LockGuard<C>>> {
+        key::validate(key)?;
+        if let Deadline::Once = deadline {
+            return Ok(self
+                .attempt(key, false, deadline)?
+                .map(|t| self.guard(key, t)));
+        }
+        let ticket = self.inner.queues.join(key);
+        let queued = match ticket.wait_turn(deadline) {
+            None => return Ok(None),
+            Some(queued) => queued,
+        };
+        // A thread that waited in line starts with the cheap "is it held?" read.
+        let mut retry = queued;
+        let mut backoff = Backoff::new(self.inner.max_backoff);
+        loop {
+            if let Some(taken) = self.attempt(key, retry, deadline)? {
+                drop(ticket); // the next local waiter starts polling now
+                return Ok(Some(self.guard(key, taken)));
+            }
+            retry = true;
+            let mut pause = backoff.next_pause();
+            if let Some(left) = deadline.remaining() {
+                if left.is_zero() {
+                    return Ok(None);
+                }
+                pause = pause.min(left);
+            }
+            ticket.pause(pause);
+        }
+    }
+
+    fn attempt(&self, key: &str, retry: bool, deadline: Deadline) -> Result<Option<Taken>> {
+        let mut conn = match deadline.remaining() {
+            // A short deadline still gets a fair chance at a momentarily busy pool.
+            Some(left) => self
+                .inner
+                .pool
+                .get_timeout(left.max(Duration::from_millis(20)))?,
+            None => self.inner.pool.get()?,
+        };
+        match strategy::try_acquire(&self.inner.strategy, &self.ctx(), &mut conn, key, retry) {
+            Err(Error::Database(e)) if conn.is_contention(&e) => {
+                log::debug!("lock {key:?}: contention ({e}); retrying");
+                Ok(None)
+            }
+            other => other,
+        }
+    }
+
+    fn guard(&self, key: &str, taken: Taken) -> LockGuard<C> {
+        log::debug!(
+            "lock {key:?} acquired ({}, token {})",
+            self.inner.strategy.name(),
+            taken.token
+        );
+        LockGuard::new(self.clone(), key.to_owned(), taken)
+    }
+}
+
+/// Exponential backoff with jitter: 1 ms doubling up to `max`, each pause drawn from the
+/// upper half of the current bound so waiters spread out without long tails.
+struct Backoff {
+    bound: Duration,
+    max: Duration,
+}
+
+impl Backoff {
+    fn new(max: Duration) -> Self {
+        Backoff {
+            bound: Duration::from_millis(1).min(max),
+            max,
+        }
+    }
+
+    fn next_pause(&mut self) -> Duration {
+        let bound = self.bound;
+        self.bound = (self.bound * 2).min(self.max);
+        let half = bound / 2;
+        let nanos = u64::try_from(half.as_nanos()).unwrap_or(u64::MAX).max(1);
+        half + Duration::from_nanos(random::random_u64() % nanos)
+    }
+}
+
+/// The in-process line of waiters per key.
+#[derive(Default)]
+struct Queues {
+    map: Mutex<HashMap<String, KeyQueue>>,
+    next_id: std::sync::atomic::AtomicU64,
+}
+
+struct KeyQueue {
+    waiters: VecDeque<u64>,
+    wake: Arc<Condvar>,
+    /// Counts local releases, so a release that comes while the first waiter is busy with an
+    /// attempt (not yet sleeping) is not missed.
+    released: u64,
+}
+
+impl Queues {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, KeyQueue>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn join(&self, key: &str) -> Ticket<'_> {
+        let id = self
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut map = self.lock();
+        let q = map.entry(key.to_owned()).or_insert_with(|| KeyQueue {
+            waiters: VecDeque::new(),
+            wake: Arc::new(Condvar::new()),
+            released: 0,
+        });
+        q.waiters.push_back(id);
+        Ticket {
+            queues: self,
+            key: key.to_owned(),
+            id,
+            wake: q.wake.clone(),
+            seen: Cell::new(q.released),
+        }
+    }
+
+    fn wake(&self, key: &str) {
+        if let Some(q) = self.lock().get_mut(key) {
+            q.released += 1;
+            q.wake.notify_all();
+        }
+    }
+}
+
+/// A place in a key's line; dropping it leaves the line and wakes the next in it.
+struct Ticket<'a> {
+    queues: &'a Queues,
+    key: String,
+    id: u64,
+    wake: Arc<Condvar>,
+    seen: Cell<u64>,
+}
+
+impl Ticket<'_> {
+    /// Waits to be first in line. `None` if the deadline passed first; otherwise whether
+    /// anyone was ahead of us.
+    fn wait_turn(&self, deadline: Deadline) -> Option<bool> {
+        let mut map = self.queues.lock();
+        let mut queued = false;
+        loop {
+            let first = map.get(&self.key).and_then(|q| q.waiters.front().copied());
+            if first == Some(self.id) {
+                return Some(queued);
+            }
+            queued = true;
+            map = match deadline.remaining() {
+                None => self.wake.wait(map).unwrap_or_else(|p| p.into_inner()),
+                Some(left) if left.is_zero() => return None,
+                Some(left) => {
+                    self.wake
+                        .wait_timeout(map, left)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0
+                }
+            };
+        }
+    }
+
+    /// Sleeps up to `pause`, or less if a local guard releases the key.
+    fn pause(&self, pause: Duration) {
+        let released = |map: &HashMap<String, KeyQueue>| map.get(&self.key).map(|q| q.released);
+        let mut map = self.queues.lock();
+        if released(&map) == Some(self.seen.get()) {
+            map = self
+                .wake
+                .wait_timeout(map, pause)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        if let Some(r) = released(&map) {
+            self.seen.set(r);
+        }
+    }
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        let mut map = self.queues.lock();
+        if let Some(q) = map.get_mut(&self.key) {
+            q.waiters.retain(|&w| w != self.id);
+            if q.waiters.is_empty() {
+                map.remove(&self.key);
+            } else {
+                q.wake.notify_all();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_to_its_bound() {
+        let mut b = Backoff::new(Duration::from_millis(50));
+        let pauses: Vec<_> = (0..12).map(|_| b.next_pause()).collect();
+        assert!(pauses[0] <= Duration::from_millis(1));
+        assert!(pauses.iter().all(|p| *p <= Duration::from_millis(50)));
+        assert!(pauses[11] >= Duration::from_millis(25));
+    }
+}

@@ -1,0 +1,182 @@
+//! The strategies. Each file implements one attempt to acquire, a release and a check for
+//! its strategy on top of the backend's SQL; waiting, deadlines and the guard are written once
+//! in `locker.rs` and `guard.rs`.
+
+use crate::backend::{Backend, LockConnection};
+use crate::{Error, Result};
+use chrono::{DateTime, Utc};
+use std::time::Duration;
+
+pub(crate) mod heartbeat;
+mod lease;
+mod row;
+
+/// How a lock is kept in the database. All strategies give the same [`LockGuard`]
+/// (crate::LockGuard) and the same guarantees of mutual exclusion and fencing tokens; they
+/// differ in what happens when a holder crashes and in what they cost.
+///
+/// | strategy | PostgreSQL | MySQL / MariaDB | SQLite | a crashed holder's lock |
+/// |---|---|---|---|---|
+/// | `Row` | ✓ | ✓ | ✓ | stays until `stale_after` (or forever without it) |
+/// | `Lease` | ✓ | ✓ | ✓ | free once `ttl` has passed without renewal |
+/// | `ForUpdate` | planned | planned | refused | freed when the server ends the session |
+/// | `Advisory` | planned | planned | refused | freed when the server ends the session |
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Strategy {
+    /// INSERT a row on a unique key; release = DELETE by the row's id.
+    ///
+    /// `stale_after`: a row older than this (by the database clock) may be taken over: it is
+    /// deleted in one conditional statement and then competed for by a normal insert, so two
+    /// takers cannot both win. Without it, a row left by a crashed holder stays until removed
+    /// by hand (`dlock release --force`).
+    Row {
+        /// Age after which a holder's row counts as abandoned. `None`: never.
+        stale_after: Option<Duration>,
+    },
+    /// Holder + expiry on the database clock. While a guard lives, a heartbeat renews the
+    /// lease (default every ttl/3). Release is owner-checked: a unique holder id per
+    /// acquisition, so two lockers sharing an owner name cannot release each other's locks.
+    Lease {
+        /// How long the lease lasts without renewal. At least 1 ms.
+        ttl: Duration,
+    },
+    /// `SELECT … FOR UPDATE` on the key's row inside a transaction the guard keeps open;
+    /// release = COMMIT. PostgreSQL and MySQL only.
+    ForUpdate,
+    /// PostgreSQL `pg_advisory_lock` family / MySQL `GET_LOCK`, session-scoped. PostgreSQL and
+    /// MySQL only.
+    Advisory,
+}
+
+impl Default for Strategy {
+    /// `Lease { ttl: 30 s }`.
+    fn default() -> Self {
+        Strategy::Lease {
+            ttl: Duration::from_secs(30),
+        }
+    }
+}
+
+impl Strategy {
+    /// The strategy's name, as used in messages and by the CLI.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Strategy::Row { .. } => "row",
+            Strategy::Lease { .. } => "lease",
+            Strategy::ForUpdate => "for-update",
+            Strategy::Advisory => "advisory",
+        }
+    }
+
+    /// Checks the strategy's own settings and that `backend` can honour it.
+    pub(crate) fn validate(&self, backend: Backend) -> Result<()> {
+        match *self {
+            Strategy::Row { stale_after } => {
+                if stale_after.is_some_and(|d| d < Duration::from_millis(1)) {
+                    return Err(Error::InvalidConfig(
+                        "stale_after must be at least 1 ms (or None)".into(),
+                    ));
+                }
+                Ok(())
+            }
+            Strategy::Lease { ttl } => {
+                if ttl < Duration::from_millis(1) {
+                    return Err(Error::InvalidConfig(
+                        "the lease ttl must be at least 1 ms".into(),
+                    ));
+                }
+                if micros(ttl).is_none() {
+                    return Err(Error::InvalidConfig("the lease ttl is too long".into()));
+                }
+                Ok(())
+            }
+            Strategy::ForUpdate | Strategy::Advisory => Err(Error::Unsupported {
+                strategy: self.name(),
+                backend: backend.name(),
+            }),
+        }
+    }
+
+    /// The heartbeat interval used when the builder was not given one.
+    pub(crate) fn default_heartbeat(&self) -> Option<Duration> {
+        match self {
+            Strategy::Lease { ttl } => Some(*ttl / 3),
+            _ => None,
+        }
+    }
+}
+
+/// A duration in whole microseconds, as the SQL takes it.
+pub(crate) fn micros(d: Duration) -> Option<i64> {
+    i64::try_from(d.as_micros()).ok()
+}
+
+/// What a guard needs to release and check its lock.
+#[derive(Debug)]
+pub(crate) enum Hold {
+    Row {
+        id: i64,
+    },
+    Lease {
+        holder: String,
+        beat: heartbeat::Beat,
+    },
+}
+
+/// A successful acquisition.
+#[derive(Debug)]
+pub(crate) struct Taken {
+    pub(crate) hold: Hold,
+    pub(crate) token: i64,
+    pub(crate) acquired_at: DateTime<Utc>,
+}
+
+/// The parts of a `Locker` a strategy needs.
+pub(crate) struct Ctx<'a, C: LockConnection> {
+    pub(crate) pool: &'a r2d2::Pool<diesel::r2d2::ConnectionManager<C>>,
+    pub(crate) owner: &'a str,
+    pub(crate) heartbeat: &'a heartbeat::Heartbeat<C>,
+}
+
+/// One attempt. `retry` is true when an earlier attempt by this caller failed.
+/// Contention errors are returned as they are; the caller decides what they mean.
+pub(crate) fn try_acquire<C: LockConnection>(
+    strategy: &Strategy,
+    ctx: &Ctx<'_, C>,
+    conn: &mut C,
+    key: &str,
+    retry: bool,
+) -> Result<Option<Taken>> {
+    match *strategy {
+        Strategy::Row { stale_after } => row::try_acquire(ctx, conn, key, stale_after, retry),
+        Strategy::Lease { ttl } => lease::try_acquire(ctx, conn, key, ttl, retry),
+        Strategy::ForUpdate | Strategy::Advisory => Err(Error::Unsupported {
+            strategy: strategy.name(),
+            backend: conn.backend().name(),
+        }),
+    }
+}
+
+/// Releases; `Err(LockLost)` if the lock was no longer ours.
+pub(crate) fn release<C: LockConnection>(ctx: &Ctx<'_, C>, key: &str, hold: Hold) -> Result<()> {
+    match hold {
+        Hold::Row { id } => row::release(ctx, key, id),
+        Hold::Lease { holder, beat } => lease::release(ctx, key, &holder, beat),
+    }
+}
+
+/// Asks the database whether the lock is still ours.
+pub(crate) fn check<C: LockConnection>(ctx: &Ctx<'_, C>, key: &str, hold: &Hold) -> Result<()> {
+    let held = match hold {
+        Hold::Row { id } => row::held(ctx, *id)?,
+        Hold::Lease { holder, beat } => !beat.is_lost() && lease::held(ctx, key, holder)?,
+    };
+    if held {
+        Ok(())
+    } else {
+        Err(Error::LockLost {
+            key: key.to_owned(),
+        })
+    }
+}

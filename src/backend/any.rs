@@ -225,7 +225,9 @@ pub fn connect(url: &str) -> Result<Pool<ConnectionManager<AnyConnection>>> {
     drop(AnyConnection::establish(&url)?);
     Pool::builder()
         .max_size(10)
-        .min_idle(Some(1))
+        // No idle minimum: r2d2 refills idle connections on a background thread, and a refill
+        // still connecting when a short-lived program exits can crash in libpq's TLS code.
+        .min_idle(Some(0))
         .connection_timeout(Duration::from_secs(10))
         .connection_customizer(Box::new(AnyTuning))
         .build(ConnectionManager::new(url))

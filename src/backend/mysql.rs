@@ -34,6 +34,12 @@ impl From<AcquiredRow> for Acquired {
 }
 
 #[derive(QueryableByName)]
+struct Id {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+}
+
+#[derive(QueryableByName)]
 struct One {
     #[diesel(sql_type = BigInt)]
     one: i64,
@@ -127,11 +133,25 @@ impl Dialect for MysqlConnection {
     }
 
     fn row_delete_stale(&mut self, key: &str, stale_us: i64) -> QueryResult<bool> {
-        stmt(
-            "DELETE FROM dlock_rows WHERE lock_key = ? \
+        // Find the stale row with a consistent (non-locking) read, then delete it by id.
+        // A DELETE by key would lock the unique index before the primary key, the opposite
+        // order of a holder's DELETE by id, and the two deadlock.
+        let stale = stmt(
+            "SELECT id FROM dlock_rows WHERE lock_key = ? \
              AND acquired_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND",
         )
         .bind::<Text, _>(key)
+        .bind::<BigInt, _>(stale_us)
+        .get_result::<Id>(self)
+        .optional()?;
+        let Some(Id { id }) = stale else {
+            return Ok(false);
+        };
+        stmt(
+            "DELETE FROM dlock_rows WHERE id = ? \
+             AND acquired_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND",
+        )
+        .bind::<BigInt, _>(id)
         .bind::<BigInt, _>(stale_us)
         .execute(self)
         .map(|n| n > 0)

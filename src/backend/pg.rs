@@ -114,9 +114,11 @@ impl Dialect for PgConnection {
     }
 
     fn row_delete_stale(&mut self, key: &str, stale_us: i64) -> QueryResult<bool> {
+        // The subquery is a plain snapshot read; the DELETE then locks only that row, by id,
+        // and re-checks it: a row deleted and re-inserted meanwhile has another id.
         stmt(
-            "DELETE FROM dlock_rows WHERE lock_key = ? \
-             AND acquired_at <= now() - ? * interval '1 microsecond'",
+            "DELETE FROM dlock_rows WHERE id = (SELECT id FROM dlock_rows WHERE lock_key = ? \
+             AND acquired_at <= now() - ? * interval '1 microsecond')",
         )
         .bind::<Text, _>(key)
         .bind::<BigInt, _>(stale_us)

@@ -178,8 +178,8 @@ impl Dialect for SqliteConnection {
 
     fn row_delete_stale(&mut self, key: &str, stale_us: i64) -> QueryResult<bool> {
         stmt(
-            "DELETE FROM dlock_rows WHERE lock_key = ? \
-             AND acquired_at <= strftime('%Y-%m-%d %H:%M:%f', 'now', ?)",
+            "DELETE FROM dlock_rows WHERE id = (SELECT id FROM dlock_rows WHERE lock_key = ? \
+             AND acquired_at <= strftime('%Y-%m-%d %H:%M:%f', 'now', ?))",
         )
         .bind::<Text, _>(key)
         .bind::<Text, _>(seconds('-', stale_us))

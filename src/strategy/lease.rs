@@ -35,8 +35,7 @@ pub(super) fn release<C: LockConnection>(
     // release below: renewals match on our holder id, which the release clears.
     let was_lost = beat.is_lost();
     drop(beat);
-    let mut conn = ctx.pool.get()?;
-    if conn.lease_release(key, holder)? && !was_lost {
+    if super::with_conn(ctx.pool, |c| c.lease_release(key, holder))? && !was_lost {
         Ok(())
     } else {
         Err(Error::LockLost {
@@ -46,5 +45,5 @@ pub(super) fn release<C: LockConnection>(
 }
 
 pub(super) fn held<C: LockConnection>(ctx: &Ctx<'_, C>, key: &str, holder: &str) -> Result<bool> {
-    Ok(ctx.pool.get()?.lease_held(key, holder)?)
+    super::with_conn(ctx.pool, |c| c.lease_held(key, holder))
 }

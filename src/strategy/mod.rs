@@ -158,6 +158,28 @@ pub(crate) fn try_acquire<C: LockConnection>(
     }
 }
 
+/// Runs one short statement on a pooled connection, retrying a few times if the database
+/// reports contention (a deadlock victim's statement was rolled back, so running it again is
+/// safe). Releases and renewals must not fail merely because a waiter collided with them.
+pub(crate) fn with_conn<C: LockConnection, T>(
+    pool: &r2d2::Pool<diesel::r2d2::ConnectionManager<C>>,
+    mut f: impl FnMut(&mut C) -> diesel::QueryResult<T>,
+) -> Result<T> {
+    let mut conn = pool.get()?;
+    let mut pause = Duration::from_millis(1);
+    for _ in 0..8 {
+        match f(&mut conn) {
+            Err(e) if conn.is_contention(&e) => {
+                log::debug!("contention on a release or renewal ({e}); retrying");
+                std::thread::sleep(pause);
+                pause *= 2;
+            }
+            other => return other.map_err(Error::from),
+        }
+    }
+    f(&mut conn).map_err(Error::from)
+}
+
 /// Releases; `Err(LockLost)` if the lock was no longer ours.
 pub(crate) fn release<C: LockConnection>(ctx: &Ctx<'_, C>, key: &str, hold: Hold) -> Result<()> {
     match hold {

@@ -40,8 +40,7 @@ fn taken(a: crate::backend::Acquired) -> Taken {
 }
 
 pub(super) fn release<C: LockConnection>(ctx: &Ctx<'_, C>, key: &str, id: i64) -> Result<()> {
-    let mut conn = ctx.pool.get()?;
-    if conn.row_release(id)? {
+    if super::with_conn(ctx.pool, |c| c.row_release(id))? {
         Ok(())
     } else {
         Err(Error::LockLost {
@@ -51,5 +50,5 @@ pub(super) fn release<C: LockConnection>(ctx: &Ctx<'_, C>, key: &str, id: i64) -
 }
 
 pub(super) fn held<C: LockConnection>(ctx: &Ctx<'_, C>, id: i64) -> Result<bool> {
-    Ok(ctx.pool.get()?.row_held(id)?)
+    super::with_conn(ctx.pool, |c| c.row_held(id))
 }

@@ -1,0 +1,321 @@
+//! The checks every backend × strategy must pass, written once.
+
+use super::{unique_key, Harness};
+use diesel::connection::SimpleConnection;
+use diesel::sql_types::{BigInt, Text};
+use diesel::{QueryableByName, RunQueryDsl};
+use diesel_lock::{Error, LockConnection, Locker, Strategy};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+#[derive(QueryableByName)]
+pub struct Counter {
+    #[diesel(sql_type = BigInt)]
+    pub value: i64,
+    #[diesel(sql_type = BigInt)]
+    pub last_token: i64,
+}
+
+/// Test-only SQL per backend: a deliberately non-atomic counter, and a way to take a lock
+/// away from its holder behind the library's back.
+pub trait TestDb: LockConnection {
+    fn create_counter(&mut self);
+    fn counter_init(&mut self, name: &str);
+    fn counter_read(&mut self, name: &str) -> Counter;
+    fn counter_write(&mut self, name: &str, value: i64, token: i64);
+    /// Makes the current holder of `key` lose it, as a stale takeover or an expired lease
+    /// followed by another holder would.
+    fn steal(&mut self, key: &str);
+}
+
+/// Implements `TestDb` for a concrete connection; `$ph` gives the n-th placeholder.
+macro_rules! test_db {
+    ($conn:ty, $ph:expr) => {
+        impl TestDb for $conn {
+            fn create_counter(&mut self) {
+                self.batch_execute(
+                    "CREATE TABLE IF NOT EXISTS dlock_test_counter (
+                        name VARCHAR(255) PRIMARY KEY,
+                        value BIGINT NOT NULL,
+                        last_token BIGINT NOT NULL)",
+                )
+                .expect("create counter table");
+            }
+
+            fn counter_init(&mut self, name: &str) {
+                let ph: fn(usize) -> String = $ph;
+                diesel::sql_query(format!(
+                    "INSERT INTO dlock_test_counter (name, value, last_token) VALUES ({}, 0, 0)",
+                    ph(1)
+                ))
+                .bind::<Text, _>(name)
+                .execute(self)
+                .expect("init counter");
+            }
+
+            fn counter_read(&mut self, name: &str) -> Counter {
+                let ph: fn(usize) -> String = $ph;
+                diesel::sql_query(format!(
+                    "SELECT value, last_token FROM dlock_test_counter WHERE name = {}",
+                    ph(1)
+                ))
+                .bind::<Text, _>(name)
+                .get_result(self)
+                .expect("read counter")
+            }
+
+            fn counter_write(&mut self, name: &str, value: i64, token: i64) {
+                let ph: fn(usize) -> String = $ph;
+                diesel::sql_query(format!(
+                    "UPDATE dlock_test_counter SET value = {}, last_token = {} WHERE name = {}",
+                    ph(1),
+                    ph(2),
+                    ph(3)
+                ))
+                .bind::<BigInt, _>(value)
+                .bind::<BigInt, _>(token)
+                .bind::<Text, _>(name)
+                .execute(self)
+                .expect("write counter");
+            }
+
+            fn steal(&mut self, key: &str) {
+                let ph: fn(usize) -> String = $ph;
+                diesel::sql_query(format!("DELETE FROM dlock_rows WHERE lock_key = {}", ph(1)))
+                    .bind::<Text, _>(key)
+                    .execute(self)
+                    .expect("steal row");
+                diesel::sql_query(format!(
+                    "UPDATE dlock_leases SET holder = 'thief' WHERE lock_key = {}",
+                    ph(1)
+                ))
+                .bind::<Text, _>(key)
+                .execute(self)
+                .expect("steal lease");
+            }
+        }
+    };
+}
+
+test_db!(diesel::SqliteConnection, |_| "?".to_owned());
+#[cfg(feature = "postgres")]
+test_db!(diesel::PgConnection, |n| format!("${n}"));
+#[cfg(feature = "mysql")]
+test_db!(diesel::MysqlConnection, |_| "?".to_owned());
+
+fn other_locker<C: LockConnection>(h: &Harness<C>, s: Strategy) -> Locker<C> {
+    Locker::builder(h.pool.clone())
+        .strategy(s)
+        .owner("other")
+        .build()
+        .unwrap()
+}
+
+pub fn try_lock_on_held_key_is_none<C: TestDb>(h: &Harness<C>, s: Strategy) {
+    let l = h.locker(s);
+    let key = unique_key("held");
+    let g = l.try_lock(&key).unwrap().expect("free key");
+    assert!(l.try_lock(&key).unwrap().is_none(), "not reentrant");
+    assert!(other_locker(h, s).try_lock(&key).unwrap().is_none());
+    drop(g);
+}
+
+pub fn drop_and_release_both_free_the_key<C: TestDb>(h: &Harness<C>, s: Strategy) {
+    let l = h.locker(s);
+    let other = other_locker(h, s);
+    let key = unique_key("free");
+    let g = l.lock(&key).unwrap();
+    drop(g);
+    let g = other.try_lock(&key).unwrap().expect("free after drop");
+    g.release().unwrap();
+    let g = l.try_lock(&key).unwrap().expect("free after release");
+    g.check().unwrap();
+    g.release().unwrap();
+}
+
+pub fn release_reports_a_lost_lock<C: TestDb>(h: &Harness<C>, s: Strategy) {
+    let l = h.locker(s);
+    let key = unique_key("lost");
+    let g = l.lock(&key).unwrap();
+    g.check().unwrap();
+    h.pool.get().unwrap().steal(&key);
+    assert!(matches!(g.check(), Err(Error::LockLost { .. })));
+    match g.release() {
+        Err(Error::LockLost { key: k }) => assert_eq!(k, key),
+        other => panic!("expected LockLost, got {other:?}"),
+    }
+}
+
+pub fn try_lock_for_returns_at_its_deadline<C: TestDb>(h: &Harness<C>, s: Strategy) {
+    let l = h.locker(s);
+    let key = unique_key("deadline");
+    let _g = l.lock(&key).unwrap();
+    let other = other_locker(h, s);
+    for timeout in [
+        Duration::ZERO,
+        Duration::from_millis(50),
+        Duration::from_millis(300),
+    ] {
+        let start = Instant::now();
+        assert!(other.try_lock_for(&key, timeout).unwrap().is_none());
+        let took = start.elapsed();
+        assert!(took >= timeout, "returned early: {took:?} < {timeout:?}");
+        assert!(
+            took <= timeout + Duration::from_millis(150),
+            "returned late: {took:?} for {timeout:?}"
+        );
+    }
+}
+
+pub fn waiter_gets_the_lock_when_it_is_released<C: TestDb>(h: &Harness<C>, s: Strategy) {
+    for same_locker in [true, false] {
+        let l = h.locker(s);
+        let waiter_locker = if same_locker {
+            l.clone()
+        } else {
+            other_locker(h, s)
+        };
+        let key = unique_key("handoff");
+        let g = l.lock(&key).unwrap();
+        let released = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = mpsc::channel();
+        let waiter = {
+            let (key, released) = (key.clone(), released.clone());
+            std::thread::spawn(move || {
+                tx.send(()).unwrap();
+                let g = waiter_locker.lock(&key).unwrap();
+                assert!(released.load(Ordering::SeqCst), "acquired while still held");
+                g.release().unwrap();
+            })
+        };
+        rx.recv().unwrap();
+        released.store(true, Ordering::SeqCst);
+        g.release().unwrap();
+        waiter.join().unwrap();
+    }
+}
+
+/// `threads` threads, split over two `Locker`s (so both the in-process queue and the database
+/// are exercised), each taking the lock `rounds` times and doing a read-sleep-write of a
+/// counter in the database inside it. Any overlap loses an increment.
+pub fn mutual_exclusion_across_threads<C: TestDb>(
+    h: &Harness<C>,
+    s: Strategy,
+    threads: usize,
+    rounds: usize,
+) {
+    let lockers = [h.locker(s), other_locker(h, s)];
+    let key = unique_key("mutex");
+    {
+        let mut c = h.pool.get().unwrap();
+        c.create_counter();
+        c.counter_init(&key);
+    }
+    let inside = Arc::new(AtomicUsize::new(0));
+    let tokens = Arc::new(Mutex::new(Vec::with_capacity(threads * rounds)));
+    let start = Arc::new(Barrier::new(threads));
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let locker = lockers[t % 2].clone();
+            let (key, inside, tokens, start) =
+                (key.clone(), inside.clone(), tokens.clone(), start.clone());
+            let pool = h.pool.clone();
+            std::thread::spawn(move || {
+                start.wait();
+                for _ in 0..rounds {
+                    let g = locker.lock(&key).unwrap();
+                    assert_eq!(
+                        inside.fetch_add(1, Ordering::SeqCst),
+                        0,
+                        "two holders at once"
+                    );
+                    {
+                        let mut c = pool.get().unwrap();
+                        let seen = c.counter_read(&key);
+                        std::thread::sleep(Duration::from_micros(200)); // widen the race window
+                        c.counter_write(&key, seen.value + 1, g.token());
+                    }
+                    tokens.lock().unwrap().push(g.token());
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    g.release().unwrap();
+                }
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.join().unwrap();
+    }
+    let final_count = h.pool.get().unwrap().counter_read(&key).value;
+    assert_eq!(final_count, (threads * rounds) as i64, "lost updates");
+    let tokens = tokens.lock().unwrap();
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens not strictly increasing in acquisition order"
+    );
+}
+
+pub fn tokens_strictly_increase<C: TestDb>(h: &Harness<C>, s: Strategy) {
+    let lockers = [h.locker(s), other_locker(h, s)];
+    let key = unique_key("tokens");
+    let mut last = i64::MIN;
+    for i in 0..20 {
+        let g = lockers[i % 2].lock(&key).unwrap();
+        assert!(g.token() > last, "token {} after {last}", g.token());
+        last = g.token();
+    }
+}
+
+pub fn keys_are_exact_and_any_text_works<C: TestDb>(h: &Harness<C>, s: Strategy) {
+    let l = h.locker(s);
+    let base = unique_key("Key");
+    let evil = format!("'; DROP TABLE dlock_rows; -- {base}");
+    let unicode = format!("ключ-🔒-{base}");
+    let long = format!("{base}{}", "x".repeat(255 - base.len()));
+    let held: Vec<_> = [&base, &evil, &unicode, &long]
+        .into_iter()
+        .map(|k| {
+            l.try_lock(k)
+                .unwrap()
+                .unwrap_or_else(|| panic!("{k:?} free"))
+        })
+        .collect();
+    // Keys differing by case or trailing space are different keys.
+    for k in [base.to_lowercase(), format!("{base} ")] {
+        assert!(l.try_lock(&k).unwrap().is_some(), "{k:?} is its own key");
+    }
+    for (g, k) in held.iter().zip([&base, &evil, &unicode, &long]) {
+        assert_eq!(g.key(), k.as_str());
+        assert!(l.try_lock(k).unwrap().is_none());
+    }
+}
+
+pub fn guard_reports_key_owner_and_db_time<C: TestDb>(h: &Harness<C>, s: Strategy) {
+    let l = Locker::builder(h.pool.clone())
+        .strategy(s)
+        .owner("reporter")
+        .build()
+        .unwrap();
+    l.migrate().unwrap();
+    let key = unique_key("report");
+    let g = l.lock(&key).unwrap();
+    assert_eq!(g.key(), key);
+    assert_eq!(g.owner(), "reporter");
+    let skew = (chrono::Utc::now() - g.acquired_at()).num_seconds().abs();
+    assert!(
+        skew < 300,
+        "acquired_at {} is far from now",
+        g.acquired_at()
+    );
+    assert!(format!("{g:?}").contains(&key));
+}
+
+pub fn distinct_keys_do_not_block_each_other<C: TestDb>(h: &Harness<C>, s: Strategy) {
+    let l = h.locker(s);
+    let a = l.lock(&unique_key("a")).unwrap();
+    let b = l
+        .try_lock(&unique_key("b"))
+        .unwrap()
+        .expect("another key is free");
+    drop((a, b));
+}

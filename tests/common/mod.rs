@@ -1,0 +1,208 @@
+//! Shared test setup: one harness per backend, unique keys, and the checks every backend ×
+//! strategy must pass (`conformance`).
+//!
+//! PostgreSQL and MySQL come from `DLOCK_TEST_PG_URL` / `DLOCK_TEST_MYSQL_URL`. A missing URL
+//! skips that backend with a printed line, unless `DLOCK_TEST_REQUIRE` is `all` (or names the
+//! backend: `pg`, `mysql`), in which case it fails the test.
+#![allow(dead_code, unreachable_pub)]
+
+pub mod conformance;
+
+use diesel::r2d2::{ConnectionManager, Pool};
+use diesel_lock::{LockConnection, Locker, Strategy};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// A pool on one backend, with whatever must live as long as it (a temp dir for SQLite).
+pub struct Harness<C: LockConnection> {
+    pub pool: Pool<ConnectionManager<C>>,
+    pub url: String,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl<C: LockConnection> Harness<C> {
+    pub fn locker(&self, strategy: Strategy) -> Locker<C> {
+        let locker = Locker::builder(self.pool.clone())
+            .strategy(strategy)
+            .build()
+            .expect("build");
+        locker.migrate().expect("migrate");
+        locker
+    }
+}
+
+fn required(name: &str) -> bool {
+    let req = std::env::var("DLOCK_TEST_REQUIRE").unwrap_or_default();
+    req.split([',', ' ']).any(|r| r == "all" || r == name)
+}
+
+/// The URL for `var`, or `None` (skip) when it is unset and not required.
+pub fn url(var: &str, name: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(u) if !u.is_empty() => Some(u),
+        _ if required(name) => {
+            panic!("{var} is not set but DLOCK_TEST_REQUIRE asks for {name}: run ../shared/services.sh")
+        }
+        _ => {
+            eprintln!("skipped: {var} is not set");
+            None
+        }
+    }
+}
+
+/// No idle minimum: r2d2 refills idle connections from a background thread, and a refill still
+/// connecting when the test process exits crashes inside OpenSSL's exit handlers (seen as
+/// SIGSEGV in PQconnectdb → RAND_get_rand_method).
+fn pool<C: LockConnection>(url: &str, size: u32) -> Pool<ConnectionManager<C>> {
+    Pool::builder()
+        .max_size(size)
+        .min_idle(Some(0))
+        .connection_timeout(Duration::from_secs(10))
+        .build(ConnectionManager::<C>::new(url))
+        .expect("pool")
+}
+
+pub fn sqlite_sized(size: u32) -> Option<Harness<diesel::SqliteConnection>> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = dir.path().join("locks.db").to_str().unwrap().to_owned();
+    let pool = Pool::builder()
+        .max_size(size)
+        .connection_timeout(Duration::from_secs(10))
+        .connection_customizer(Box::new(diesel_lock::SqliteTuning::default()))
+        .build(ConnectionManager::new(&url))
+        .expect("sqlite pool");
+    Some(Harness {
+        pool,
+        url,
+        _dir: Some(dir),
+    })
+}
+
+pub fn sqlite() -> Option<Harness<diesel::SqliteConnection>> {
+    sqlite_sized(10)
+}
+
+#[cfg(feature = "postgres")]
+pub fn pg_sized(size: u32) -> Option<Harness<diesel::PgConnection>> {
+    let mut url = url("DLOCK_TEST_PG_URL", "pg")?;
+    // Loopback needs no TLS, and a TLS handshake is where an exit-time race crashes (above).
+    if !url.contains("sslmode") {
+        url.push_str(if url.contains('?') {
+            "&sslmode=disable"
+        } else {
+            "?sslmode=disable"
+        });
+    }
+    Some(Harness {
+        pool: pool(&url, size),
+        url,
+        _dir: None,
+    })
+}
+
+#[cfg(feature = "postgres")]
+pub fn pg() -> Option<Harness<diesel::PgConnection>> {
+    pg_sized(10)
+}
+
+#[cfg(feature = "mysql")]
+pub fn mysql_sized(size: u32) -> Option<Harness<diesel::MysqlConnection>> {
+    let url = url("DLOCK_TEST_MYSQL_URL", "mysql")?;
+    Some(Harness {
+        pool: pool(&url, size),
+        url,
+        _dir: None,
+    })
+}
+
+#[cfg(feature = "mysql")]
+pub fn mysql() -> Option<Harness<diesel::MysqlConnection>> {
+    mysql_sized(10)
+}
+
+/// A key no other test (or earlier run against the same server) uses.
+pub fn unique_key(name: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!(
+        "{name}-{}-{nanos}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Generates one `#[test]` per conformance check for a backend × strategy.
+#[macro_export]
+macro_rules! conformance_suite {
+    ($module:ident, $harness:expr, $strategy:expr) => {
+        mod $module {
+            use super::common::conformance as c;
+            #[allow(unused_imports)]
+            use super::*;
+
+            #[test]
+            fn try_lock_on_held_key_is_none() {
+                if let Some(h) = $harness {
+                    c::try_lock_on_held_key_is_none(&h, $strategy);
+                }
+            }
+            #[test]
+            fn drop_and_release_both_free_the_key() {
+                if let Some(h) = $harness {
+                    c::drop_and_release_both_free_the_key(&h, $strategy);
+                }
+            }
+            #[test]
+            fn release_reports_a_lost_lock() {
+                if let Some(h) = $harness {
+                    c::release_reports_a_lost_lock(&h, $strategy);
+                }
+            }
+            #[test]
+            fn try_lock_for_returns_at_its_deadline() {
+                if let Some(h) = $harness {
+                    c::try_lock_for_returns_at_its_deadline(&h, $strategy);
+                }
+            }
+            #[test]
+            fn waiter_gets_the_lock_when_it_is_released() {
+                if let Some(h) = $harness {
+                    c::waiter_gets_the_lock_when_it_is_released(&h, $strategy);
+                }
+            }
+            #[test]
+            fn mutual_exclusion_across_threads() {
+                if let Some(h) = $harness {
+                    c::mutual_exclusion_across_threads(&h, $strategy, 8, 200);
+                }
+            }
+            #[test]
+            fn tokens_strictly_increase() {
+                if let Some(h) = $harness {
+                    c::tokens_strictly_increase(&h, $strategy);
+                }
+            }
+            #[test]
+            fn keys_are_exact_and_any_text_works() {
+                if let Some(h) = $harness {
+                    c::keys_are_exact_and_any_text_works(&h, $strategy);
+                }
+            }
+            #[test]
+            fn guard_reports_key_owner_and_db_time() {
+                if let Some(h) = $harness {
+                    c::guard_reports_key_owner_and_db_time(&h, $strategy);
+                }
+            }
+            #[test]
+            fn distinct_keys_do_not_block_each_other() {
+                if let Some(h) = $harness {
+                    c::distinct_keys_do_not_block_each_other(&h, $strategy);
+                }
+            }
+        }
+    };
+}

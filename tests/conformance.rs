@@ -1,0 +1,32 @@
+//! The conformance suite, once per backend × strategy.
+
+mod common;
+
+use diesel_lock::Strategy;
+use std::time::Duration;
+
+const ROW: Strategy = Strategy::Row { stale_after: None };
+const ROW_STALE: Strategy = Strategy::Row {
+    stale_after: Some(Duration::from_secs(60)),
+};
+const LEASE: Strategy = Strategy::Lease {
+    ttl: Duration::from_secs(10),
+};
+
+conformance_suite!(sqlite_row, common::sqlite(), ROW);
+conformance_suite!(sqlite_row_stale, common::sqlite(), ROW_STALE);
+conformance_suite!(sqlite_lease, common::sqlite(), LEASE);
+
+#[cfg(feature = "postgres")]
+conformance_suite!(pg_row, common::pg(), ROW);
+#[cfg(feature = "postgres")]
+conformance_suite!(pg_row_stale, common::pg(), ROW_STALE);
+#[cfg(feature = "postgres")]
+conformance_suite!(pg_lease, common::pg(), LEASE);
+
+#[cfg(feature = "mysql")]
+conformance_suite!(mysql_row, common::mysql(), ROW);
+#[cfg(feature = "mysql")]
+conformance_suite!(mysql_row_stale, common::mysql(), ROW_STALE);
+#[cfg(feature = "mysql")]
+conformance_suite!(mysql_lease, common::mysql(), LEASE);

@@ -65,17 +65,34 @@ fn pool<C: LockConnection>(url: &str, size: u32) -> Pool<ConnectionManager<C>> {
 pub fn sqlite_sized(size: u32) -> Option<Harness<diesel::SqliteConnection>> {
     let dir = tempfile::tempdir().expect("tempdir");
     let url = dir.path().join("locks.db").to_str().unwrap().to_owned();
+    let mut h = sqlite_at(&url, size);
+    h._dir = Some(dir);
+    Some(h)
+}
+
+/// A harness on an existing SQLite file (a child process joining its parent's database).
+pub fn sqlite_at(path: &str, size: u32) -> Harness<diesel::SqliteConnection> {
     let pool = Pool::builder()
         .max_size(size)
+        .min_idle(Some(0))
         .connection_timeout(Duration::from_secs(10))
         .connection_customizer(Box::new(diesel_lock::SqliteTuning::default()))
-        .build(ConnectionManager::new(&url))
+        .build(ConnectionManager::new(path))
         .expect("sqlite pool");
-    Some(Harness {
+    Harness {
         pool,
-        url,
-        _dir: Some(dir),
-    })
+        url: path.to_owned(),
+        _dir: None,
+    }
+}
+
+/// A harness on a server URL.
+pub fn server_at<C: LockConnection>(url: &str, size: u32) -> Harness<C> {
+    Harness {
+        pool: pool(url, size),
+        url: url.to_owned(),
+        _dir: None,
+    }
 }
 
 pub fn sqlite() -> Option<Harness<diesel::SqliteConnection>> {
@@ -108,11 +125,7 @@ pub fn pg() -> Option<Harness<diesel::PgConnection>> {
 #[cfg(feature = "mysql")]
 pub fn mysql_sized(size: u32) -> Option<Harness<diesel::MysqlConnection>> {
     let url = url("DLOCK_TEST_MYSQL_URL", "mysql")?;
-    Some(Harness {
-        pool: pool(&url, size),
-        url,
-        _dir: None,
-    })
+    Some(server_at(&url, size))
 }
 
 #[cfg(feature = "mysql")]

@@ -139,15 +139,16 @@ impl Kid {
         }
     }
 
-    /// The next line the child says that starts with `prefix` (libtest chatter is skipped).
-    fn expect(&mut self, prefix: &str) -> String {
+    /// What the child says from `word` on, in the next line holding it. libtest's own chatter
+    /// is skipped, and may stand on the same line before it ("test child_entry ... READY").
+    fn expect(&mut self, word: &str) -> String {
         let mut line = String::new();
         loop {
             line.clear();
             let n = self.stdout.read_line(&mut line).unwrap();
-            assert!(n > 0, "child exited before saying {prefix:?}");
-            if line.starts_with(prefix) {
-                return line.trim_end().to_owned();
+            assert!(n > 0, "child exited before saying {word:?}");
+            if let Some(at) = line.find(word) {
+                return line[at..].trim_end().to_owned();
             }
         }
     }

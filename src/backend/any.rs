@@ -2,7 +2,7 @@
 //! the database at run time (the `dlock` CLI does), and `connect(url)` to build its pool.
 
 use super::sealed::Dialect;
-use super::{Acquired, Backend};
+use super::{Acquired, Backend, Wait};
 use crate::{Error, Result};
 use diesel::r2d2::{ConnectionManager, CustomizeConnection, Pool};
 use diesel::{Connection, QueryResult};
@@ -136,6 +136,36 @@ impl Dialect for AnyConnection {
     }
     fn lease_held(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
         each!(self, c => c.lease_held(key, holder))
+    }
+    fn is_lock_unavailable(&self, e: &diesel::result::Error) -> bool {
+        each!(self, c => c.is_lock_unavailable(e))
+    }
+    fn for_update_create(&mut self, key: &str) -> QueryResult<()> {
+        each!(self, c => c.for_update_create(key))
+    }
+    fn for_update_lock(&mut self, key: &str, wait: Wait) -> QueryResult<Option<Acquired>> {
+        each!(self, c => c.for_update_lock(key, wait))
+    }
+    fn for_update_held(&mut self, key: &str, token: i64) -> QueryResult<bool> {
+        each!(self, c => c.for_update_held(key, token))
+    }
+    fn advisory_lock(&mut self, key: &str, wait: Wait) -> QueryResult<Option<Acquired>> {
+        each!(self, c => c.advisory_lock(key, wait))
+    }
+    fn advisory_unlock(&mut self, key: &str) -> QueryResult<bool> {
+        each!(self, c => c.advisory_unlock(key))
+    }
+    fn advisory_held(&mut self, key: &str) -> QueryResult<bool> {
+        each!(self, c => c.advisory_held(key))
+    }
+    fn version_read(&mut self, key: &str) -> QueryResult<Option<i64>> {
+        each!(self, c => c.version_read(key))
+    }
+    fn version_create(&mut self, key: &str) -> QueryResult<()> {
+        each!(self, c => c.version_create(key))
+    }
+    fn version_bump(&mut self, key: &str, seen: i64) -> QueryResult<bool> {
+        each!(self, c => c.version_bump(key, seen))
     }
 }
 

@@ -51,7 +51,7 @@ pub trait LockConnection: sealed::Dialect + diesel::r2d2::R2D2Connection + Send 
 impl<T> LockConnection for T where T: sealed::Dialect + diesel::r2d2::R2D2Connection + Send + 'static
 {}
 
-pub(crate) use sealed::Acquired;
+pub(crate) use sealed::{Acquired, Wait};
 
 pub(crate) mod sealed {
     use super::*;
@@ -64,6 +64,19 @@ pub(crate) mod sealed {
         pub id: i64,
         pub token: i64,
         pub acquired_at: DateTime<Utc>,
+    }
+
+    /// How long an acquisition may wait on the server while someone else holds the lock.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Wait {
+        /// Not at all: `NOWAIT`, `pg_try_advisory_lock`, `GET_LOCK(name, 0)`.
+        No,
+        /// At most this long. A server that only counts whole seconds may be asked to wait
+        /// less (never more); the locker's loop then tries again until its deadline.
+        For(std::time::Duration),
+        /// As long as the server lets it. A server-side limit (a role's `lock_timeout`,
+        /// `innodb_lock_wait_timeout`) ends the wait as "busy", and the locker tries again.
+        Forever,
     }
 
     /// The SQL of every strategy, per backend. Durations are whole microseconds.
@@ -107,7 +120,62 @@ pub(crate) mod sealed {
         /// Clears the lease if `holder` still holds it; false if it did not.
         fn lease_release(&mut self, key: &str, holder: &str) -> QueryResult<bool>;
         fn lease_held(&mut self, key: &str, holder: &str) -> QueryResult<bool>;
+
+        // Strategy::ForUpdate and Strategy::Advisory. Backends without row or session locks
+        // (SQLite) keep these defaults, which refuse; `Strategy::validate` refuses first.
+
+        /// True if `e` means "the lock is held by someone else", reported by a `NOWAIT` or a
+        /// bounded server-side wait, as opposed to a real failure.
+        fn is_lock_unavailable(&self, _e: &diesel::result::Error) -> bool {
+            false
+        }
+        /// ForUpdate, outside any transaction: creates the key's row if it does not exist,
+        /// committed at once (an uncommitted row would make other creators wait for us).
+        fn for_update_create(&mut self, _key: &str) -> QueryResult<()> {
+            Err(unsupported())
+        }
+        /// ForUpdate, inside the transaction the caller opened: locks the key's row, waiting
+        /// as `wait` says, and bumps its version, which becomes the token. `Ok(None)`: the
+        /// row does not exist. A busy row is an error that `is_lock_unavailable` recognises.
+        fn for_update_lock(&mut self, _key: &str, _wait: Wait) -> QueryResult<Option<Acquired>> {
+            Err(unsupported())
+        }
+        /// ForUpdate, inside the holder's transaction: does this transaction still hold the
+        /// row at version `token`?
+        fn for_update_held(&mut self, _key: &str, _token: i64) -> QueryResult<bool> {
+            Err(unsupported())
+        }
+        /// Advisory: takes the session-level lock, waiting as `wait` says, then bumps the
+        /// key's counter in `dlock_tokens`. `Ok(None)`: busy, and this session does not hold
+        /// the lock (a timeout that raced a grant has been undone). After an `Err` the
+        /// session may hold the lock: the caller must discard the connection.
+        fn advisory_lock(&mut self, _key: &str, _wait: Wait) -> QueryResult<Option<Acquired>> {
+            Err(unsupported())
+        }
+        /// Advisory: releases one hold of the lock; false if this session did not hold it.
+        fn advisory_unlock(&mut self, _key: &str) -> QueryResult<bool> {
+            Err(unsupported())
+        }
+        /// Advisory: does this session hold the lock?
+        fn advisory_held(&mut self, _key: &str) -> QueryResult<bool> {
+            Err(unsupported())
+        }
+
+        // optimistic::transaction.
+
+        /// The key's version, `None` if it has no row yet.
+        fn version_read(&mut self, key: &str) -> QueryResult<Option<i64>>;
+        /// Creates the key's version row (version 0) if absent.
+        fn version_create(&mut self, key: &str) -> QueryResult<()>;
+        /// `version = version + 1` if it is still `seen`; true if it was.
+        fn version_bump(&mut self, key: &str, seen: i64) -> QueryResult<bool>;
     }
+}
+
+/// The error of a session-strategy statement on a backend that has none (never reached:
+/// `Strategy::validate` refuses such strategies when the `Locker` is built).
+fn unsupported() -> diesel::result::Error {
+    diesel::result::Error::QueryBuilderError("this backend has no row or session locks".into())
 }
 
 /// Runs `f` under a guard that, should `f` fail with a migration error caused by another

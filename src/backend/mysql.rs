@@ -3,11 +3,11 @@
 
 use super::sealed::Dialect;
 use super::stmt::stmt;
-use super::{migrate_with_retry, Acquired, Backend};
+use super::{migrate_with_retry, Acquired, Backend, Wait};
 use crate::{Error, Result};
 use chrono::NaiveDateTime;
 use diesel::mysql::MysqlConnection;
-use diesel::sql_types::{BigInt, Datetime, Text};
+use diesel::sql_types::{BigInt, Datetime, Double, Nullable, Text};
 use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
@@ -43,6 +43,53 @@ struct Id {
 struct One {
     #[diesel(sql_type = BigInt)]
     one: i64,
+}
+
+#[derive(QueryableByName)]
+struct Locked {
+    #[diesel(sql_type = BigInt)]
+    version: i64,
+    #[diesel(sql_type = Datetime)]
+    acquired_at: NaiveDateTime,
+}
+
+#[derive(QueryableByName)]
+struct Version {
+    #[diesel(sql_type = BigInt)]
+    version: i64,
+}
+
+#[derive(QueryableByName)]
+struct Answer {
+    #[diesel(sql_type = Nullable<BigInt>)]
+    answer: Option<i64>,
+}
+
+/// The longest `GET_LOCK` name MySQL accepts (5.7 and later), in characters.
+const MAX_LOCK_NAME_CHARS: usize = 64;
+
+/// What marks a name as a hash; keys that start with it are hashed too, so a key used
+/// verbatim can never equal another key's hashed name.
+const HASHED_PREFIX: &str = "dlock-sha256:";
+
+/// The `GET_LOCK` name of a key: the key itself when it has at most 64 characters, else
+/// `dlock-sha256:` and the 16 lowercase hex digits of [`key_hash`](crate::key_hash) (the first
+/// 8 bytes of SHA-256). Lock names are server-wide: the same key in two databases on one
+/// server is one lock.
+pub(crate) fn lock_name(key: &str) -> std::borrow::Cow<'_, str> {
+    if key.chars().count() <= MAX_LOCK_NAME_CHARS && !key.starts_with(HASHED_PREFIX) {
+        key.into()
+    } else {
+        format!("{HASHED_PREFIX}{:016x}", crate::key_hash(key) as u64).into()
+    }
+}
+
+/// A database error diesel has no kind for, with our own message.
+fn error(message: &str) -> diesel::result::Error {
+    diesel::result::Error::DatabaseError(
+        diesel::result::DatabaseErrorKind::Unknown,
+        Box::new(message.to_owned()),
+    )
 }
 
 fn exists(q: QueryResult<Option<One>>) -> QueryResult<bool> {
@@ -250,6 +297,194 @@ impl Dialect for MysqlConnection {
             .get_result::<One>(self)
             .optional(),
         )
+    }
+
+    fn is_lock_unavailable(&self, e: &diesel::result::Error) -> bool {
+        // diesel maps neither error to a kind of its own (DatabaseErrorKind::Unknown) and
+        // keeps no error number, so the server's English message is matched:
+        // - MySQL 8, NOWAIT (3572, ER_LOCK_NOWAIT): "Statement aborted because lock(s)
+        //   could not be acquired immediately and NOWAIT is set."
+        // - MariaDB, NOWAIT, and both servers when innodb_lock_wait_timeout runs out (1205,
+        //   ER_LOCK_WAIT_TIMEOUT): "Lock wait timeout exceeded; try restarting transaction"
+        // MariaDB cannot tell its NOWAIT refusal from a real wait timeout, and need not:
+        // either way the row is someone else's.
+        match e {
+            diesel::result::Error::DatabaseError(_, info) => {
+                let m = info.message();
+                m.starts_with("Lock wait timeout exceeded") || m.contains("NOWAIT is set")
+            }
+            _ => false,
+        }
+    }
+
+    fn for_update_create(&mut self, key: &str) -> QueryResult<()> {
+        stmt("INSERT IGNORE INTO dlock_for_update (lock_key, version) VALUES (?, 0)")
+            .bind::<Text, _>(key)
+            .execute(self)
+            .map(drop)
+    }
+
+    fn for_update_lock(&mut self, key: &str, wait: Wait) -> QueryResult<Option<Acquired>> {
+        // innodb_lock_wait_timeout counts whole seconds (and MariaDB's `WAIT n` rounds a
+        // fraction down to 0), so a bounded wait waits the whole seconds it has server-side
+        // and leaves the rest to the locker's NOWAIT retries, never overshooting.
+        let seconds = match wait {
+            Wait::For(d) => d.as_secs(),
+            _ => 0,
+        };
+        let locked = match wait {
+            Wait::Forever => stmt(
+                "SELECT version, UTC_TIMESTAMP(6) AS acquired_at FROM dlock_for_update \
+                 WHERE lock_key = ? FOR UPDATE",
+            )
+            .bind::<Text, _>(key)
+            .get_result::<Locked>(self)
+            .optional(),
+            Wait::For(_) if seconds > 0 => {
+                // The session's own setting is saved and put back, as the connection goes
+                // back to the pool and on to other users.
+                stmt(
+                    "SET @dlock_saved_wait = @@SESSION.innodb_lock_wait_timeout, \
+                     SESSION innodb_lock_wait_timeout = ?",
+                )
+                .bind::<BigInt, _>(i64::try_from(seconds).unwrap_or(i64::MAX))
+                .execute(self)?;
+                let locked = stmt(
+                    "SELECT version, UTC_TIMESTAMP(6) AS acquired_at FROM dlock_for_update \
+                     WHERE lock_key = ? FOR UPDATE",
+                )
+                .bind::<Text, _>(key)
+                .get_result::<Locked>(self)
+                .optional();
+                stmt("SET SESSION innodb_lock_wait_timeout = @dlock_saved_wait").execute(self)?;
+                locked
+            }
+            _ => stmt(
+                "SELECT version, UTC_TIMESTAMP(6) AS acquired_at FROM dlock_for_update \
+                 WHERE lock_key = ? FOR UPDATE NOWAIT",
+            )
+            .bind::<Text, _>(key)
+            .get_result::<Locked>(self)
+            .optional(),
+        }?;
+        let Some(locked) = locked else {
+            return Ok(None);
+        };
+        // The row is ours until the transaction ends, so the version read above is the one
+        // this UPDATE replaces.
+        stmt("UPDATE dlock_for_update SET version = version + 1 WHERE lock_key = ?")
+            .bind::<Text, _>(key)
+            .execute(self)?;
+        Ok(Some(Acquired {
+            id: 0,
+            token: locked.version + 1,
+            acquired_at: locked.acquired_at.and_utc(),
+        }))
+    }
+
+    fn for_update_held(&mut self, key: &str, token: i64) -> QueryResult<bool> {
+        // Inside the holder's transaction this reads its own uncommitted version.
+        exists(
+            stmt(
+                "SELECT CAST(1 AS SIGNED) AS one FROM dlock_for_update \
+                 WHERE lock_key = ? AND version = ?",
+            )
+            .bind::<Text, _>(key)
+            .bind::<BigInt, _>(token)
+            .get_result::<One>(self)
+            .optional(),
+        )
+    }
+
+    fn advisory_lock(&mut self, key: &str, wait: Wait) -> QueryResult<Option<Acquired>> {
+        let name = lock_name(key);
+        let got = match wait {
+            Wait::No => stmt("SELECT CAST(GET_LOCK(?, 0) AS SIGNED) AS answer")
+                .bind::<Text, _>(&*name)
+                .get_result::<Answer>(self),
+            // MySQL reads a negative timeout as "forever", MariaDB refuses it (NULL and
+            // warning 1411); a year is accepted by both and ends as an ordinary timeout.
+            Wait::Forever => stmt("SELECT CAST(GET_LOCK(?, 31536000) AS SIGNED) AS answer")
+                .bind::<Text, _>(&*name)
+                .get_result::<Answer>(self),
+            // MariaDB honours fractions of a second; MySQL may round the timeout to whole
+            // seconds, up as well as down, so it is given only the whole seconds.
+            Wait::For(d) => stmt(
+                "SELECT CAST(GET_LOCK(?, IF(VERSION() LIKE '%MariaDB%', ?, FLOOR(?))) \
+                 AS SIGNED) AS answer",
+            )
+            .bind::<Text, _>(&*name)
+            .bind::<Double, _>(d.as_secs_f64())
+            .bind::<Double, _>(d.as_secs_f64())
+            .get_result::<Answer>(self),
+        }?;
+        match got.answer {
+            Some(1) => {}
+            Some(_) => {
+                // 0 is a timeout. GET_LOCK decides atomically, but a lock that this session
+                // holds must not stay behind whatever it said, so make sure.
+                if self.advisory_held(key)? {
+                    log::warn!("lock {key:?}: GET_LOCK timed out yet the lock is ours; releasing");
+                    self.advisory_unlock(key)?;
+                }
+                return Ok(None);
+            }
+            None => return Err(error("GET_LOCK failed (returned NULL)")),
+        }
+        // The counter is bumped only once the lock is held, and committed at once
+        // (autocommit), so a token outlives its holder. LAST_INSERT_ID(expr) hands the new
+        // value back to this session without a race, on both the insert and update paths.
+        stmt(
+            "INSERT INTO dlock_tokens (lock_key, token) VALUES (?, LAST_INSERT_ID(1)) \
+             ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1)",
+        )
+        .bind::<Text, _>(key)
+        .execute(self)?;
+        stmt(
+            "SELECT CAST(0 AS SIGNED) AS id, CAST(LAST_INSERT_ID() AS SIGNED) AS token, \
+             UTC_TIMESTAMP(6) AS acquired_at",
+        )
+        .get_result::<AcquiredRow>(self)
+        .map(|r| Some(r.into()))
+    }
+
+    fn advisory_unlock(&mut self, key: &str) -> QueryResult<bool> {
+        // 1: released; 0: held by another session; NULL: not held by anyone.
+        stmt("SELECT CAST(RELEASE_LOCK(?) AS SIGNED) AS answer")
+            .bind::<Text, _>(&*lock_name(key))
+            .get_result::<Answer>(self)
+            .map(|r| r.answer == Some(1))
+    }
+
+    fn advisory_held(&mut self, key: &str) -> QueryResult<bool> {
+        stmt("SELECT CAST(IS_USED_LOCK(?) = CONNECTION_ID() AS SIGNED) AS answer")
+            .bind::<Text, _>(&*lock_name(key))
+            .get_result::<Answer>(self)
+            .map(|r| r.answer == Some(1))
+    }
+
+    fn version_read(&mut self, key: &str) -> QueryResult<Option<i64>> {
+        stmt("SELECT version FROM dlock_versions WHERE lock_key = ?")
+            .bind::<Text, _>(key)
+            .get_result::<Version>(self)
+            .optional()
+            .map(|r| r.map(|v| v.version))
+    }
+
+    fn version_create(&mut self, key: &str) -> QueryResult<()> {
+        stmt("INSERT IGNORE INTO dlock_versions (lock_key, version) VALUES (?, 0)")
+            .bind::<Text, _>(key)
+            .execute(self)
+            .map(drop)
+    }
+
+    fn version_bump(&mut self, key: &str, seen: i64) -> QueryResult<bool> {
+        // diesel sets CLIENT_FOUND_ROWS, so the count is of matched rows.
+        stmt("UPDATE dlock_versions SET version = version + 1 WHERE lock_key = ? AND version = ?")
+            .bind::<Text, _>(key)
+            .bind::<BigInt, _>(seen)
+            .execute(self)
+            .map(|n| n == 1)
     }
 }
 

@@ -2,11 +2,11 @@
 
 use super::sealed::Dialect;
 use super::stmt::stmt;
-use super::{migrate_with_retry, Acquired, Backend};
+use super::{migrate_with_retry, Acquired, Backend, Wait};
 use crate::{Error, Result};
 use chrono::{DateTime, Utc};
 use diesel::pg::PgConnection;
-use diesel::sql_types::{BigInt, Text, Timestamptz};
+use diesel::sql_types::{BigInt, Bool, Text, Timestamptz};
 use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
@@ -34,6 +34,32 @@ impl From<AcquiredRow> for Acquired {
             acquired_at: r.acquired_at,
         }
     }
+}
+
+#[derive(QueryableByName)]
+struct Version {
+    #[diesel(sql_type = BigInt)]
+    version: i64,
+}
+
+#[derive(QueryableByName)]
+struct Released {
+    #[diesel(sql_type = Bool)]
+    released: bool,
+}
+
+/// `lock_timeout` as PostgreSQL reads it: whole milliseconds, rounded up so that the server
+/// never gives up before the caller's deadline; at least 1, because 0 means "no limit".
+fn lock_timeout_ms(d: std::time::Duration) -> String {
+    let ms = d.as_micros().div_ceil(1000).max(1);
+    ms.to_string()
+}
+
+/// pg_locks shows an advisory lock taken with one bigint key as classid = high 32 bits,
+/// objid = low 32 bits (both oids, so unsigned) and objsubid = 1.
+fn advisory_lock_ids(key: &str) -> (i64, i64) {
+    let k = crate::key_hash(key);
+    (i64::from((k >> 32) as u32), i64::from(k as u32))
 }
 
 #[derive(QueryableByName)]
@@ -203,5 +229,195 @@ impl Dialect for PgConnection {
         .get_result::<One>(self)
         .optional()
         .map(|r| r.is_some())
+    }
+
+    fn is_lock_unavailable(&self, e: &diesel::result::Error) -> bool {
+        // Both cases are SQLSTATE 55P03 (lock_not_available), but diesel keeps no SQLSTATE
+        // for it (DatabaseErrorKind::Unknown), so the primary message is matched. These
+        // are the server's English texts: a server whose lc_messages translates them makes
+        // a busy lock surface as Error::Database, never as a false success.
+        // - NOWAIT: `could not obtain lock on row in relation "dlock_for_update"`
+        // - lock_timeout: `canceling statement due to lock timeout`
+        //   (statement_timeout says "due to statement timeout" and is a real error)
+        match e {
+            diesel::result::Error::DatabaseError(_, info) => {
+                let m = info.message();
+                m.starts_with("could not obtain lock on row")
+                    || m.starts_with("canceling statement due to lock timeout")
+            }
+            _ => false,
+        }
+    }
+
+    fn for_update_create(&mut self, key: &str) -> QueryResult<()> {
+        stmt(
+            "INSERT INTO dlock_for_update (lock_key, version) VALUES (?, 0) \
+             ON CONFLICT (lock_key) DO NOTHING",
+        )
+        .bind::<Text, _>(key)
+        .execute(self)
+        .map(drop)
+    }
+
+    fn for_update_lock(&mut self, key: &str, wait: Wait) -> QueryResult<Option<Acquired>> {
+        // One statement locks the row (the subquery's FOR UPDATE) and bumps its version.
+        // An INSERT ... ON CONFLICT here would wait for the holder whatever NOWAIT says:
+        // the holder has updated the row, and the unique check waits for its transaction.
+        // So the row is created apart (for_update_create) and only when it is missing.
+        let q = match wait {
+            Wait::No => stmt(
+                "UPDATE dlock_for_update SET version = version + 1 WHERE lock_key = \
+                 (SELECT lock_key FROM dlock_for_update WHERE lock_key = ? FOR UPDATE NOWAIT) \
+                 RETURNING 0::int8 AS id, version AS token, now() AS acquired_at",
+            )
+            .bind::<Text, _>(key)
+            .get_result::<AcquiredRow>(self),
+            // set_config(.., true) is SET LOCAL: it ends with this transaction. It is
+            // evaluated in the scan below the row lock, so it is in force before the wait.
+            Wait::For(d) => stmt(
+                "UPDATE dlock_for_update SET version = version + 1 WHERE lock_key = \
+                 (SELECT lock_key FROM dlock_for_update WHERE lock_key = ? \
+                  AND set_config('lock_timeout', ?, true) IS NOT NULL FOR UPDATE) \
+                 RETURNING 0::int8 AS id, version AS token, now() AS acquired_at",
+            )
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(lock_timeout_ms(d))
+            .get_result::<AcquiredRow>(self),
+            Wait::Forever => stmt(
+                "UPDATE dlock_for_update SET version = version + 1 WHERE lock_key = \
+                 (SELECT lock_key FROM dlock_for_update WHERE lock_key = ? FOR UPDATE) \
+                 RETURNING 0::int8 AS id, version AS token, now() AS acquired_at",
+            )
+            .bind::<Text, _>(key)
+            .get_result::<AcquiredRow>(self),
+        };
+        q.optional().map(|r| r.map(Into::into))
+    }
+
+    fn for_update_held(&mut self, key: &str, token: i64) -> QueryResult<bool> {
+        // Inside the holder's transaction this sees its own uncommitted version; a
+        // transaction that ended (or a session that died) cannot answer yes.
+        stmt("SELECT 1::int8 AS one FROM dlock_for_update WHERE lock_key = ? AND version = ?")
+            .bind::<Text, _>(key)
+            .bind::<BigInt, _>(token)
+            .get_result::<One>(self)
+            .optional()
+            .map(|r| r.is_some())
+    }
+
+    fn advisory_lock(&mut self, key: &str, wait: Wait) -> QueryResult<Option<Acquired>> {
+        // One statement takes the lock and then bumps the key's counter: the CTE holds a
+        // volatile function, so PostgreSQL runs it once and before the INSERT reads it.
+        // The counter is committed with the statement, so a token outlives its holder.
+        let k = crate::key_hash(key);
+        let taken = match wait {
+            Wait::No => {
+                return stmt(
+                    "WITH l AS (SELECT pg_try_advisory_lock(?) AS got) \
+                     INSERT INTO dlock_tokens AS t (lock_key, token) \
+                     SELECT ?, 1 FROM l WHERE l.got \
+                     ON CONFLICT (lock_key) DO UPDATE SET token = t.token + 1 \
+                     RETURNING 0::int8 AS id, token, now() AS acquired_at",
+                )
+                .bind::<BigInt, _>(k)
+                .bind::<Text, _>(key)
+                .get_result::<AcquiredRow>(self)
+                .optional()
+                .map(|r| r.map(Into::into));
+            }
+            // set_config(.., true) lasts until the end of this statement's transaction.
+            Wait::For(d) => stmt(
+                "WITH l AS (SELECT CASE WHEN set_config('lock_timeout', ?, true) IS NOT NULL \
+                                   THEN pg_advisory_lock(?) END AS got) \
+                 INSERT INTO dlock_tokens AS t (lock_key, token) SELECT ?, 1 FROM l \
+                 ON CONFLICT (lock_key) DO UPDATE SET token = t.token + 1 \
+                 RETURNING 0::int8 AS id, token, now() AS acquired_at",
+            )
+            .bind::<Text, _>(lock_timeout_ms(d))
+            .bind::<BigInt, _>(k)
+            .bind::<Text, _>(key)
+            .get_result::<AcquiredRow>(self),
+            Wait::Forever => stmt(
+                "WITH l AS (SELECT pg_advisory_lock(?) AS got) \
+                 INSERT INTO dlock_tokens AS t (lock_key, token) SELECT ?, 1 FROM l \
+                 ON CONFLICT (lock_key) DO UPDATE SET token = t.token + 1 \
+                 RETURNING 0::int8 AS id, token, now() AS acquired_at",
+            )
+            .bind::<BigInt, _>(k)
+            .bind::<Text, _>(key)
+            .get_result::<AcquiredRow>(self),
+        };
+        match taken {
+            Ok(row) => Ok(Some(row.into())),
+            Err(e) if self.is_lock_unavailable(&e) => {
+                // A lock granted just as lock_timeout fired stays granted to the session
+                // even though the statement fails (LockErrorCleanup keeps it). So look, and
+                // undo such a grant, unlocking only if pg_locks shows it held (an unlock of
+                // a lock not held would log a WARNING).
+                let (classid, objid) = advisory_lock_ids(key);
+                let raced = stmt(
+                    "SELECT pg_advisory_unlock(?) AS released FROM pg_locks \
+                     WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted \
+                       AND classid::int8 = ? AND objid::int8 = ? AND objsubid = 1",
+                )
+                .bind::<BigInt, _>(k)
+                .bind::<BigInt, _>(classid)
+                .bind::<BigInt, _>(objid)
+                .get_result::<Released>(self)
+                .optional()?;
+                if raced.is_some_and(|r| r.released) {
+                    log::debug!("lock {key:?}: a grant raced the wait's timeout; undone");
+                }
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn advisory_unlock(&mut self, key: &str) -> QueryResult<bool> {
+        stmt("SELECT pg_advisory_unlock(?) AS released")
+            .bind::<BigInt, _>(crate::key_hash(key))
+            .get_result::<Released>(self)
+            .map(|r| r.released)
+    }
+
+    fn advisory_held(&mut self, key: &str) -> QueryResult<bool> {
+        let (classid, objid) = advisory_lock_ids(key);
+        stmt(
+            "SELECT 1::int8 AS one FROM pg_locks \
+             WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted \
+               AND classid::int8 = ? AND objid::int8 = ? AND objsubid = 1",
+        )
+        .bind::<BigInt, _>(classid)
+        .bind::<BigInt, _>(objid)
+        .get_result::<One>(self)
+        .optional()
+        .map(|r| r.is_some())
+    }
+
+    fn version_read(&mut self, key: &str) -> QueryResult<Option<i64>> {
+        stmt("SELECT version FROM dlock_versions WHERE lock_key = ?")
+            .bind::<Text, _>(key)
+            .get_result::<Version>(self)
+            .optional()
+            .map(|r| r.map(|v| v.version))
+    }
+
+    fn version_create(&mut self, key: &str) -> QueryResult<()> {
+        stmt(
+            "INSERT INTO dlock_versions (lock_key, version) VALUES (?, 0) \
+             ON CONFLICT (lock_key) DO NOTHING",
+        )
+        .bind::<Text, _>(key)
+        .execute(self)
+        .map(drop)
+    }
+
+    fn version_bump(&mut self, key: &str, seen: i64) -> QueryResult<bool> {
+        stmt("UPDATE dlock_versions SET version = version + 1 WHERE lock_key = ? AND version = ?")
+            .bind::<Text, _>(key)
+            .bind::<BigInt, _>(seen)
+            .execute(self)
+            .map(|n| n == 1)
     }
 }

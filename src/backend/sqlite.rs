@@ -108,6 +108,12 @@ struct One {
     one: i64,
 }
 
+#[derive(QueryableByName)]
+struct Version {
+    #[diesel(sql_type = BigInt)]
+    version: i64,
+}
+
 fn exists(q: QueryResult<Option<One>>) -> QueryResult<bool> {
     q.map(|r| r.is_some())
 }
@@ -281,5 +287,31 @@ impl Dialect for SqliteConnection {
             .get_result::<One>(self)
             .optional(),
         )
+    }
+
+    fn version_read(&mut self, key: &str) -> QueryResult<Option<i64>> {
+        stmt("SELECT version FROM dlock_versions WHERE lock_key = ?")
+            .bind::<Text, _>(key)
+            .get_result::<Version>(self)
+            .optional()
+            .map(|r| r.map(|v| v.version))
+    }
+
+    fn version_create(&mut self, key: &str) -> QueryResult<()> {
+        stmt(
+            "INSERT INTO dlock_versions (lock_key, version) VALUES (?, 0) \
+             ON CONFLICT (lock_key) DO NOTHING",
+        )
+        .bind::<Text, _>(key)
+        .execute(self)
+        .map(drop)
+    }
+
+    fn version_bump(&mut self, key: &str, seen: i64) -> QueryResult<bool> {
+        stmt("UPDATE dlock_versions SET version = version + 1 WHERE lock_key = ? AND version = ?")
+            .bind::<Text, _>(key)
+            .bind::<BigInt, _>(seen)
+            .execute(self)
+            .map(|n| n == 1)
     }
 }

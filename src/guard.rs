@@ -16,7 +16,7 @@ pub struct LockGuard<C: LockConnection> {
     token: i64,
     acquired_at: DateTime<Utc>,
     /// `None` once released.
-    hold: Option<Hold>,
+    hold: Option<Hold<C>>,
 }
 
 impl<C: LockConnection> std::fmt::Debug for LockGuard<C> {
@@ -31,7 +31,7 @@ impl<C: LockConnection> std::fmt::Debug for LockGuard<C> {
 }
 
 impl<C: LockConnection> LockGuard<C> {
-    pub(crate) fn new(locker: Locker<C>, key: String, taken: Taken) -> Self {
+    pub(crate) fn new(locker: Locker<C>, key: String, taken: Taken<C>) -> Self {
         LockGuard {
             locker,
             key,

@@ -334,8 +334,8 @@ impl<C: LockConnection> Locker<C> {
         }
     }
 
-    fn attempt(&self, key: &str, retry: bool, deadline: Deadline) -> Result<Option<Taken>> {
-        let mut conn = match deadline.remaining() {
+    fn attempt(&self, key: &str, retry: bool, deadline: Deadline) -> Result<Option<Taken<C>>> {
+        let conn = match deadline.remaining() {
             // A short deadline still gets a fair chance at a momentarily busy pool.
             Some(left) => self
                 .inner
@@ -343,16 +343,12 @@ impl<C: LockConnection> Locker<C> {
                 .get_timeout(left.max(Duration::from_millis(20)))?,
             None => self.inner.pool.get()?,
         };
-        match strategy::try_acquire(&self.inner.strategy, &self.ctx(), &mut conn, key, retry) {
-            Err(Error::Database(e)) if conn.is_contention(&e) => {
-                log::debug!("lock {key:?}: contention ({e}); retrying");
-                Ok(None)
-            }
-            other => other,
-        }
+        // Strategies that wait on the server may use what is left of the deadline.
+        let left = deadline.remaining();
+        strategy::try_acquire(&self.inner.strategy, &self.ctx(), conn, key, retry, left)
     }
 
-    fn guard(&self, key: &str, taken: Taken) -> LockGuard<C> {
+    fn guard(&self, key: &str, taken: Taken<C>) -> LockGuard<C> {
         log::debug!(
             "lock {key:?} acquired ({}, token {})",
             self.inner.strategy.name(),

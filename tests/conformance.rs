@@ -24,9 +24,18 @@ conformance_suite!(pg_row_stale, common::pg(), ROW_STALE);
 #[cfg(feature = "postgres")]
 conformance_suite!(pg_lease, common::pg(), LEASE);
 
+#[cfg(feature = "postgres")]
+conformance_suite!(pg_for_update, common::pg(), Strategy::ForUpdate);
+#[cfg(feature = "postgres")]
+conformance_suite!(pg_advisory, common::pg(), Strategy::Advisory);
+
 #[cfg(feature = "mysql")]
 conformance_suite!(mysql_row, common::mysql(), ROW);
 #[cfg(feature = "mysql")]
 conformance_suite!(mysql_row_stale, common::mysql(), ROW_STALE);
 #[cfg(feature = "mysql")]
 conformance_suite!(mysql_lease, common::mysql(), LEASE);
+#[cfg(feature = "mysql")]
+conformance_suite!(mysql_for_update, common::mysql(), Strategy::ForUpdate);
+#[cfg(feature = "mysql")]
+conformance_suite!(mysql_advisory, common::mysql(), Strategy::Advisory);

@@ -11,7 +11,7 @@ pub(super) fn try_acquire<C: LockConnection>(
     key: &str,
     ttl: Duration,
     retry: bool,
-) -> Result<Option<Taken>> {
+) -> Result<Option<Taken<C>>> {
     let ttl_us = micros(ttl).unwrap_or(i64::MAX);
     let holder = crate::random::holder_id();
     let Some(a) = conn.lease_acquire(key, ctx.owner, &holder, ttl_us, retry)? else {

@@ -2,14 +2,19 @@
 //! its strategy on top of the backend's SQL; waiting, deadlines and the guard are written once
 //! in `locker.rs` and `guard.rs`.
 
-use crate::backend::{Backend, LockConnection};
+use crate::backend::{Backend, LockConnection, Wait};
 use crate::{Error, Result};
 use chrono::{DateTime, Utc};
 use std::time::Duration;
 
+mod advisory;
+mod for_update;
 pub(crate) mod heartbeat;
 mod lease;
 mod row;
+pub(crate) mod session;
+
+use session::{Pooled, Session};
 
 /// How a lock is kept in the database. All strategies give the same [`LockGuard`]
 /// (crate::LockGuard) and the same guarantees of mutual exclusion and fencing tokens; they
@@ -91,10 +96,14 @@ impl Strategy {
                 }
                 Ok(())
             }
-            Strategy::ForUpdate | Strategy::Advisory => Err(Error::Unsupported {
-                strategy: self.name(),
-                backend: backend.name(),
-            }),
+            // SQLite locks the whole database, never a row, and has no session locks.
+            Strategy::ForUpdate | Strategy::Advisory => match backend {
+                Backend::Postgres | Backend::Mysql => Ok(()),
+                Backend::Sqlite => Err(Error::Unsupported {
+                    strategy: self.name(),
+                    backend: backend.name(),
+                }),
+            },
         }
     }
 
@@ -113,8 +122,7 @@ pub(crate) fn micros(d: Duration) -> Option<i64> {
 }
 
 /// What a guard needs to release and check its lock.
-#[derive(Debug)]
-pub(crate) enum Hold {
+pub(crate) enum Hold<C: LockConnection> {
     Row {
         id: i64,
     },
@@ -122,12 +130,20 @@ pub(crate) enum Hold {
         holder: String,
         beat: heartbeat::Beat,
     },
+    /// The connection whose open transaction holds the row lock.
+    ForUpdate {
+        session: Session<C>,
+        token: i64,
+    },
+    /// The connection whose session holds the advisory lock.
+    Advisory {
+        session: Session<C>,
+    },
 }
 
 /// A successful acquisition.
-#[derive(Debug)]
-pub(crate) struct Taken {
-    pub(crate) hold: Hold,
+pub(crate) struct Taken<C: LockConnection> {
+    pub(crate) hold: Hold<C>,
     pub(crate) token: i64,
     pub(crate) acquired_at: DateTime<Utc>,
 }
@@ -139,22 +155,41 @@ pub(crate) struct Ctx<'a, C: LockConnection> {
     pub(crate) heartbeat: &'a heartbeat::Heartbeat<C>,
 }
 
-/// One attempt. `retry` is true when an earlier attempt by this caller failed.
-/// Contention errors are returned as they are; the caller decides what they mean.
+/// One attempt on `conn`. `retry` is true when an earlier attempt by this caller failed;
+/// `left` is how long the attempt may wait on the server (`None`: as long as it takes), which
+/// only the strategies with server-side waits use. Contention is `Ok(None)`, never an error.
+/// Session strategies keep `conn` in the guard; the others return it to the pool.
 pub(crate) fn try_acquire<C: LockConnection>(
     strategy: &Strategy,
     ctx: &Ctx<'_, C>,
-    conn: &mut C,
+    mut conn: Pooled<C>,
     key: &str,
     retry: bool,
-) -> Result<Option<Taken>> {
-    match *strategy {
-        Strategy::Row { stale_after } => row::try_acquire(ctx, conn, key, stale_after, retry),
-        Strategy::Lease { ttl } => lease::try_acquire(ctx, conn, key, ttl, retry),
-        Strategy::ForUpdate | Strategy::Advisory => Err(Error::Unsupported {
-            strategy: strategy.name(),
-            backend: conn.backend().name(),
-        }),
+    left: Option<Duration>,
+) -> Result<Option<Taken<C>>> {
+    let wait = match left {
+        None => Wait::Forever,
+        Some(d) if d.is_zero() => Wait::No,
+        Some(d) => Wait::For(d),
+    };
+    let taken = match *strategy {
+        Strategy::Row { stale_after } => row::try_acquire(ctx, &mut *conn, key, stale_after, retry),
+        Strategy::Lease { ttl } => lease::try_acquire(ctx, &mut *conn, key, ttl, retry),
+        Strategy::ForUpdate | Strategy::Advisory if conn.backend() == Backend::Sqlite => {
+            Err(Error::Unsupported {
+                strategy: strategy.name(),
+                backend: conn.backend().name(),
+            })
+        }
+        Strategy::ForUpdate => return for_update::try_acquire(conn, key, wait),
+        Strategy::Advisory => return advisory::try_acquire(conn, key, wait),
+    };
+    match taken {
+        Err(Error::Database(e)) if conn.is_contention(&e) => {
+            log::debug!("lock {key:?}: contention ({e}); retrying");
+            Ok(None)
+        }
+        other => other,
     }
 }
 
@@ -181,18 +216,22 @@ pub(crate) fn with_conn<C: LockConnection, T>(
 }
 
 /// Releases; `Err(LockLost)` if the lock was no longer ours.
-pub(crate) fn release<C: LockConnection>(ctx: &Ctx<'_, C>, key: &str, hold: Hold) -> Result<()> {
+pub(crate) fn release<C: LockConnection>(ctx: &Ctx<'_, C>, key: &str, hold: Hold<C>) -> Result<()> {
     match hold {
         Hold::Row { id } => row::release(ctx, key, id),
         Hold::Lease { holder, beat } => lease::release(ctx, key, &holder, beat),
+        Hold::ForUpdate { session, .. } => for_update::release(session, key),
+        Hold::Advisory { session } => advisory::release(session, key),
     }
 }
 
 /// Asks the database whether the lock is still ours.
-pub(crate) fn check<C: LockConnection>(ctx: &Ctx<'_, C>, key: &str, hold: &Hold) -> Result<()> {
+pub(crate) fn check<C: LockConnection>(ctx: &Ctx<'_, C>, key: &str, hold: &Hold<C>) -> Result<()> {
     let held = match hold {
         Hold::Row { id } => row::held(ctx, *id)?,
         Hold::Lease { holder, beat } => !beat.is_lost() && lease::held(ctx, key, holder)?,
+        Hold::ForUpdate { session, token } => for_update::held(session, key, *token)?,
+        Hold::Advisory { session } => advisory::held(session, key)?,
     };
     if held {
         Ok(())

@@ -11,7 +11,7 @@ pub(super) fn try_acquire<C: LockConnection>(
     key: &str,
     stale_after: Option<Duration>,
     retry: bool,
-) -> Result<Option<Taken>> {
+) -> Result<Option<Taken<C>>> {
     if let Some(a) = conn.row_acquire(key, ctx.owner, retry)? {
         return Ok(Some(taken(a)));
     }
@@ -31,7 +31,7 @@ pub(super) fn try_acquire<C: LockConnection>(
     Ok(None)
 }
 
-fn taken(a: crate::backend::Acquired) -> Taken {
+fn taken<C: LockConnection>(a: crate::backend::Acquired) -> Taken<C> {
     Taken {
         hold: Hold::Row { id: a.id },
         token: a.token,

@@ -17,9 +17,72 @@ pub struct Counter {
     pub last_token: i64,
 }
 
+/// The server sessions behind connections: who is who, and ending one from outside, as an
+/// operator (or a failover) would.
+pub trait Sessions {
+    /// This connection's server session id (PostgreSQL backend pid, MySQL connection id).
+    fn session_id(&mut self) -> i64;
+    /// Ends session `id` from this connection and returns once the server has done so.
+    fn kill_session(&mut self, id: i64);
+}
+
+impl Sessions for diesel::SqliteConnection {
+    fn session_id(&mut self) -> i64 {
+        unreachable!("sqlite has no server sessions")
+    }
+    fn kill_session(&mut self, _id: i64) {
+        unreachable!("sqlite has no server sessions")
+    }
+}
+
+#[derive(QueryableByName)]
+struct Id {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+}
+
+#[cfg(feature = "postgres")]
+impl Sessions for diesel::PgConnection {
+    fn session_id(&mut self) -> i64 {
+        diesel::sql_query("SELECT pg_backend_pid()::int8 AS id")
+            .get_result::<Id>(self)
+            .unwrap()
+            .id
+    }
+    fn kill_session(&mut self, id: i64) {
+        #[derive(QueryableByName)]
+        struct Done {
+            #[diesel(sql_type = diesel::sql_types::Bool)]
+            done: bool,
+        }
+        // With a timeout, pg_terminate_backend waits until the backend has exited.
+        let done = diesel::sql_query("SELECT pg_terminate_backend($1::int4, 5000) AS done")
+            .bind::<BigInt, _>(id)
+            .get_result::<Done>(self)
+            .unwrap();
+        assert!(done.done, "backend {id} did not exit");
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl Sessions for diesel::MysqlConnection {
+    fn session_id(&mut self) -> i64 {
+        diesel::sql_query("SELECT CAST(CONNECTION_ID() AS SIGNED) AS id")
+            .get_result::<Id>(self)
+            .unwrap()
+            .id
+    }
+    fn kill_session(&mut self, id: i64) {
+        // KILL takes no placeholder; the id is an integer from the server.
+        diesel::sql_query(format!("KILL CONNECTION {id}"))
+            .execute(self)
+            .unwrap();
+    }
+}
+
 /// Test-only SQL per backend: a deliberately non-atomic counter, and a way to take a lock
 /// away from its holder behind the library's back.
-pub trait TestDb: LockConnection {
+pub trait TestDb: LockConnection + Sessions {
     fn create_counter(&mut self);
     fn counter_init(&mut self, name: &str);
     fn counter_read(&mut self, name: &str) -> Counter;
@@ -134,7 +197,39 @@ pub fn drop_and_release_both_free_the_key<C: TestDb>(h: &Harness<C>, s: Strategy
     g.release().unwrap();
 }
 
+/// Strategies whose lock lives in a server session that the guard's connection keeps.
+pub fn is_session(s: Strategy) -> bool {
+    matches!(s, Strategy::ForUpdate | Strategy::Advisory)
+}
+
+/// A session strategy's lock is lost when its session ends: the holder is given a pool of
+/// one connection, whose session id is learnt first, and that session is terminated from
+/// another connection. The pool must then hand out a fresh connection that works.
+pub fn session_lost<C: TestDb>(h: &Harness<C>, s: Strategy, key: &str) {
+    let pool = super::pool::<C>(&h.url, 1);
+    let id = pool.get().unwrap().session_id();
+    let l = Locker::builder(pool.clone()).strategy(s).build().unwrap();
+    let g = l.lock(key).unwrap();
+    g.check().unwrap();
+    h.pool.get().unwrap().kill_session(id);
+    assert!(matches!(g.check(), Err(Error::LockLost { .. })));
+    match g.release() {
+        Err(Error::LockLost { key: k }) => assert_eq!(k, key),
+        other => panic!("expected LockLost, got {other:?}"),
+    }
+    let fresh = pool.get().unwrap().session_id();
+    assert_ne!(fresh, id, "the dead connection went back to the pool");
+    let g = l
+        .try_lock(key)
+        .unwrap()
+        .expect("free once its session ended");
+    g.release().unwrap();
+}
+
 pub fn release_reports_a_lost_lock<C: TestDb>(h: &Harness<C>, s: Strategy) {
+    if is_session(s) {
+        return session_lost(h, s, &unique_key("lost"));
+    }
     let l = h.locker(s);
     let key = unique_key("lost");
     let g = l.lock(&key).unwrap();

@@ -53,7 +53,7 @@ pub fn url(var: &str, name: &str) -> Option<String> {
 /// No idle minimum: r2d2 refills idle connections from a background thread, and a refill still
 /// connecting when the test process exits crashes inside OpenSSL's exit handlers (seen as
 /// SIGSEGV in PQconnectdb → RAND_get_rand_method).
-fn pool<C: LockConnection>(url: &str, size: u32) -> Pool<ConnectionManager<C>> {
+pub fn pool<C: LockConnection>(url: &str, size: u32) -> Pool<ConnectionManager<C>> {
     Pool::builder()
         .max_size(size)
         .min_idle(Some(0))

@@ -1,0 +1,72 @@
+//! `Strategy::ForUpdate`: the key's row locked by `SELECT … FOR UPDATE` in a transaction
+//! that the guard keeps open; release = COMMIT.
+
+use super::session::{discard, Pooled, Session};
+use super::{Hold, Taken};
+use crate::backend::{LockConnection, Wait};
+use crate::Result;
+use diesel::connection::{Connection, TransactionManager};
+
+type Tm<C> = <C as Connection>::TransactionManager;
+
+pub(super) fn try_acquire<C: LockConnection>(
+    mut conn: Pooled<C>,
+    key: &str,
+    wait: Wait,
+) -> Result<Option<Taken<C>>> {
+    // At most twice: a first attempt that finds no row creates it (committed on its own, so
+    // that other creators do not wait for our transaction) and tries again.
+    for attempt in 0..2 {
+        Tm::<C>::begin_transaction(&mut *conn)?;
+        let locked = conn.for_update_lock(key, wait);
+        match locked {
+            Ok(Some(a)) => {
+                return Ok(Some(Taken {
+                    hold: Hold::ForUpdate {
+                        session: Session::new(conn),
+                        token: a.token,
+                    },
+                    token: a.token,
+                    acquired_at: a.acquired_at,
+                }))
+            }
+            Ok(None) => {
+                rollback(&mut conn);
+                if attempt == 0 {
+                    conn.for_update_create(key)?;
+                }
+            }
+            Err(e) => {
+                // PostgreSQL has aborted the transaction; MySQL rolled back the statement.
+                // Either way nothing of ours may stay open on a pooled connection.
+                rollback(&mut conn);
+                return if conn.is_lock_unavailable(&e) {
+                    Ok(None)
+                } else {
+                    Err(e.into())
+                };
+            }
+        }
+    }
+    // The row vanished between its creation and our lock (deleted by hand): busy, for now.
+    Ok(None)
+}
+
+/// Rolls back; a connection that cannot is closed instead of going back to the pool.
+fn rollback<C: LockConnection>(conn: &mut Pooled<C>) {
+    if let Err(e) = Tm::<C>::rollback_transaction(&mut **conn) {
+        log::debug!("rollback failed ({e}); closing the connection");
+        discard(&mut **conn);
+    }
+}
+
+pub(super) fn release<C: LockConnection>(session: Session<C>, key: &str) -> Result<()> {
+    // COMMIT even while panicking: the transaction holds only our own lock and version
+    // bump, and committing the bump keeps the token issued. (r2d2 then closes the
+    // connection anyway, as it does with every connection dropped during a panic.)
+    session.end(key, |c| Tm::<C>::commit_transaction(c).map(|()| true))
+}
+
+pub(super) fn held<C: LockConnection>(session: &Session<C>, key: &str, token: i64) -> Result<bool> {
+    session.held(key, |c| c.for_update_held(key, token))
+}

@@ -1,0 +1,101 @@
+//! The pooled connection that a `ForUpdate` or `Advisory` guard keeps for its whole life,
+//! and the rule for giving it back: only when it provably holds nothing. Otherwise it is
+//! closed, and the server frees whatever the session held.
+
+use crate::backend::LockConnection;
+use crate::{Error, Result};
+use diesel::connection::{Connection, TransactionManager};
+use diesel::r2d2::ConnectionManager;
+use diesel::QueryResult;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+/// A connection checked out of the locker's pool.
+pub(crate) type Pooled<C> = r2d2::PooledConnection<ConnectionManager<C>>;
+
+/// A pooled connection whose server session (or open transaction) holds a lock.
+pub(crate) struct Session<C: LockConnection> {
+    /// `check(&self)` needs the connection too, hence the mutex; it is never contended
+    /// except by a user calling `check` from two threads at once.
+    conn: Mutex<Pooled<C>>,
+    /// Set once the connection failed or the server said the lock is gone: from then on the
+    /// lock is never reported held again, and the connection is closed on release.
+    lost: AtomicBool,
+}
+
+impl<C: LockConnection> Session<C> {
+    pub(crate) fn new(conn: Pooled<C>) -> Self {
+        Session {
+            conn: Mutex::new(conn),
+            lost: AtomicBool::new(false),
+        }
+    }
+
+    /// Asks the server, on the session's own connection, whether the lock is still held.
+    ///
+    /// A failing connection counts as a lost lock: the library can no longer vouch for the
+    /// lock, and the session is closed on release either way.
+    pub(crate) fn held(
+        &self,
+        key: &str,
+        ask: impl FnOnce(&mut C) -> QueryResult<bool>,
+    ) -> Result<bool> {
+        if self.lost.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let held = ask(&mut conn).unwrap_or_else(|e| {
+            log::warn!("lock {key:?}: the connection holding it failed ({e}); the lock is lost");
+            false
+        });
+        if !held {
+            self.lost.store(true, Ordering::Release);
+        }
+        Ok(held)
+    }
+
+    /// Releases with `end` (COMMIT, unlock) on the session's connection, which goes back to
+    /// the pool only if that worked, the lock was never found lost and no panic is under
+    /// way. `end` returns false when the server says the lock was not held.
+    ///
+    /// An error from `end` is reported as [`Error::LockLost`]: the connection that held the
+    /// lock failed, so the lock cannot be shown to have been held up to now; closing the
+    /// connection frees it on the server in any case.
+    pub(crate) fn end(
+        self,
+        key: &str,
+        end: impl FnOnce(&mut C) -> QueryResult<bool>,
+    ) -> Result<()> {
+        let mut conn = self.conn.into_inner().unwrap_or_else(|p| p.into_inner());
+        let was_lost = self.lost.into_inner();
+        let ended = end(&mut conn);
+        let clean = matches!(ended, Ok(true)) && !was_lost && !std::thread::panicking();
+        if !clean {
+            discard(&mut *conn);
+        }
+        drop(conn);
+        match ended {
+            Ok(true) if !was_lost => Ok(()),
+            Ok(_) => Err(Error::LockLost {
+                key: key.to_owned(),
+            }),
+            Err(e) => {
+                log::warn!("lock {key:?}: releasing failed ({e}); its connection is closed");
+                Err(Error::LockLost {
+                    key: key.to_owned(),
+                })
+            }
+        }
+    }
+}
+
+/// Makes r2d2 close `conn` when it is dropped instead of returning it to the pool.
+///
+/// r2d2 0.8 has no way to take a connection out of its pool: it closes a returned connection
+/// only if the manager's `has_broken` says so, and diesel's says so when the thread is
+/// panicking or the connection's transaction manager is in error. So the transaction manager
+/// is put in error. (`transaction_manager_status_mut` is public but hidden in diesel's docs;
+/// `tests/session_faults.rs` pins this behaviour.)
+pub(crate) fn discard<C: LockConnection>(conn: &mut C) {
+    <C as Connection>::TransactionManager::transaction_manager_status_mut(conn).set_in_error();
+}

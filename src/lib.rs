@@ -68,6 +68,7 @@ mod error;
 mod guard;
 mod key;
 mod locker;
+pub mod optimistic;
 mod random;
 mod strategy;
 

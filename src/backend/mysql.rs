@@ -96,6 +96,25 @@ fn exists(q: QueryResult<Option<One>>) -> QueryResult<bool> {
     q.map(|r| r.is_some())
 }
 
+/// True if `e` says the lock is someone else's (see `Dialect::is_lock_unavailable`).
+fn lock_unavailable(e: &diesel::result::Error) -> bool {
+    // diesel maps neither error to a kind of its own (DatabaseErrorKind::Unknown) and
+    // keeps no error number, so the server's English message is matched:
+    // - MySQL 8, NOWAIT (3572, ER_LOCK_NOWAIT): "Statement aborted because lock(s)
+    //   could not be acquired immediately and NOWAIT is set."
+    // - MariaDB, NOWAIT, and both servers when innodb_lock_wait_timeout runs out (1205,
+    //   ER_LOCK_WAIT_TIMEOUT): "Lock wait timeout exceeded; try restarting transaction"
+    // MariaDB cannot tell its NOWAIT refusal from a real wait timeout, and need not:
+    // either way the row is someone else's.
+    match e {
+        diesel::result::Error::DatabaseError(_, info) => {
+            let m = info.message();
+            m.starts_with("Lock wait timeout exceeded") || m.contains("NOWAIT is set")
+        }
+        _ => false,
+    }
+}
+
 impl Dialect for MysqlConnection {
     fn backend(&self) -> Backend {
         Backend::Mysql
@@ -300,21 +319,7 @@ impl Dialect for MysqlConnection {
     }
 
     fn is_lock_unavailable(&self, e: &diesel::result::Error) -> bool {
-        // diesel maps neither error to a kind of its own (DatabaseErrorKind::Unknown) and
-        // keeps no error number, so the server's English message is matched:
-        // - MySQL 8, NOWAIT (3572, ER_LOCK_NOWAIT): "Statement aborted because lock(s)
-        //   could not be acquired immediately and NOWAIT is set."
-        // - MariaDB, NOWAIT, and both servers when innodb_lock_wait_timeout runs out (1205,
-        //   ER_LOCK_WAIT_TIMEOUT): "Lock wait timeout exceeded; try restarting transaction"
-        // MariaDB cannot tell its NOWAIT refusal from a real wait timeout, and need not:
-        // either way the row is someone else's.
-        match e {
-            diesel::result::Error::DatabaseError(_, info) => {
-                let m = info.message();
-                m.starts_with("Lock wait timeout exceeded") || m.contains("NOWAIT is set")
-            }
-            _ => false,
-        }
+        lock_unavailable(e)
     }
 
     fn for_update_create(&mut self, key: &str) -> QueryResult<()> {
@@ -499,4 +504,50 @@ fn lease_visibly_held(conn: &mut MysqlConnection, key: &str) -> QueryResult<bool
         .get_result::<One>(conn)
         .optional(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use diesel::result::{DatabaseErrorKind, Error as E};
+
+    fn db_error(message: &str) -> E {
+        E::DatabaseError(DatabaseErrorKind::Unknown, Box::new(message.to_owned()))
+    }
+
+    /// The exact texts of MySQL 8 (3572) and of MariaDB / MySQL (1205). Only MariaDB runs
+    /// here, so the 3572 path is tested by its text alone; tests/session_faults.rs meets
+    /// 1205 from both NOWAIT and innodb_lock_wait_timeout against the real server.
+    #[test]
+    fn lock_unavailable_is_told_from_real_errors() {
+        for busy in [
+            "Statement aborted because lock(s) could not be acquired immediately and NOWAIT is set.",
+            "Lock wait timeout exceeded; try restarting transaction",
+        ] {
+            assert!(lock_unavailable(&db_error(busy)), "{busy}");
+        }
+        for real in [
+            "Deadlock found when trying to get lock; try restarting transaction",
+            "Lost connection to MySQL server during query",
+            "MySQL server has gone away",
+            "Query execution was interrupted",
+            "Table 'dlock_test.dlock_for_update' doesn't exist",
+        ] {
+            assert!(!lock_unavailable(&db_error(real)), "{real}");
+        }
+    }
+
+    #[test]
+    fn lock_names_are_verbatim_up_to_64_characters_then_hashed() {
+        assert_eq!(lock_name("nightly-report"), "nightly-report");
+        // 64 characters (not bytes) fit: 64 × 'é' is 128 bytes.
+        let e64 = "é".repeat(64);
+        assert_eq!(lock_name(&e64), e64.as_str());
+        // Test vector: sha256("x" × 65) starts 9537c5fdf120482f.
+        assert_eq!(lock_name(&"x".repeat(65)), "dlock-sha256:9537c5fdf120482f");
+        // A key that looks like a hashed name is hashed too, so it cannot collide with one.
+        let lookalike = "dlock-sha256:9537c5fdf120482f";
+        assert_ne!(lock_name(lookalike), lookalike);
+        assert!(lock_name(lookalike).starts_with(HASHED_PREFIX));
+    }
 }

@@ -69,6 +69,25 @@ struct One {
     one: i64,
 }
 
+/// True if `e` says the lock is someone else's (see `Dialect::is_lock_unavailable`).
+fn lock_unavailable(e: &diesel::result::Error) -> bool {
+    // Both cases are SQLSTATE 55P03 (lock_not_available), but diesel keeps no SQLSTATE
+    // for it (DatabaseErrorKind::Unknown), so the primary message is matched. These
+    // are the server's English texts: a server whose lc_messages translates them makes
+    // a busy lock surface as Error::Database, never as a false success.
+    // - NOWAIT: `could not obtain lock on row in relation "dlock_for_update"`
+    // - lock_timeout: `canceling statement due to lock timeout`
+    //   (statement_timeout says "due to statement timeout" and is a real error)
+    match e {
+        diesel::result::Error::DatabaseError(_, info) => {
+            let m = info.message();
+            m.starts_with("could not obtain lock on row")
+                || m.starts_with("canceling statement due to lock timeout")
+        }
+        _ => false,
+    }
+}
+
 impl Dialect for PgConnection {
     fn backend(&self) -> Backend {
         Backend::Postgres
@@ -232,21 +251,7 @@ impl Dialect for PgConnection {
     }
 
     fn is_lock_unavailable(&self, e: &diesel::result::Error) -> bool {
-        // Both cases are SQLSTATE 55P03 (lock_not_available), but diesel keeps no SQLSTATE
-        // for it (DatabaseErrorKind::Unknown), so the primary message is matched. These
-        // are the server's English texts: a server whose lc_messages translates them makes
-        // a busy lock surface as Error::Database, never as a false success.
-        // - NOWAIT: `could not obtain lock on row in relation "dlock_for_update"`
-        // - lock_timeout: `canceling statement due to lock timeout`
-        //   (statement_timeout says "due to statement timeout" and is a real error)
-        match e {
-            diesel::result::Error::DatabaseError(_, info) => {
-                let m = info.message();
-                m.starts_with("could not obtain lock on row")
-                    || m.starts_with("canceling statement due to lock timeout")
-            }
-            _ => false,
-        }
+        lock_unavailable(e)
     }
 
     fn for_update_create(&mut self, key: &str) -> QueryResult<()> {
@@ -419,5 +424,47 @@ impl Dialect for PgConnection {
             .bind::<BigInt, _>(seen)
             .execute(self)
             .map(|n| n == 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use diesel::result::{DatabaseErrorKind, Error as E};
+
+    fn db_error(message: &str) -> E {
+        E::DatabaseError(DatabaseErrorKind::Unknown, Box::new(message.to_owned()))
+    }
+
+    /// The exact texts PostgreSQL 15 sends (English lc_messages); the integration tests in
+    /// tests/session_faults.rs meet both against a real server.
+    #[test]
+    fn lock_unavailable_is_told_from_real_errors() {
+        // 55P03 from NOWAIT and from lock_timeout: busy.
+        for busy in [
+            "could not obtain lock on row in relation \"dlock_for_update\"",
+            "canceling statement due to lock timeout",
+        ] {
+            assert!(lock_unavailable(&db_error(busy)), "{busy}");
+        }
+        // A statement_timeout (57014), a deadlock (40P01, retried by the locker as
+        // contention, but not "busy") and a lost connection are real errors here.
+        for real in [
+            "canceling statement due to statement timeout",
+            "deadlock detected",
+            "terminating connection due to administrator command",
+            "relation \"dlock_for_update\" does not exist",
+        ] {
+            assert!(!lock_unavailable(&db_error(real)), "{real}");
+        }
+        assert!(!lock_unavailable(&E::NotFound));
+    }
+
+    #[test]
+    fn advisory_ids_split_the_hash_as_pg_locks_shows_it() {
+        // key_hash("x" * 65) = 0x9537c5fdf120482f, a negative i64: both halves unsigned.
+        assert_eq!(advisory_lock_ids(&"x".repeat(65)), (0x9537c5fd, 0xf120482f));
+        assert_eq!(lock_timeout_ms(std::time::Duration::from_micros(1)), "1");
+        assert_eq!(lock_timeout_ms(std::time::Duration::from_micros(1001)), "2");
     }
 }

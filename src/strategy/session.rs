@@ -99,3 +99,46 @@ impl<C: LockConnection> Session<C> {
 pub(crate) fn discard<C: LockConnection>(conn: &mut C) {
     <C as Connection>::TransactionManager::transaction_manager_status_mut(conn).set_in_error();
 }
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use super::*;
+    use diesel::connection::SimpleConnection;
+    use diesel::RunQueryDsl;
+
+    /// Pins the r2d2 + diesel behaviour `discard` relies on: a connection so marked is closed
+    /// when dropped, and the pool opens a new one. A TEMP table lives only as long as the
+    /// connection that made it, so it tells the two apart.
+    #[test]
+    fn a_discarded_connection_is_closed_not_pooled() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = dir.path().join("d.db");
+        let pool = r2d2::Pool::builder()
+            .max_size(1)
+            .build(ConnectionManager::<diesel::SqliteConnection>::new(
+                url.to_str().unwrap(),
+            ))
+            .unwrap();
+        let temp_table_exists = |c: &mut diesel::SqliteConnection| {
+            diesel::sql_query("SELECT 1 FROM mark").execute(c).is_ok()
+        };
+
+        let mut conn = pool.get().unwrap();
+        conn.batch_execute("CREATE TEMP TABLE mark (x INTEGER)")
+            .unwrap();
+        drop(conn);
+        let mut conn = pool.get().unwrap();
+        assert!(
+            temp_table_exists(&mut conn),
+            "an ordinary connection is reused"
+        );
+
+        discard(&mut *conn);
+        drop(conn);
+        let mut conn = pool.get().unwrap();
+        assert!(
+            !temp_table_exists(&mut conn),
+            "the discarded connection came back"
+        );
+    }
+}

@@ -75,10 +75,15 @@ impl<C: LockConnection> LockGuard<C> {
     /// # Ok(()) }
     /// ```
     ///
+    /// Session strategies (`ForUpdate`, `Advisory`) ask on the guard's own connection:
+    /// pg_locks for this backend, `IS_USED_LOCK(name) = CONNECTION_ID()`, or whether the
+    /// holding transaction still sees its row.
+    ///
     /// # Errors
     /// [`Error::LockLost`](crate::Error::LockLost) if it is not: the lease expired (the
-    /// heartbeat could not renew it in time) or the row was taken over as stale. Other errors
-    /// if the database could not be asked.
+    /// heartbeat could not renew it in time), the row was taken over as stale, or the
+    /// session holding it ended; a session strategy whose connection fails counts as lost
+    /// too, for good. Other errors if the database could not be asked.
     pub fn check(&self) -> Result<()> {
         match &self.hold {
             Some(hold) => strategy::check(&self.locker.ctx(), &self.key, hold),
@@ -95,7 +100,9 @@ impl<C: LockConnection> LockGuard<C> {
     /// not ours to release); [`Error::Pool`](crate::Error::Pool) or
     /// [`Error::Database`](crate::Error::Database) if the release could not be done. A lease
     /// that could not be released expires after its ttl; a row needs `stale_after` or a
-    /// manual `dlock release --force`.
+    /// manual `dlock release --force`. A session strategy's connection is closed instead of
+    /// pooled whenever its release fails (reported as `LockLost`: the connection that held
+    /// the lock failed), which frees the lock on the server.
     pub fn release(mut self) -> Result<()> {
         self.release_inner()
     }

@@ -39,6 +39,21 @@
 //!   that crashes or is paused past its ttl loses the lock, and [`LockGuard::check`] says so.
 //! - [`Strategy::Row`]: a row inserted on a unique key and deleted by id on release. A crashed
 //!   holder's row stays until `stale_after` lets another taker delete it (or forever without).
+//! - [`Strategy::ForUpdate`] (PostgreSQL, MySQL): the key's row locked by `SELECT … FOR
+//!   UPDATE` in a transaction the guard keeps open; release is `COMMIT`.
+//! - [`Strategy::Advisory`] (PostgreSQL `pg_advisory_lock`, MySQL `GET_LOCK`): a lock held
+//!   by the guard's database session.
+//!
+//! The last two are *session strategies*: the guard owns a pooled connection for its whole
+//! life, waiting happens in the server's lock queue, and a holder that dies frees its lock
+//! as soon as the server sees its connection close, with no ttl to wait out. A network
+//! partition or a failover ends the lock with the session; [`LockGuard::check`] asks the
+//! server on the guard's own connection and reports [`Error::LockLost`]. See [`Strategy`]
+//! for the details of each. SQLite has neither, and refuses them with
+//! [`Error::Unsupported`].
+//!
+//! Without any lock, [`optimistic::transaction`] runs read-modify-write work in a
+//! transaction that commits only if the key's version did not change meanwhile.
 //!
 //! # Guarantees
 //! - **Mutual exclusion** per key and strategy, as long as the database keeps its own
@@ -49,6 +64,9 @@
 //!   never the client's.
 //! - **No lock blocks forever after a crash**, except a `Row` lock without `stale_after`,
 //!   which is documented as such.
+//! - **Tokens survive their holder**, except `ForUpdate`'s: its token is the version bumped
+//!   inside the holder's transaction, which a crash rolls back, so the next holder receives
+//!   the same token as the holder that died.
 //!
 //! Keys are 1 to 255 bytes of UTF-8 without NUL, compared exactly (case-sensitive) on every
 //! backend; anything else is [`Error::InvalidKey`] before any SQL runs. Locks are not

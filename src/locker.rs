@@ -264,9 +264,14 @@ impl<C: LockConnection> Locker<C> {
 
     /// Waits at most `timeout`: `Ok(None)` when the deadline passes.
     ///
+    /// With `ForUpdate` and `Advisory` the wait happens on the server, bounded by the time
+    /// left, so a release hands the lock over at once and the deadline is kept within a
+    /// round trip or so.
+    ///
     /// # Errors
     /// As for [`lock`](Self::lock); [`Error::Pool`] also when the pool has no free connection
-    /// before the deadline (every connection held elsewhere).
+    /// before the deadline (every connection held elsewhere, e.g. by session strategies'
+    /// guards: each keeps one).
     pub fn try_lock_for(&self, key: &str, timeout: Duration) -> Result<Option<LockGuard<C>>> {
         let deadline = Instant::now()
             .checked_add(timeout)

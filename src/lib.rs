@@ -81,6 +81,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
+pub mod admin;
 mod backend;
 mod error;
 mod guard;
@@ -90,6 +91,7 @@ pub mod optimistic;
 mod random;
 mod strategy;
 
+pub use admin::LockInfo;
 #[cfg(feature = "sqlite")]
 pub use backend::SqliteTuning;
 pub use backend::{connect, AnyConnection, Backend, LockConnection};

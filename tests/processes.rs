@@ -62,14 +62,22 @@ fn child_main<C: TestDb>(h: Harness<C>, strategy: Strategy, key: &str, mode: &st
     match mode {
         "hold" => {
             let g = locker.lock(key).unwrap();
-            say(&format!("HELD {} {}", g.token(), g.acquired_at().timestamp_micros()));
+            say(&format!(
+                "HELD {} {}",
+                g.token(),
+                g.acquired_at().timestamp_micros()
+            ));
             loop {
                 std::thread::park();
             }
         }
         "hold-check" => {
             let g = locker.lock(key).unwrap();
-            say(&format!("HELD {} {}", g.token(), g.acquired_at().timestamp_micros()));
+            say(&format!(
+                "HELD {} {}",
+                g.token(),
+                g.acquired_at().timestamp_micros()
+            ));
             stdin.read_line(&mut line).unwrap();
             let verdict = match g.check() {
                 Ok(()) => "held".to_owned(),
@@ -125,8 +133,17 @@ struct Kid {
 impl Kid {
     fn spawn(backend: &str, url: &str, strategy: &str, key: &str, mode: &str) -> Kid {
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "child_entry", "--ignored", "--nocapture", "--test-threads=1"])
-            .env("DLOCK_CHILD", [backend, url, strategy, key, mode].join("\t"))
+            .args([
+                "--exact",
+                "child_entry",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(
+                "DLOCK_CHILD",
+                [backend, url, strategy, key, mode].join("\t"),
+            )
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -216,15 +233,24 @@ fn sigkill_lease_frees_after_ttl_not_before<C: TestDb>(backend: &str, h: &Harnes
     let killed = Instant::now();
     kid.child.wait().unwrap();
     let locker = h.locker(Strategy::Lease { ttl });
-    assert!(locker.try_lock(&key).unwrap().is_none(), "lease freed before its ttl");
+    assert!(
+        locker.try_lock(&key).unwrap().is_none(),
+        "lease freed before its ttl"
+    );
     let g = locker
         .try_lock_for(&key, Duration::from_secs(10))
         .unwrap()
         .expect("lease never expired");
     let waited = killed.elapsed();
     // The child renewed at most one heartbeat interval (ttl/3) before it died.
-    assert!(waited >= ttl - ttl / 3 - Duration::from_millis(100), "freed after {waited:?}");
-    assert!(waited <= ttl + Duration::from_secs(1), "freed only after {waited:?}");
+    assert!(
+        waited >= ttl - ttl / 3 - Duration::from_millis(100),
+        "freed after {waited:?}"
+    );
+    assert!(
+        waited <= ttl + Duration::from_secs(1),
+        "freed only after {waited:?}"
+    );
     assert!(g.token() > child_token);
 }
 
@@ -243,7 +269,10 @@ fn sigkill_row_with_stale_after_is_taken_over<C: TestDb>(backend: &str, h: &Harn
         .unwrap()
         .expect("stale row never taken over");
     let age = g.acquired_at().timestamp_micros() - child_at;
-    assert!(age >= stale.as_micros() as i64, "taken over after only {age} µs");
+    assert!(
+        age >= stale.as_micros() as i64,
+        "taken over after only {age} µs"
+    );
     assert!(g.token() > child_token);
 }
 

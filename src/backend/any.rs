@@ -2,7 +2,8 @@
 //! the database at run time (the `dlock` CLI does), and `connect(url)` to build its pool.
 
 use super::sealed::Dialect;
-use super::{Acquired, Backend, Wait};
+use super::{Acquired, Backend, Held, Wait};
+use crate::admin::LockInfo;
 use crate::{Error, Result};
 use diesel::r2d2::{ConnectionManager, CustomizeConnection, Pool};
 use diesel::{Connection, QueryResult};
@@ -166,6 +167,15 @@ impl Dialect for AnyConnection {
     }
     fn version_bump(&mut self, key: &str, seen: i64) -> QueryResult<bool> {
         each!(self, c => c.version_bump(key, seen))
+    }
+    fn admin_rows(&mut self, key: Option<&str>) -> QueryResult<Vec<Held>> {
+        each!(self, c => c.admin_rows(key))
+    }
+    fn admin_leases(&mut self, key: Option<&str>) -> QueryResult<Vec<Held>> {
+        each!(self, c => c.admin_leases(key))
+    }
+    fn admin_force_release(&mut self, key: &str) -> QueryResult<Vec<LockInfo>> {
+        each!(self, c => c.admin_force_release(key))
     }
 }
 

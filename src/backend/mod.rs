@@ -169,7 +169,51 @@ pub(crate) mod sealed {
         fn version_create(&mut self, key: &str) -> QueryResult<()>;
         /// `version = version + 1` if it is still `seen`; true if it was.
         fn version_bump(&mut self, key: &str, seen: i64) -> QueryResult<bool>;
+        /// The `Row` locks held now, of every key or of one, ordered by key. The one-key form
+        /// locks the rows it reads (`FOR UPDATE`) where the backend can.
+        fn admin_rows(&mut self, key: Option<&str>) -> QueryResult<Vec<Held>>;
+        /// The unexpired leases, of every key or of one, ordered by key; locked as above.
+        fn admin_leases(&mut self, key: Option<&str>) -> QueryResult<Vec<Held>>;
+        /// Removes the key's row and clears its lease if held, reading and removing in one
+        /// transaction (see [`force_release_in`]); returns what was removed.
+        fn admin_force_release(&mut self, key: &str) -> QueryResult<Vec<LockInfo>>;
     }
+
+    /// A held lock as the admin functions read it, with what it takes to remove it.
+    #[derive(Debug, Clone)]
+    pub struct Held {
+        pub info: LockInfo,
+        /// `Row`: the row's id. Lease: unused (0).
+        pub id: i64,
+        /// Lease: the holder id. Row: `None`.
+        pub holder: Option<String>,
+    }
+}
+
+use crate::admin::LockInfo;
+pub(crate) use sealed::Held;
+
+/// The body of `admin_force_release`, run by each backend inside the kind of transaction
+/// that makes its read and its writes atomic. Removal goes by row id and holder id, so a lock
+/// taken anew after the read would be left alone (and the read's locks prevent that anyway).
+pub(crate) fn force_release_in<C: sealed::Dialect>(
+    conn: &mut C,
+    key: &str,
+) -> QueryResult<Vec<LockInfo>> {
+    let mut removed = Vec::new();
+    for held in conn.admin_rows(Some(key))? {
+        if conn.row_release(held.id)? {
+            removed.push(held.info);
+        }
+    }
+    for held in conn.admin_leases(Some(key))? {
+        if let Some(holder) = &held.holder {
+            if conn.lease_release(key, holder)? {
+                removed.push(held.info);
+            }
+        }
+    }
+    Ok(removed)
 }
 
 /// The error of a session-strategy statement on a backend that has none (never reached:

@@ -3,11 +3,13 @@
 
 use super::sealed::Dialect;
 use super::stmt::stmt;
-use super::{migrate_with_retry, Acquired, Backend, Wait};
+use super::{force_release_in, migrate_with_retry, Acquired, Backend, Held, Wait};
+use crate::admin::LockInfo;
 use crate::{Error, Result};
 use chrono::NaiveDateTime;
 use diesel::mysql::MysqlConnection;
 use diesel::sql_types::{BigInt, Datetime, Double, Nullable, Text};
+use diesel::Connection;
 use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
@@ -113,6 +115,48 @@ fn lock_unavailable(e: &diesel::result::Error) -> bool {
         }
         _ => false,
     }
+}
+
+#[derive(QueryableByName)]
+struct HeldRow {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+    #[diesel(sql_type = Nullable<Text>)]
+    holder: Option<String>,
+    #[diesel(sql_type = Text)]
+    lock_key: String,
+    #[diesel(sql_type = Text)]
+    owner: String,
+    #[diesel(sql_type = BigInt)]
+    token: i64,
+    #[diesel(sql_type = Datetime)]
+    acquired_at: NaiveDateTime,
+    #[diesel(sql_type = Nullable<Datetime>)]
+    expires_at: Option<NaiveDateTime>,
+    #[diesel(sql_type = Datetime)]
+    observed_at: NaiveDateTime,
+}
+
+impl HeldRow {
+    fn held(self, strategy: &'static str) -> Held {
+        Held {
+            info: LockInfo {
+                key: self.lock_key,
+                strategy,
+                owner: self.owner,
+                token: self.token,
+                acquired_at: self.acquired_at.and_utc(),
+                expires_at: self.expires_at.map(|t| t.and_utc()),
+                observed_at: self.observed_at.and_utc(),
+            },
+            id: self.id,
+            holder: self.holder,
+        }
+    }
+}
+
+fn held(rows: QueryResult<Vec<HeldRow>>, strategy: &'static str) -> QueryResult<Vec<Held>> {
+    rows.map(|v| v.into_iter().map(|r| r.held(strategy)).collect())
 }
 
 impl Dialect for MysqlConnection {
@@ -490,6 +534,60 @@ impl Dialect for MysqlConnection {
             .bind::<BigInt, _>(seen)
             .execute(self)
             .map(|n| n == 1)
+    }
+
+    // Keys are VARBINARY (byte-exact comparison); CAST(... AS CHAR) reads them back as text
+    // in the connection's character set (utf8mb4, set by diesel).
+    fn admin_rows(&mut self, key: Option<&str>) -> QueryResult<Vec<Held>> {
+        let rows = match key {
+            None => stmt(
+                "SELECT id, CAST(NULL AS CHAR) AS holder, CAST(lock_key AS CHAR) AS lock_key, \
+                        owner, token, acquired_at, CAST(NULL AS DATETIME(6)) AS expires_at, \
+                        UTC_TIMESTAMP(6) AS observed_at \
+                 FROM dlock_rows ORDER BY lock_key",
+            )
+            .load(self),
+            Some(key) => stmt(
+                "SELECT id, CAST(NULL AS CHAR) AS holder, CAST(lock_key AS CHAR) AS lock_key, \
+                        owner, token, acquired_at, CAST(NULL AS DATETIME(6)) AS expires_at, \
+                        UTC_TIMESTAMP(6) AS observed_at \
+                 FROM dlock_rows WHERE lock_key = ? FOR UPDATE",
+            )
+            .bind::<Text, _>(key)
+            .load(self),
+        };
+        held(rows, "row")
+    }
+
+    fn admin_leases(&mut self, key: Option<&str>) -> QueryResult<Vec<Held>> {
+        let rows = match key {
+            None => stmt(
+                "SELECT CAST(0 AS SIGNED) AS id, holder, CAST(lock_key AS CHAR) AS lock_key, \
+                        COALESCE(owner, '') AS owner, token, acquired_at, expires_at, \
+                        UTC_TIMESTAMP(6) AS observed_at \
+                 FROM dlock_leases \
+                 WHERE holder IS NOT NULL AND acquired_at IS NOT NULL \
+                   AND expires_at > UTC_TIMESTAMP(6) \
+                 ORDER BY lock_key",
+            )
+            .load(self),
+            Some(key) => stmt(
+                "SELECT CAST(0 AS SIGNED) AS id, holder, CAST(lock_key AS CHAR) AS lock_key, \
+                        COALESCE(owner, '') AS owner, token, acquired_at, expires_at, \
+                        UTC_TIMESTAMP(6) AS observed_at \
+                 FROM dlock_leases \
+                 WHERE lock_key = ? AND holder IS NOT NULL AND acquired_at IS NOT NULL \
+                   AND expires_at > UTC_TIMESTAMP(6) \
+                 FOR UPDATE",
+            )
+            .bind::<Text, _>(key)
+            .load(self),
+        };
+        held(rows, "lease")
+    }
+
+    fn admin_force_release(&mut self, key: &str) -> QueryResult<Vec<LockInfo>> {
+        self.transaction(|c| force_release_in(c, key))
     }
 }
 

@@ -2,11 +2,13 @@
 
 use super::sealed::Dialect;
 use super::stmt::stmt;
-use super::{migrate_with_retry, Acquired, Backend, Wait};
+use super::{force_release_in, migrate_with_retry, Acquired, Backend, Held, Wait};
+use crate::admin::LockInfo;
 use crate::{Error, Result};
 use chrono::{DateTime, Utc};
 use diesel::pg::PgConnection;
-use diesel::sql_types::{BigInt, Bool, Text, Timestamptz};
+use diesel::sql_types::{BigInt, Bool, Nullable, Text, Timestamptz};
+use diesel::Connection;
 use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
@@ -86,6 +88,48 @@ fn lock_unavailable(e: &diesel::result::Error) -> bool {
         }
         _ => false,
     }
+}
+
+#[derive(QueryableByName)]
+struct HeldRow {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+    #[diesel(sql_type = Nullable<Text>)]
+    holder: Option<String>,
+    #[diesel(sql_type = Text)]
+    lock_key: String,
+    #[diesel(sql_type = Text)]
+    owner: String,
+    #[diesel(sql_type = BigInt)]
+    token: i64,
+    #[diesel(sql_type = Timestamptz)]
+    acquired_at: DateTime<Utc>,
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    expires_at: Option<DateTime<Utc>>,
+    #[diesel(sql_type = Timestamptz)]
+    observed_at: DateTime<Utc>,
+}
+
+impl HeldRow {
+    fn held(self, strategy: &'static str) -> Held {
+        Held {
+            info: LockInfo {
+                key: self.lock_key,
+                strategy,
+                owner: self.owner,
+                token: self.token,
+                acquired_at: self.acquired_at,
+                expires_at: self.expires_at,
+                observed_at: self.observed_at,
+            },
+            id: self.id,
+            holder: self.holder,
+        }
+    }
+}
+
+fn held(rows: QueryResult<Vec<HeldRow>>, strategy: &'static str) -> QueryResult<Vec<Held>> {
+    rows.map(|v| v.into_iter().map(|r| r.held(strategy)).collect())
 }
 
 impl Dialect for PgConnection {
@@ -424,6 +468,53 @@ impl Dialect for PgConnection {
             .bind::<BigInt, _>(seen)
             .execute(self)
             .map(|n| n == 1)
+    }
+
+    fn admin_rows(&mut self, key: Option<&str>) -> QueryResult<Vec<Held>> {
+        let rows = match key {
+            None => stmt(
+                "SELECT id, NULL::text AS holder, lock_key, owner, token, acquired_at, \
+                        NULL::timestamptz AS expires_at, now() AS observed_at \
+                 FROM dlock_rows ORDER BY lock_key",
+            )
+            .load(self),
+            Some(key) => stmt(
+                "SELECT id, NULL::text AS holder, lock_key, owner, token, acquired_at, \
+                        NULL::timestamptz AS expires_at, now() AS observed_at \
+                 FROM dlock_rows WHERE lock_key = ? FOR UPDATE",
+            )
+            .bind::<Text, _>(key)
+            .load(self),
+        };
+        held(rows, "row")
+    }
+
+    fn admin_leases(&mut self, key: Option<&str>) -> QueryResult<Vec<Held>> {
+        let rows = match key {
+            None => stmt(
+                "SELECT 0::int8 AS id, holder, lock_key, COALESCE(owner, '') AS owner, token, \
+                        acquired_at, expires_at, now() AS observed_at \
+                 FROM dlock_leases \
+                 WHERE holder IS NOT NULL AND expires_at > now() AND acquired_at IS NOT NULL \
+                 ORDER BY lock_key",
+            )
+            .load(self),
+            Some(key) => stmt(
+                "SELECT 0::int8 AS id, holder, lock_key, COALESCE(owner, '') AS owner, token, \
+                        acquired_at, expires_at, now() AS observed_at \
+                 FROM dlock_leases \
+                 WHERE lock_key = ? AND holder IS NOT NULL AND expires_at > now() \
+                   AND acquired_at IS NOT NULL \
+                 FOR UPDATE",
+            )
+            .bind::<Text, _>(key)
+            .load(self),
+        };
+        held(rows, "lease")
+    }
+
+    fn admin_force_release(&mut self, key: &str) -> QueryResult<Vec<LockInfo>> {
+        self.transaction(|c| force_release_in(c, key))
     }
 }
 

@@ -4,12 +4,13 @@
 
 use super::sealed::Dialect;
 use super::stmt::stmt;
-use super::{migrate_with_retry, Acquired, Backend};
+use super::{force_release_in, migrate_with_retry, Acquired, Backend, Held};
+use crate::admin::LockInfo;
 use crate::{Error, Result};
 use chrono::NaiveDateTime;
 use diesel::connection::SimpleConnection;
 use diesel::r2d2::CustomizeConnection;
-use diesel::sql_types::{BigInt, Text, Timestamp};
+use diesel::sql_types::{BigInt, Nullable, Text, Timestamp};
 use diesel::sqlite::SqliteConnection;
 use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
@@ -116,6 +117,48 @@ struct Version {
 
 fn exists(q: QueryResult<Option<One>>) -> QueryResult<bool> {
     q.map(|r| r.is_some())
+}
+
+#[derive(QueryableByName)]
+struct HeldRow {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+    #[diesel(sql_type = Nullable<Text>)]
+    holder: Option<String>,
+    #[diesel(sql_type = Text)]
+    lock_key: String,
+    #[diesel(sql_type = Text)]
+    owner: String,
+    #[diesel(sql_type = BigInt)]
+    token: i64,
+    #[diesel(sql_type = Timestamp)]
+    acquired_at: NaiveDateTime,
+    #[diesel(sql_type = Nullable<Timestamp>)]
+    expires_at: Option<NaiveDateTime>,
+    #[diesel(sql_type = Timestamp)]
+    observed_at: NaiveDateTime,
+}
+
+impl HeldRow {
+    fn held(self, strategy: &'static str) -> Held {
+        Held {
+            info: LockInfo {
+                key: self.lock_key,
+                strategy,
+                owner: self.owner,
+                token: self.token,
+                acquired_at: self.acquired_at.and_utc(),
+                expires_at: self.expires_at.map(|t| t.and_utc()),
+                observed_at: self.observed_at.and_utc(),
+            },
+            id: self.id,
+            holder: self.holder,
+        }
+    }
+}
+
+fn held(rows: QueryResult<Vec<HeldRow>>, strategy: &'static str) -> QueryResult<Vec<Held>> {
+    rows.map(|v| v.into_iter().map(|r| r.held(strategy)).collect())
 }
 
 impl Dialect for SqliteConnection {
@@ -313,5 +356,59 @@ impl Dialect for SqliteConnection {
             .bind::<BigInt, _>(seen)
             .execute(self)
             .map(|n| n == 1)
+    }
+
+    fn admin_rows(&mut self, key: Option<&str>) -> QueryResult<Vec<Held>> {
+        let rows = match key {
+            None => stmt(
+                "SELECT id, NULL AS holder, lock_key, owner, token, acquired_at, \
+                        NULL AS expires_at, \
+                        strftime('%Y-%m-%d %H:%M:%f', 'now') AS observed_at \
+                 FROM dlock_rows ORDER BY lock_key",
+            )
+            .load(self),
+            Some(key) => stmt(
+                "SELECT id, NULL AS holder, lock_key, owner, token, acquired_at, \
+                        NULL AS expires_at, \
+                        strftime('%Y-%m-%d %H:%M:%f', 'now') AS observed_at \
+                 FROM dlock_rows WHERE lock_key = ?",
+            )
+            .bind::<Text, _>(key)
+            .load(self),
+        };
+        held(rows, "row")
+    }
+
+    fn admin_leases(&mut self, key: Option<&str>) -> QueryResult<Vec<Held>> {
+        let rows = match key {
+            None => stmt(
+                "SELECT 0 AS id, holder, lock_key, COALESCE(owner, '') AS owner, token, \
+                        acquired_at, expires_at, \
+                        strftime('%Y-%m-%d %H:%M:%f', 'now') AS observed_at \
+                 FROM dlock_leases \
+                 WHERE holder IS NOT NULL AND acquired_at IS NOT NULL \
+                   AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
+                 ORDER BY lock_key",
+            )
+            .load(self),
+            Some(key) => stmt(
+                "SELECT 0 AS id, holder, lock_key, COALESCE(owner, '') AS owner, token, \
+                        acquired_at, expires_at, \
+                        strftime('%Y-%m-%d %H:%M:%f', 'now') AS observed_at \
+                 FROM dlock_leases \
+                 WHERE lock_key = ? AND holder IS NOT NULL AND acquired_at IS NOT NULL \
+                   AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')",
+            )
+            .bind::<Text, _>(key)
+            .load(self),
+        };
+        held(rows, "lease")
+    }
+
+    fn admin_force_release(&mut self, key: &str) -> QueryResult<Vec<LockInfo>> {
+        // IMMEDIATE: take the write lock before reading, so that the read and the removals
+        // see the same state (a deferred transaction could not upgrade after a concurrent
+        // write and would fail with SQLITE_BUSY instead).
+        self.immediate_transaction(|c| force_release_in(c, key))
     }
 }

@@ -513,6 +513,28 @@ fn min_hold_keeps_the_lock(db: &Db) {
     assert_eq!(db.status(&k), 0);
 }
 
+fn lock_lost_during_min_hold_only_shortens_it(db: &Db) {
+    let k = key("minhold-lost");
+    let started = Instant::now();
+    let mut a = db.spawn(&[
+        "run",
+        "--key",
+        &k,
+        "--ttl",
+        "1500ms",
+        "--min-hold",
+        "20s",
+        "--",
+        "echo",
+        "ready",
+    ]);
+    assert_eq!(a.line(), "ready");
+    assert_eq!(code(&db.output(&["release", "--force", &k]).status), 0);
+    let (code, err) = a.finish();
+    assert_eq!(code, 0, "the command had finished before the loss: {err}");
+    assert!(started.elapsed() < Duration::from_secs(15));
+}
+
 fn list_status_and_release(db: &Db) {
     let row_key = key("list-row");
     let lease_key = key("list-lease");
@@ -708,6 +730,7 @@ for_each_backend!(
     lost_lease_stops_the_child,
     lost_row_stops_the_child,
     min_hold_keeps_the_lock,
+    lock_lost_during_min_hold_only_shortens_it,
     list_status_and_release,
     session_strategies_work_or_are_refused_cleanly,
     migrate_is_idempotent,

@@ -569,6 +569,7 @@ fn run(db: &Database, args: RunArgs, verbose: bool) -> Result<u8, Failure> {
     }
     match guard.release() {
         Ok(()) => {}
+        Err(Error::LockLost { .. }) if outcome.lost_after_command => {}
         Err(Error::LockLost { key }) => {
             return Err(Failure::new(
                 EXIT_RUNTIME,
@@ -714,6 +715,9 @@ struct Outcome {
     lost: Option<String>,
     /// A SIGINT/SIGTERM/SIGHUP received.
     interrupted: bool,
+    /// The lock was lost during `--min-hold`, after the command had finished: that only
+    /// shortens the hold.
+    lost_after_command: bool,
 }
 
 /// Waits for the child, passing on signals and stopping it if the lock is lost.
@@ -762,6 +766,7 @@ fn supervise(
                 status,
                 lost,
                 interrupted,
+                lost_after_command: false,
             });
         }
         if kill_at.is_some_and(|t| Instant::now() >= t) {
@@ -804,8 +809,8 @@ fn hold_at_least(
             }
             Ok(Event::Lost(why)) => {
                 // The command is done; losing the lock now only shortens the hold.
-                log::warn!("{why} (during --min-hold)");
-                outcome.lost = None;
+                log::warn!("{why} (during --min-hold, after the command finished)");
+                outcome.lost_after_command = true;
                 return Ok(outcome);
             }
             Err(_) => {}

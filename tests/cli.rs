@@ -6,7 +6,7 @@
 //! failure. Every test uses its own keys, so they run in parallel and repeatedly.
 #![cfg(feature = "cli")]
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -40,28 +40,22 @@ impl Db {
                 url,
                 _dir: None,
             }),
-            _ => {
-                if std::env::var("DLOCK_TEST_REQUIRE").as_deref() == Ok("all") {
-                    panic!("{var} is not set and DLOCK_TEST_REQUIRE=all");
-                }
-                println!("skipped: {var} is not set (no {name} server to test against)");
-                None
-            }
+            _ => skip(&format!(
+                "{var} is not set (no {name} server to test against)"
+            )),
         }
     }
 
     fn postgres() -> Option<Db> {
         if !cfg!(feature = "postgres") {
-            println!("skipped: built without the postgres feature");
-            return None;
+            return skip("built without the postgres feature");
         }
         Db::from_env("postgresql", "DLOCK_TEST_PG_URL")
     }
 
     fn mysql() -> Option<Db> {
         if !cfg!(feature = "mysql") {
-            println!("skipped: built without the mysql feature");
-            return None;
+            return skip("built without the mysql feature");
         }
         Db::from_env("mysql", "DLOCK_TEST_MYSQL_URL")
     }
@@ -96,6 +90,15 @@ impl Db {
     fn status(&self, key: &str) -> i32 {
         code(&self.output(&["status", key]).status)
     }
+}
+
+/// Skips a backend's test with a printed line, unless `DLOCK_TEST_REQUIRE=all`.
+fn skip(why: &str) -> Option<Db> {
+    if std::env::var("DLOCK_TEST_REQUIRE").as_deref() == Ok("all") {
+        panic!("{why}, and DLOCK_TEST_REQUIRE=all");
+    }
+    println!("skipped: {why}");
+    None
 }
 
 /// A key no other test or run uses.
@@ -149,11 +152,14 @@ impl Running {
             }
         });
         let (etx, stderr) = mpsc::channel();
-        let mut err = child.stderr.take().unwrap();
+        let err = child.stderr.take().unwrap();
         std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = err.read_to_string(&mut s);
-            let _ = etx.send(s);
+            for line in BufReader::new(err).lines() {
+                let Ok(line) = line else { break };
+                if etx.send(line).is_err() {
+                    break;
+                }
+            }
         });
         Running {
             stdin: child.stdin.take(),
@@ -168,6 +174,19 @@ impl Running {
         self.lines
             .recv_timeout(PATIENCE)
             .expect("the command printed no line in time")
+    }
+
+    /// Waits for a line on dlock's stderr that contains `text` (with `--verbose`).
+    fn logged(&self, text: &str) {
+        loop {
+            let line = self
+                .stderr
+                .recv_timeout(PATIENCE)
+                .unwrap_or_else(|_| panic!("dlock never logged {text:?}"));
+            if line.contains(text) {
+                return;
+            }
+        }
     }
 
     /// Closes the command's stdin: the `read` in our test commands returns.
@@ -191,7 +210,12 @@ impl Running {
             assert!(Instant::now() < deadline, "dlock did not exit in time");
             std::thread::sleep(Duration::from_millis(10));
         };
-        let stderr = self.stderr.recv_timeout(PATIENCE).unwrap_or_default();
+        // The reader thread ends (and the channel closes) when dlock's stderr closes.
+        let mut stderr = String::new();
+        while let Ok(line) = self.stderr.recv_timeout(PATIENCE) {
+            stderr.push_str(&line);
+            stderr.push('\n');
+        }
         eprintln!("dlock exited {status:?}; stderr: {}", stderr.trim());
         assert_clean(stderr.as_bytes());
         (code(&status), stderr)
@@ -452,9 +476,10 @@ fn sigint_while_waiting_ends_the_wait(db: &Db) {
     let k = key("sigint-wait");
     let mut holder = db.spawn(&["run", "--key", &k, "--", "sh", "-c", HOLD]);
     assert_eq!(holder.line(), "ready");
-    let mut waiter = db.spawn(&["run", "--key", &k, "--wait", "forever", "--", "echo", "ran"]);
-    // Let it start waiting (a status check takes as long as a connection).
-    assert_eq!(db.status(&k), 1);
+    let mut waiter = db.spawn(&[
+        "-v", "run", "--key", &k, "--wait", "forever", "--", "echo", "ran",
+    ]);
+    waiter.logged("waiting for it");
     nix::sys::signal::kill(waiter.pid(), nix::sys::signal::Signal::SIGINT).unwrap();
     let (code, err) = waiter.finish();
     assert_eq!(code, 130, "{err}");

@@ -602,6 +602,7 @@ fn acquire(
         Wait::Forever => None,
     };
     let mut migrated = false;
+    let mut first = true;
     loop {
         while let Ok(event) = events.try_recv() {
             if let Event::Signal(origin) = event {
@@ -619,7 +620,8 @@ fn acquire(
         let left = deadline.map_or(SLICE, |d| {
             d.saturating_duration_since(Instant::now()).min(SLICE)
         });
-        let attempt = if left.is_zero() {
+        // The first attempt never waits, so that a held lock is reported (and logged) at once.
+        let attempt = if first || left.is_zero() {
             locker.try_lock(key)
         } else {
             locker.try_lock_for(key, left)
@@ -627,7 +629,12 @@ fn acquire(
         match attempt {
             Ok(Some(guard)) => return Ok(Some(guard)),
             Ok(None) if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(None),
-            Ok(None) => {}
+            Ok(None) => {
+                if first {
+                    log::info!("{key:?} is held elsewhere; waiting for it");
+                }
+                first = false;
+            }
             Err(Error::MissingTable(_)) if !migrated => {
                 log::info!("creating the lock tables");
                 locker.migrate()?;

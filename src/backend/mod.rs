@@ -169,8 +169,8 @@ pub(crate) mod sealed {
         fn version_create(&mut self, key: &str) -> QueryResult<()>;
         /// `version = version + 1` if it is still `seen`; true if it was.
         fn version_bump(&mut self, key: &str, seen: i64) -> QueryResult<bool>;
-        /// The `Row` locks held now, of every key or of one, ordered by key. The one-key form
-        /// locks the rows it reads (`FOR UPDATE`) where the backend can.
+        /// The `Row` locks held now, of every key or of one, ordered by key. On PostgreSQL
+        /// the one-key form locks the rows it reads (`FOR UPDATE`).
         fn admin_rows(&mut self, key: Option<&str>) -> QueryResult<Vec<Held>>;
         /// The unexpired leases, of every key or of one, ordered by key; locked as above.
         fn admin_leases(&mut self, key: Option<&str>) -> QueryResult<Vec<Held>>;
@@ -193,9 +193,9 @@ pub(crate) mod sealed {
 use crate::admin::LockInfo;
 pub(crate) use sealed::Held;
 
-/// The body of `admin_force_release`, run by each backend inside the kind of transaction
-/// that makes its read and its writes atomic. Removal goes by row id and holder id, so a lock
-/// taken anew after the read would be left alone (and the read's locks prevent that anyway).
+/// The body of `admin_force_release`, run by each backend inside a transaction. Removal goes
+/// by row id and holder id, and only what was removed is returned, so a lock released after
+/// the read is not reported and one taken anew after it is left alone.
 pub(crate) fn force_release_in<C: sealed::Dialect>(
     conn: &mut C,
     key: &str,

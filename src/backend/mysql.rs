@@ -537,7 +537,10 @@ impl Dialect for MysqlConnection {
     }
 
     // Keys are VARBINARY (byte-exact comparison); CAST(... AS CHAR) reads them back as text
-    // in the connection's character set (utf8mb4, set by diesel).
+    // in the connection's character set (utf8mb4, set by diesel). No FOR UPDATE here: a
+    // locking read by key takes the unique index before the primary key, the opposite order
+    // of a holder's DELETE by id, and the two can deadlock. force_release removes by row id
+    // and holder id anyway, so it reports only what it really removed.
     fn admin_rows(&mut self, key: Option<&str>) -> QueryResult<Vec<Held>> {
         let rows = match key {
             None => stmt(
@@ -551,7 +554,7 @@ impl Dialect for MysqlConnection {
                 "SELECT id, CAST(NULL AS CHAR) AS holder, CAST(lock_key AS CHAR) AS lock_key, \
                         owner, token, acquired_at, CAST(NULL AS DATETIME(6)) AS expires_at, \
                         UTC_TIMESTAMP(6) AS observed_at \
-                 FROM dlock_rows WHERE lock_key = ? FOR UPDATE",
+                 FROM dlock_rows WHERE lock_key = ?",
             )
             .bind::<Text, _>(key)
             .load(self),
@@ -577,8 +580,7 @@ impl Dialect for MysqlConnection {
                         UTC_TIMESTAMP(6) AS observed_at \
                  FROM dlock_leases \
                  WHERE lock_key = ? AND holder IS NOT NULL AND acquired_at IS NOT NULL \
-                   AND expires_at > UTC_TIMESTAMP(6) \
-                 FOR UPDATE",
+                   AND expires_at > UTC_TIMESTAMP(6)",
             )
             .bind::<Text, _>(key)
             .load(self),

@@ -64,9 +64,9 @@
 //!   never the client's.
 //! - **No lock blocks forever after a crash**, except a `Row` lock without `stale_after`,
 //!   which is documented as such.
-//! - **Tokens survive their holder**, except `ForUpdate`'s: its token is the version bumped
-//!   inside the holder's transaction, which a crash rolls back, so the next holder receives
-//!   the same token as the holder that died.
+//! - **Tokens survive their holder**: a token drawn by a holder that then crashed is never
+//!   issued again (`ForUpdate` draws it from a PostgreSQL sequence or a MySQL AUTO_INCREMENT,
+//!   which a rollback does not undo).
 //!
 //! Keys are 1 to 255 bytes of UTF-8 without NUL, compared exactly (case-sensitive) on every
 //! backend; anything else is [`Error::InvalidKey`] before any SQL runs. Locks are not

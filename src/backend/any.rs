@@ -147,8 +147,11 @@ impl Dialect for AnyConnection {
     fn for_update_lock(&mut self, key: &str, wait: Wait) -> QueryResult<Option<Acquired>> {
         each!(self, c => c.for_update_lock(key, wait))
     }
-    fn for_update_held(&mut self, key: &str, token: i64) -> QueryResult<bool> {
-        each!(self, c => c.for_update_held(key, token))
+    fn for_update_held(&mut self, key: &str, proof: i64) -> QueryResult<bool> {
+        each!(self, c => c.for_update_held(key, proof))
+    }
+    fn for_update_finish(&mut self, proof: i64) -> QueryResult<bool> {
+        each!(self, c => c.for_update_finish(proof))
     }
     fn advisory_lock(&mut self, key: &str, wait: Wait) -> QueryResult<Option<Acquired>> {
         each!(self, c => c.advisory_lock(key, wait))

@@ -135,15 +135,23 @@ pub(crate) mod sealed {
             Err(unsupported())
         }
         /// ForUpdate, inside the transaction the caller opened: locks the key's row, waiting
-        /// as `wait` says, and bumps its version, which becomes the token. `Ok(None)`: the
-        /// row does not exist. A busy row is an error that `is_lock_unavailable` recognises.
+        /// as `wait` says, and draws a token from a source that a rollback does not undo (a
+        /// token drawn by a holder that then died must never be issued again). `Acquired::id`
+        /// is the backend's proof that this transaction holds the lock, for
+        /// `for_update_held` and `for_update_finish`. `Ok(None)`: the row does not exist. A
+        /// busy row is an error that `is_lock_unavailable` recognises.
         fn for_update_lock(&mut self, _key: &str, _wait: Wait) -> QueryResult<Option<Acquired>> {
             Err(unsupported())
         }
         /// ForUpdate, inside the holder's transaction: does this transaction still hold the
-        /// row at version `token`?
-        fn for_update_held(&mut self, _key: &str, _token: i64) -> QueryResult<bool> {
+        /// lock it took with `proof`?
+        fn for_update_held(&mut self, _key: &str, _proof: i64) -> QueryResult<bool> {
             Err(unsupported())
+        }
+        /// ForUpdate, just before COMMIT: undoes whatever only the holder needed (false if the
+        /// transaction no longer holds the lock).
+        fn for_update_finish(&mut self, _proof: i64) -> QueryResult<bool> {
+            Ok(true)
         }
         /// Advisory: takes the session-level lock, waiting as `wait` says, then bumps the
         /// key's counter in `dlock_tokens`. `Ok(None)`: busy, and this session does not hold

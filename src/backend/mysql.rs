@@ -49,8 +49,6 @@ struct One {
 
 #[derive(QueryableByName)]
 struct Locked {
-    #[diesel(sql_type = BigInt)]
-    version: i64,
     #[diesel(sql_type = Datetime)]
     acquired_at: NaiveDateTime,
 }
@@ -383,7 +381,7 @@ impl Dialect for MysqlConnection {
         };
         let locked = match wait {
             Wait::Forever => stmt(
-                "SELECT version, UTC_TIMESTAMP(6) AS acquired_at FROM dlock_for_update \
+                "SELECT UTC_TIMESTAMP(6) AS acquired_at FROM dlock_for_update \
                  WHERE lock_key = ? FOR UPDATE",
             )
             .bind::<Text, _>(key)
@@ -399,7 +397,7 @@ impl Dialect for MysqlConnection {
                 .bind::<BigInt, _>(i64::try_from(seconds).unwrap_or(i64::MAX))
                 .execute(self)?;
                 let locked = stmt(
-                    "SELECT version, UTC_TIMESTAMP(6) AS acquired_at FROM dlock_for_update \
+                    "SELECT UTC_TIMESTAMP(6) AS acquired_at FROM dlock_for_update \
                      WHERE lock_key = ? FOR UPDATE",
                 )
                 .bind::<Text, _>(key)
@@ -409,7 +407,7 @@ impl Dialect for MysqlConnection {
                 locked
             }
             _ => stmt(
-                "SELECT version, UTC_TIMESTAMP(6) AS acquired_at FROM dlock_for_update \
+                "SELECT UTC_TIMESTAMP(6) AS acquired_at FROM dlock_for_update \
                  WHERE lock_key = ? FOR UPDATE NOWAIT",
             )
             .bind::<Text, _>(key)
@@ -419,30 +417,37 @@ impl Dialect for MysqlConnection {
         let Some(locked) = locked else {
             return Ok(None);
         };
-        // The row is ours until the transaction ends, so the version read above is the one
-        // this UPDATE replaces.
-        stmt("UPDATE dlock_for_update SET version = version + 1 WHERE lock_key = ?")
+        // The token is an AUTO_INCREMENT id drawn now that the row is ours: a rollback
+        // does not give an id back, so a dead holder's token is never reissued. The row
+        // itself stays uncommitted, visible only to this transaction, until
+        // for_update_finish deletes it: it is the proof for for_update_held.
+        stmt("INSERT INTO dlock_fences (lock_key) VALUES (?)")
             .bind::<Text, _>(key)
             .execute(self)?;
+        let fence = stmt("SELECT id FROM dlock_fences WHERE id = LAST_INSERT_ID()")
+            .get_result::<Id>(self)?;
         Ok(Some(Acquired {
-            id: 0,
-            token: locked.version + 1,
+            id: fence.id,
+            token: fence.id,
             acquired_at: locked.acquired_at.and_utc(),
         }))
     }
 
-    fn for_update_held(&mut self, key: &str, token: i64) -> QueryResult<bool> {
-        // Inside the holder's transaction this reads its own uncommitted version.
+    fn for_update_held(&mut self, _key: &str, fence: i64) -> QueryResult<bool> {
+        // Only the holder's own open transaction can see its uncommitted fence row.
         exists(
-            stmt(
-                "SELECT CAST(1 AS SIGNED) AS one FROM dlock_for_update \
-                 WHERE lock_key = ? AND version = ?",
-            )
-            .bind::<Text, _>(key)
-            .bind::<BigInt, _>(token)
-            .get_result::<One>(self)
-            .optional(),
+            stmt("SELECT CAST(1 AS SIGNED) AS one FROM dlock_fences WHERE id = ?")
+                .bind::<BigInt, _>(fence)
+                .get_result::<One>(self)
+                .optional(),
         )
+    }
+
+    fn for_update_finish(&mut self, fence: i64) -> QueryResult<bool> {
+        stmt("DELETE FROM dlock_fences WHERE id = ?")
+            .bind::<BigInt, _>(fence)
+            .execute(self)
+            .map(|n| n == 1)
     }
 
     fn advisory_lock(&mut self, key: &str, wait: Wait) -> QueryResult<Option<Acquired>> {

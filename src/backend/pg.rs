@@ -309,7 +309,10 @@ impl Dialect for PgConnection {
     }
 
     fn for_update_lock(&mut self, key: &str, wait: Wait) -> QueryResult<Option<Acquired>> {
-        // One statement locks the row (the subquery's FOR UPDATE) and bumps its version.
+        // One statement locks the row (the subquery's FOR UPDATE) and bumps its version,
+        // which proves to for_update_held that this transaction still holds the row. The
+        // token comes from a sequence, drawn in RETURNING (after the lock is ours): nextval
+        // is not rolled back, so a dead holder's token is never reissued.
         // An INSERT ... ON CONFLICT here would wait for the holder whatever NOWAIT says:
         // the holder has updated the row, and the unique check waits for its transaction.
         // So the row is created apart (for_update_create) and only when it is missing.
@@ -317,7 +320,7 @@ impl Dialect for PgConnection {
             Wait::No => stmt(
                 "UPDATE dlock_for_update SET version = version + 1 WHERE lock_key = \
                  (SELECT lock_key FROM dlock_for_update WHERE lock_key = ? FOR UPDATE NOWAIT) \
-                 RETURNING 0::int8 AS id, version AS token, now() AS acquired_at",
+                 RETURNING version AS id, nextval('dlock_fence_seq') AS token, now() AS acquired_at",
             )
             .bind::<Text, _>(key)
             .get_result::<AcquiredRow>(self),
@@ -327,7 +330,7 @@ impl Dialect for PgConnection {
                 "UPDATE dlock_for_update SET version = version + 1 WHERE lock_key = \
                  (SELECT lock_key FROM dlock_for_update WHERE lock_key = ? \
                   AND set_config('lock_timeout', ?, true) IS NOT NULL FOR UPDATE) \
-                 RETURNING 0::int8 AS id, version AS token, now() AS acquired_at",
+                 RETURNING version AS id, nextval('dlock_fence_seq') AS token, now() AS acquired_at",
             )
             .bind::<Text, _>(key)
             .bind::<Text, _>(lock_timeout_ms(d))
@@ -335,7 +338,7 @@ impl Dialect for PgConnection {
             Wait::Forever => stmt(
                 "UPDATE dlock_for_update SET version = version + 1 WHERE lock_key = \
                  (SELECT lock_key FROM dlock_for_update WHERE lock_key = ? FOR UPDATE) \
-                 RETURNING 0::int8 AS id, version AS token, now() AS acquired_at",
+                 RETURNING version AS id, nextval('dlock_fence_seq') AS token, now() AS acquired_at",
             )
             .bind::<Text, _>(key)
             .get_result::<AcquiredRow>(self),
@@ -343,12 +346,12 @@ impl Dialect for PgConnection {
         q.optional().map(|r| r.map(Into::into))
     }
 
-    fn for_update_held(&mut self, key: &str, token: i64) -> QueryResult<bool> {
+    fn for_update_held(&mut self, key: &str, version: i64) -> QueryResult<bool> {
         // Inside the holder's transaction this sees its own uncommitted version; a
         // transaction that ended (or a session that died) cannot answer yes.
         stmt("SELECT 1::int8 AS one FROM dlock_for_update WHERE lock_key = ? AND version = ?")
             .bind::<Text, _>(key)
-            .bind::<BigInt, _>(token)
+            .bind::<BigInt, _>(version)
             .get_result::<One>(self)
             .optional()
             .map(|r| r.is_some())

@@ -24,7 +24,7 @@ pub(super) fn try_acquire<C: LockConnection>(
                 return Ok(Some(Taken {
                     hold: Hold::ForUpdate {
                         session: Session::new(conn),
-                        token: a.token,
+                        proof: a.id,
                     },
                     token: a.token,
                     acquired_at: a.acquired_at,
@@ -60,13 +60,19 @@ fn rollback<C: LockConnection>(conn: &mut Pooled<C>) {
     }
 }
 
-pub(super) fn release<C: LockConnection>(session: Session<C>, key: &str) -> Result<()> {
-    // COMMIT even while panicking: the transaction holds only our own lock and version
-    // bump, and committing the bump keeps the token issued. (r2d2 then closes the
-    // connection anyway, as it does with every connection dropped during a panic.)
-    session.end(key, |c| Tm::<C>::commit_transaction(c).map(|()| true))
+pub(super) fn release<C: LockConnection>(session: Session<C>, key: &str, proof: i64) -> Result<()> {
+    // COMMIT even while panicking: the transaction holds only our own lock and bookkeeping.
+    // (r2d2 then closes the connection anyway, as it does with every connection dropped
+    // during a panic.) A transaction that no longer holds the lock is not committed: its
+    // connection is closed, which rolls it back.
+    session.end(key, |c| {
+        if !c.for_update_finish(proof)? {
+            return Ok(false);
+        }
+        Tm::<C>::commit_transaction(c).map(|()| true)
+    })
 }
 
-pub(super) fn held<C: LockConnection>(session: &Session<C>, key: &str, token: i64) -> Result<bool> {
-    session.held(key, |c| c.for_update_held(key, token))
+pub(super) fn held<C: LockConnection>(session: &Session<C>, key: &str, proof: i64) -> Result<bool> {
+    session.held(key, |c| c.for_update_held(key, proof))
 }

@@ -38,7 +38,7 @@ use session::{Pooled, Session};
 /// | holder process dies | the OS closes its socket; the server rolls back and frees the lock at once (measured: < 3 ms) | same |
 /// | network partition | the server frees the lock only when it notices the dead session (TCP keepalives, `idle_in_transaction_session_timeout`, `wait_timeout`), which may take long; meanwhile the holder's [`check`](crate::LockGuard::check) fails | same, but no transaction: only keepalives / `wait_timeout` end it |
 /// | database failover | the lock is gone with the session (row locks are not replicated); the holder's `check` fails | same (advisory locks are not replicated) |
-/// | fencing token | the row's version, bumped in the holding transaction: issued only to a holder, but **rolled back with it** if the holder dies, so the next holder gets the same token | a counter committed as soon as the lock is held: never reissued |
+/// | fencing token | drawn once the row is locked from a source a rollback does not undo (PostgreSQL sequence `dlock_fence_seq`, MySQL AUTO_INCREMENT of `dlock_fences`): never reissued, even after a holder dies | a counter committed as soon as the lock is held: never reissued |
 /// | release | `COMMIT` | one `pg_advisory_unlock` / `RELEASE_LOCK` |
 ///
 /// A guard's connection goes back to the pool only if its release worked; after a failed
@@ -183,7 +183,8 @@ pub(crate) enum Hold<C: LockConnection> {
     /// The connection whose open transaction holds the row lock.
     ForUpdate {
         session: Session<C>,
-        token: i64,
+        /// The backend's proof that the transaction holds the lock (see `for_update_lock`).
+        proof: i64,
     },
     /// The connection whose session holds the advisory lock.
     Advisory {
@@ -270,7 +271,7 @@ pub(crate) fn release<C: LockConnection>(ctx: &Ctx<'_, C>, key: &str, hold: Hold
     match hold {
         Hold::Row { id } => row::release(ctx, key, id),
         Hold::Lease { holder, beat } => lease::release(ctx, key, &holder, beat),
-        Hold::ForUpdate { session, .. } => for_update::release(session, key),
+        Hold::ForUpdate { session, proof } => for_update::release(session, key, proof),
         Hold::Advisory { session } => advisory::release(session, key),
     }
 }
@@ -280,7 +281,7 @@ pub(crate) fn check<C: LockConnection>(ctx: &Ctx<'_, C>, key: &str, hold: &Hold<
     let held = match hold {
         Hold::Row { id } => row::held(ctx, *id)?,
         Hold::Lease { holder, beat } => !beat.is_lost() && lease::held(ctx, key, holder)?,
-        Hold::ForUpdate { session, token } => for_update::held(session, key, *token)?,
+        Hold::ForUpdate { session, proof } => for_update::held(session, key, *proof)?,
         Hold::Advisory { session } => advisory::held(session, key)?,
     };
     if held {

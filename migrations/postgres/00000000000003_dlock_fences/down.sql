@@ -1,0 +1,1 @@
+DROP SEQUENCE IF EXISTS dlock_fence_seq;

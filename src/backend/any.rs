@@ -265,7 +265,20 @@ fn sqlite_path(path: &str) -> Result<String> {
 /// [`Error::Pool`] if the pool cannot be built.
 pub fn connect(url: &str) -> Result<Pool<ConnectionManager<AnyConnection>>> {
     let url = normalize(url)?;
-    drop(AnyConnection::establish(&url)?);
+    // diesel's MultiConnection::establish tries every backend in turn and keeps none of their
+    // errors; the backend the URL names is asked directly, so a failure says why.
+    #[cfg(feature = "postgres")]
+    if url.starts_with("postgres") {
+        drop(diesel::PgConnection::establish(&url)?);
+    }
+    #[cfg(feature = "mysql")]
+    if url.starts_with("mysql://") {
+        drop(diesel::MysqlConnection::establish(&url)?);
+    }
+    #[cfg(feature = "sqlite")]
+    if !url.contains("://") {
+        drop(diesel::SqliteConnection::establish(&url)?);
+    }
     Pool::builder()
         .max_size(10)
         // No idle minimum: r2d2 refills idle connections on a background thread, and a refill

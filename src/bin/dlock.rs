@@ -328,9 +328,11 @@ impl Database {
     fn connect(&self) -> Result<Pool<ConnectionManager<AnyConnection>>, Failure> {
         log::info!("database: {}", self.redacted());
         diesel_lock::connect(&self.url).map_err(|e| {
+            // connect() reports the driver's own reason as the error's source.
+            let why = std::error::Error::source(&e).map(|s| one_line(&self.scrub(&s.to_string())));
             let mut f = Failure::from(e);
             if f.code == EXIT_RUNTIME {
-                f.message = match self.why_no_connection() {
+                f.message = match why {
                     Some(why) => format!(
                         "could not connect to the database at {}: {why}",
                         self.redacted()
@@ -340,30 +342,6 @@ impl Database {
             }
             f
         })
-    }
-
-    /// The driver's own reason for a failed connection. diesel's `MultiConnection` tries
-    /// every backend in turn and keeps none of their errors, so `connect` can only say that
-    /// it failed; asking the one backend the URL names again gives the reason.
-    fn why_no_connection(&self) -> Option<String> {
-        use diesel::Connection;
-        let url = self.url.trim();
-        let scheme = url.split_once("://").map_or("sqlite", |(scheme, _)| scheme);
-        let error = match scheme {
-            #[cfg(feature = "postgres")]
-            "postgres" | "postgresql" => diesel::PgConnection::establish(url).err(),
-            #[cfg(feature = "mysql")]
-            "mysql" | "mariadb" => {
-                diesel::MysqlConnection::establish(&url.replacen("mariadb://", "mysql://", 1)).err()
-            }
-            #[cfg(feature = "sqlite")]
-            "sqlite" => {
-                diesel::SqliteConnection::establish(url.strip_prefix("sqlite://").unwrap_or(url))
-                    .err()
-            }
-            _ => None,
-        }?;
-        Some(one_line(&error.to_string()))
     }
 }
 

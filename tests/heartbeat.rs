@@ -1,0 +1,81 @@
+//! The lease heartbeat: it keeps a lease alive well past its ttl, and it leaves no thread
+//! behind once its `Locker` is gone.
+
+mod common;
+
+use common::{unique_key, Harness};
+use diesel_lock::{LockConnection, Locker, Strategy};
+use std::time::Duration;
+
+fn heartbeat_keeps_the_lease<C: LockConnection>(h: &Harness<C>) {
+    let _one_at_a_time = THREADS.lock().unwrap_or_else(|p| p.into_inner());
+    let ttl = Duration::from_millis(600);
+    let l = h.locker(Strategy::Lease { ttl });
+    let other = Locker::builder(h.pool.clone())
+        .strategy(Strategy::Lease { ttl })
+        .build()
+        .unwrap();
+    let key = unique_key("beat");
+    let g = l.lock(&key).unwrap();
+    // More than three ttls: without renewals the lease would have expired three times over.
+    assert!(other
+        .try_lock_for(&key, ttl * 3 + Duration::from_millis(200))
+        .unwrap()
+        .is_none());
+    g.check().unwrap();
+    g.release().unwrap();
+    assert!(other.try_lock(&key).unwrap().is_some());
+}
+
+#[test]
+fn sqlite_heartbeat_keeps_the_lease() {
+    heartbeat_keeps_the_lease(&common::sqlite().unwrap());
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn pg_heartbeat_keeps_the_lease() {
+    if let Some(h) = common::pg() {
+        heartbeat_keeps_the_lease(&h);
+    }
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_heartbeat_keeps_the_lease() {
+    if let Some(h) = common::mysql() {
+        heartbeat_keeps_the_lease(&h);
+    }
+}
+
+/// Threads of this process with the given name.
+fn threads_named(name: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|comm| comm.trim_end() == name)
+        .count()
+}
+
+/// Under `cargo test` the tests of this file share one process: they take turns, so that the
+/// thread count below sees no heartbeat but its own.
+static THREADS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+#[test]
+fn dropping_the_locker_stops_its_heartbeat_thread() {
+    let _one_at_a_time = THREADS.lock().unwrap_or_else(|p| p.into_inner());
+    let h = common::sqlite().unwrap();
+    let before = threads_named("dlock-heartbeat");
+    let l = h.locker(Strategy::Lease {
+        ttl: Duration::from_secs(5),
+    });
+    let g = l.lock(&unique_key("threads")).unwrap();
+    assert_eq!(threads_named("dlock-heartbeat"), before + 1);
+    let l2 = l.clone();
+    drop(l);
+    drop(g);
+    // A clone still lives: its heartbeat may still be needed.
+    assert_eq!(threads_named("dlock-heartbeat"), before + 1);
+    drop(l2);
+    // Joined in the Locker's drop: gone by the time drop returns, no waiting needed.
+    assert_eq!(threads_named("dlock-heartbeat"), before);
+}

@@ -130,7 +130,7 @@ impl<C: LockConnection> LockerBuilder<C> {
             None => self.pool.get()?.backend(),
         };
         self.strategy.validate(backend)?;
-        let (interval, ttl_us) = match self.strategy {
+        let (interval, ttl) = match self.strategy {
             Strategy::Lease { ttl } => {
                 let every = self
                     .heartbeat
@@ -141,13 +141,13 @@ impl<C: LockConnection> LockerBuilder<C> {
                         "the heartbeat must be longer than zero and shorter than the ttl".into(),
                     ));
                 }
-                (every, strategy::micros(ttl).unwrap_or(i64::MAX))
+                (every, ttl)
             }
-            _ => (Duration::from_secs(1), 0),
+            _ => (Duration::from_secs(1), Duration::from_secs(1)),
         };
         Ok(Locker {
             inner: Arc::new(Inner {
-                heartbeat: Heartbeat::new(self.pool.clone(), interval, ttl_us),
+                heartbeat: Heartbeat::new(self.pool.clone(), interval, ttl),
                 pool: self.pool,
                 strategy: self.strategy,
                 owner,

@@ -111,18 +111,26 @@ fn pg_missing_tables_are_named() {
 fn bad_configuration_is_refused_at_build() {
     let h = common::sqlite().unwrap();
     let build = |s: Strategy| Locker::builder(h.pool.clone()).strategy(s).build();
-    for ttl in [Duration::ZERO, Duration::from_micros(999)] {
+    let century = Duration::from_secs(100 * 365 * 24 * 3600);
+    for ttl in [
+        Duration::ZERO,
+        Duration::from_micros(999),
+        century * 2,
+        Duration::MAX,
+    ] {
         assert!(matches!(
             build(Strategy::Lease { ttl }),
             Err(Error::InvalidConfig(_))
         ));
     }
-    assert!(matches!(
-        build(Strategy::Row {
-            stale_after: Some(Duration::ZERO)
-        }),
-        Err(Error::InvalidConfig(_))
-    ));
+    for stale in [Duration::ZERO, century * 2, Duration::MAX] {
+        assert!(matches!(
+            build(Strategy::Row {
+                stale_after: Some(stale)
+            }),
+            Err(Error::InvalidConfig(_))
+        ));
+    }
     let builder = || Locker::builder(h.pool.clone()).strategy(LEASE);
     for every in [
         Duration::ZERO,

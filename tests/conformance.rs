@@ -39,3 +39,9 @@ conformance_suite!(mysql_lease, common::mysql(), LEASE);
 conformance_suite!(mysql_for_update, common::mysql(), Strategy::ForUpdate);
 #[cfg(feature = "mysql")]
 conformance_suite!(mysql_advisory, common::mysql(), Strategy::Advisory);
+#[cfg(feature = "mysql")]
+conformance_suite!(
+    mysql_lease_simultaneous_assignment,
+    common::mysql_simultaneous_assignment(),
+    LEASE
+);

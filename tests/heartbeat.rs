@@ -69,6 +69,11 @@ fn dropping_the_locker_stops_its_heartbeat_thread() {
         ttl: Duration::from_secs(5),
     });
     let g = l.lock(&unique_key("threads")).unwrap();
+    // A new thread names itself once it runs, a moment after it is spawned: look until then.
+    let named = std::time::Instant::now() + Duration::from_secs(5);
+    while threads_named("dlock-heartbeat") == before && std::time::Instant::now() < named {
+        std::thread::yield_now();
+    }
     assert_eq!(threads_named("dlock-heartbeat"), before + 1);
     let l2 = l.clone();
     drop(l);

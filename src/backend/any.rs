@@ -183,7 +183,7 @@ impl Dialect for AnyConnection {
 }
 
 /// Applies [`SqliteTuning`](crate::SqliteTuning) to the SQLite connections of an
-/// `AnyConnection` pool; other backends need nothing.
+/// `AnyConnection` pool, and `autocommit = 1` to MySQL ones.
 #[derive(Debug, Clone, Copy)]
 struct AnyTuning;
 
@@ -194,6 +194,15 @@ impl CustomizeConnection<AnyConnection, diesel::r2d2::Error> for AnyTuning {
             AnyConnection::Sqlite(c) => super::SqliteTuning::default()
                 .apply(c)
                 .map_err(diesel::r2d2::Error::QueryError),
+            // Every statement outside an explicit transaction must commit at once; a server
+            // configured with autocommit=0 would leave rows uncommitted (and locked) on a
+            // pooled connection.
+            #[cfg(feature = "mysql")]
+            AnyConnection::Mysql(c) => {
+                use diesel::connection::SimpleConnection;
+                c.batch_execute("SET SESSION autocommit = 1")
+                    .map_err(diesel::r2d2::Error::QueryError)
+            }
             #[allow(unreachable_patterns)]
             _ => Ok(()),
         }

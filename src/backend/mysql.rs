@@ -72,12 +72,17 @@ const MAX_LOCK_NAME_CHARS: usize = 64;
 /// verbatim can never equal another key's hashed name.
 const HASHED_PREFIX: &str = "dlock-sha256:";
 
-/// The `GET_LOCK` name of a key: the key itself when it has at most 64 characters, else
-/// `dlock-sha256:` and the 16 lowercase hex digits of [`key_hash`](crate::key_hash) (the first
-/// 8 bytes of SHA-256). Lock names are server-wide: the same key in two databases on one
+/// The `GET_LOCK` name of a key: the key itself when it has at most 64 characters, all of
+/// them lowercase ASCII letters, digits or `.` `_` `:` `/` `-`, else `dlock-sha256:` and the 16
+/// lowercase hex digits of [`key_hash`](crate::key_hash) (the first 8 bytes of SHA-256).
+/// MySQL (unlike MariaDB) lowercases lock names and converts them to utf8mb3, which would make
+/// `Report` and `report` one lock and refuse 4-byte characters; those keys are hashed, so keys
+/// stay exact on both. Lock names are server-wide: the same key in two databases on one
 /// server is one lock.
 pub(crate) fn lock_name(key: &str) -> std::borrow::Cow<'_, str> {
-    if key.chars().count() <= MAX_LOCK_NAME_CHARS && !key.starts_with(HASHED_PREFIX) {
+    let plain = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || "._:/-".contains(c);
+    if key.len() <= MAX_LOCK_NAME_CHARS && key.chars().all(plain) && !key.starts_with(HASHED_PREFIX)
+    {
         key.into()
     } else {
         format!("{HASHED_PREFIX}{:016x}", crate::key_hash(key) as u64).into()
@@ -235,9 +240,11 @@ impl Dialect for MysqlConnection {
         if inserted != 1 {
             return Ok(None);
         }
+        // Gone already means a stale takeover deleted it in between: not ours after all.
         stmt("SELECT id, token, acquired_at FROM dlock_rows WHERE id = LAST_INSERT_ID()")
             .get_result::<AcquiredRow>(self)
-            .map(|r| Some(r.into()))
+            .optional()
+            .map(|r| r.map(Into::into))
     }
 
     fn row_delete_stale(&mut self, key: &str, stale_us: i64) -> QueryResult<bool> {
@@ -293,19 +300,24 @@ impl Dialect for MysqlConnection {
             return Ok(None);
         }
         // MySQL applies ON DUPLICATE KEY UPDATE assignments left to right, each seeing the
-        // ones before it. So `holder` is decided first, from the old row, and every other
-        // column follows it: holder ids are unique per acquisition, so `holder = ours`
-        // after the first assignment means "we just took it".
+        // ones before it, unless MariaDB's sql_mode SIMULTANEOUS_ASSIGNMENT is set, when
+        // each sees the old row. Every condition reads only `expires_at`, which is assigned
+        // last, so both orders decide alike. (A free lease has expires_at NULL: release
+        // clears it together with the holder.)
         stmt(
             "INSERT INTO dlock_leases (lock_key, owner, holder, token, acquired_at, expires_at) \
              VALUES (?, ?, ?, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
              ON DUPLICATE KEY UPDATE \
-               holder = IF(holder IS NULL OR expires_at <= UTC_TIMESTAMP(6), \
+               token = IF(expires_at IS NULL OR expires_at <= UTC_TIMESTAMP(6), \
+                          token + 1, token), \
+               owner = IF(expires_at IS NULL OR expires_at <= UTC_TIMESTAMP(6), \
+                          VALUES(owner), owner), \
+               holder = IF(expires_at IS NULL OR expires_at <= UTC_TIMESTAMP(6), \
                            VALUES(holder), holder), \
-               token = IF(holder <=> VALUES(holder), token + 1, token), \
-               owner = IF(holder <=> VALUES(holder), VALUES(owner), owner), \
-               acquired_at = IF(holder <=> VALUES(holder), VALUES(acquired_at), acquired_at), \
-               expires_at = IF(holder <=> VALUES(holder), VALUES(expires_at), expires_at)",
+               acquired_at = IF(expires_at IS NULL OR expires_at <= UTC_TIMESTAMP(6), \
+                                VALUES(acquired_at), acquired_at), \
+               expires_at = IF(expires_at IS NULL OR expires_at <= UTC_TIMESTAMP(6), \
+                               VALUES(expires_at), expires_at)",
         )
         .bind::<Text, _>(key)
         .bind::<Text, _>(owner)
@@ -645,9 +657,11 @@ mod tests {
     #[test]
     fn lock_names_are_verbatim_up_to_64_characters_then_hashed() {
         assert_eq!(lock_name("nightly-report"), "nightly-report");
-        // 64 characters (not bytes) fit: 64 × 'é' is 128 bytes.
-        let e64 = "é".repeat(64);
-        assert_eq!(lock_name(&e64), e64.as_str());
+        let x64 = "x".repeat(64);
+        assert_eq!(lock_name(&x64), x64.as_str());
+        // Upper case, spaces and non-ASCII are hashed: MySQL folds case and charset.
+        assert_eq!(lock_name("Nightly-Report"), "dlock-sha256:3869aaf865c191f5");
+        assert_eq!(lock_name("ключ-🔒"), "dlock-sha256:01ee05df8e3fd0cb");
         // Test vector: sha256("x" × 65) starts 9537c5fdf120482f.
         assert_eq!(lock_name(&"x".repeat(65)), "dlock-sha256:9537c5fdf120482f");
         // A key that looks like a hashed name is hashed too, so it cannot collide with one.

@@ -165,7 +165,7 @@ impl Dialect for PgConnection {
             // 40P01 deadlock_detected and 55P03 lock_not_available have no diesel kind.
             E::DatabaseError(_, info) => {
                 let m = info.message();
-                m.starts_with("deadlock detected") || m.starts_with("could not obtain lock")
+                m.starts_with("deadlock detected") || lock_unavailable(e)
             }
             _ => false,
         }

@@ -1,6 +1,7 @@
 //! SQLite: one writer at a time, so each acquire is one atomic statement. Time comes from
-//! SQLite's own clock (`strftime('%Y-%m-%d %H:%M:%f', 'now')`), which is the clock of the
-//! machine holding the database file.
+//! SQLite's own clock (`strftime('%Y-%m-%d %H:%M:%f', 'now')`), read by each process that
+//! opens the file: all of them share one machine's clock, since SQLite's locking needs a
+//! local file system.
 
 use super::sealed::Dialect;
 use super::stmt::stmt;

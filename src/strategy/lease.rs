@@ -14,10 +14,11 @@ pub(super) fn try_acquire<C: LockConnection>(
 ) -> Result<Option<Taken<C>>> {
     let ttl_us = micros(ttl).unwrap_or(i64::MAX);
     let holder = crate::random::holder_id();
+    let sent = std::time::Instant::now();
     let Some(a) = conn.lease_acquire(key, ctx.owner, &holder, ttl_us, retry)? else {
         return Ok(None);
     };
-    let beat = ctx.heartbeat.register(key, &holder);
+    let beat = ctx.heartbeat.register(key, &holder, sent);
     Ok(Some(Taken {
         hold: Hold::Lease { holder, beat },
         token: a.token,

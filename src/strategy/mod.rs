@@ -92,8 +92,9 @@ pub enum Strategy {
     /// Keys are mapped by a stable hash: on PostgreSQL the lock key is
     /// [`key_hash`](crate::key_hash) (first 8 bytes of SHA-256, big-endian, as an `i64`;
     /// pg_locks shows its high half as `classid` and its low half as `objid`, `objsubid` 1);
-    /// on MySQL a key of at most 64 characters is the lock name itself, a longer one (or one
-    /// starting with `dlock-sha256:`) becomes `dlock-sha256:` and the hash's 16 hex digits.
+    /// on MySQL a key of at most 64 lowercase ASCII letters, digits and `._:/-` is the lock
+    /// name itself; any other key (or one starting with `dlock-sha256:`) becomes
+    /// `dlock-sha256:` and the hash's 16 hex digits (MySQL folds lock names' case).
     /// Test vectors: `key_hash("nightly-report") = 0x6743ba10a2b2c487`,
     /// `"x"` × 65 → `0x9537c5fdf120482f` (negative) → MySQL name
     /// `dlock-sha256:9537c5fdf120482f`. MySQL lock names are server-wide, PostgreSQL's
@@ -127,22 +128,21 @@ impl Strategy {
     /// Checks the strategy's own settings and that `backend` can honour it.
     pub(crate) fn validate(&self, backend: Backend) -> Result<()> {
         match *self {
+            // Past a few thousand years the databases' date arithmetic overflows (NULL on
+            // MySQL and SQLite, an error on PostgreSQL); a century is plenty.
             Strategy::Row { stale_after } => {
-                if stale_after.is_some_and(|d| d < Duration::from_millis(1)) {
+                if stale_after.is_some_and(|d| d < Duration::from_millis(1) || d > MAX_DURATION) {
                     return Err(Error::InvalidConfig(
-                        "stale_after must be at least 1 ms (or None)".into(),
+                        "stale_after must be between 1 ms and 100 years (or None)".into(),
                     ));
                 }
                 Ok(())
             }
             Strategy::Lease { ttl } => {
-                if ttl < Duration::from_millis(1) {
+                if ttl < Duration::from_millis(1) || ttl > MAX_DURATION {
                     return Err(Error::InvalidConfig(
-                        "the lease ttl must be at least 1 ms".into(),
+                        "the lease ttl must be between 1 ms and 100 years".into(),
                     ));
-                }
-                if micros(ttl).is_none() {
-                    return Err(Error::InvalidConfig("the lease ttl is too long".into()));
                 }
                 Ok(())
             }
@@ -165,6 +165,9 @@ impl Strategy {
         }
     }
 }
+
+/// The longest ttl or `stale_after` accepted: 100 years.
+const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// A duration in whole microseconds, as the SQL takes it.
 pub(crate) fn micros(d: Duration) -> Option<i64> {

@@ -219,3 +219,42 @@ macro_rules! conformance_suite {
         }
     };
 }
+
+/// MariaDB's `SIMULTANEOUS_ASSIGNMENT` sql_mode makes every `ON DUPLICATE KEY UPDATE`
+/// assignment see the old row (MySQL's default is left to right); the lease SQL must be
+/// right under both. `None` (skipped) on servers without that mode.
+#[cfg(feature = "mysql")]
+pub fn mysql_simultaneous_assignment() -> Option<Harness<diesel::MysqlConnection>> {
+    use diesel::connection::SimpleConnection;
+    use diesel::r2d2::CustomizeConnection;
+
+    #[derive(Debug)]
+    struct Mode;
+    impl CustomizeConnection<diesel::MysqlConnection, diesel::r2d2::Error> for Mode {
+        fn on_acquire(&self, c: &mut diesel::MysqlConnection) -> Result<(), diesel::r2d2::Error> {
+            c.batch_execute("SET SESSION sql_mode = CONCAT(@@sql_mode, ',SIMULTANEOUS_ASSIGNMENT')")
+                .map_err(diesel::r2d2::Error::QueryError)
+        }
+    }
+    let url = url("DLOCK_TEST_MYSQL_URL", "mysql")?;
+    let mut probe = <diesel::MysqlConnection as diesel::Connection>::establish(&url).ok()?;
+    if probe
+        .batch_execute("SET SESSION sql_mode = CONCAT(@@sql_mode, ',SIMULTANEOUS_ASSIGNMENT')")
+        .is_err()
+    {
+        eprintln!("skipped: this server has no SIMULTANEOUS_ASSIGNMENT sql_mode (not MariaDB)");
+        return None;
+    }
+    let pool = Pool::builder()
+        .max_size(10)
+        .min_idle(Some(0))
+        .connection_timeout(Duration::from_secs(10))
+        .connection_customizer(Box::new(Mode))
+        .build(ConnectionManager::new(&url))
+        .expect("pool");
+    Some(Harness {
+        pool,
+        url,
+        _dir: None,
+    })
+}

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Makes sure PostgreSQL, MariaDB and Redis listen on loopback for the test suites and benches,
+# installing and starting what is missing (Debian, as root). Idempotent: where a server already
+# runs, it is only checked, and the test role and database are created if absent.
+#
+# Usage:   eval "$(scripts/services.sh)"        # from the project root
+# (A copy of the team's shared/services.sh, so a fresh clone can start its own servers.)
+# Prints on stdout only `export` lines:
+#   DLOCK_TEST_PG_URL, DLOCK_TEST_MYSQL_URL, DLOCK_TEST_REDIS_URL
+# Progress and errors go to stderr. Exits non-zero if a server cannot be brought up.
+# Set SERVICES="pg mysql" (any of pg, mysql, redis) to handle only some of them.
+set -euo pipefail
+
+SERVICES=${SERVICES:-"pg mysql redis"}
+say() { echo "services: $*" >&2; }
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+wait_port() { for _ in $(seq 1 120); do port_open "$1" && return 0; sleep 0.5; done; return 1; }
+wants() { [[ " $SERVICES " == *" $1 "* ]]; }
+
+apt_install() {
+  local missing=()
+  for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  say "installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q >&2
+  apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+}
+
+# Client libraries that diesel's postgres and mysql features link against.
+apt_install libpq-dev default-libmysqlclient-dev pkg-config
+
+if wants pg; then
+  if ! port_open 5432; then
+    apt_install postgresql
+    ver=$(ls /etc/postgresql | sort -V | tail -n 1)
+    say "starting PostgreSQL $ver"
+    pg_ctlcluster --skip-systemctl-redirect "$ver" main start >&2 || pg_ctlcluster "$ver" main start >&2
+    wait_port 5432 || { say "PostgreSQL did not come up on 5432"; exit 1; }
+  fi
+  pg_admin() { # superuser SQL over whichever path this machine allows
+    su postgres -c "psql -XqAt -v ON_ERROR_STOP=1 -c \"$1\"" 2>/dev/null ||
+      psql -XqAt -h 127.0.0.1 -U postgres -d postgres -v ON_ERROR_STOP=1 -c "$1"
+  }
+  pg_admin "SELECT 1" >/dev/null || { say "no superuser access to PostgreSQL"; exit 1; }
+  [ "$(pg_admin "SELECT 1 FROM pg_roles WHERE rolname='dlock'")" = 1 ] ||
+    pg_admin "CREATE ROLE dlock LOGIN PASSWORD 'dlock'" >/dev/null
+  [ "$(pg_admin "SELECT 1 FROM pg_database WHERE datname='dlock_test'")" = 1 ] ||
+    pg_admin "CREATE DATABASE dlock_test OWNER dlock" >/dev/null
+  echo "export DLOCK_TEST_PG_URL=postgres://dlock:dlock@127.0.0.1:5432/dlock_test"
+fi
+
+if wants mysql; then
+  if ! port_open 3306; then
+    apt_install mariadb-server
+    say "starting MariaDB"
+    install -d -o mysql -g mysql /run/mysqld
+    start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- --user=mysql >&2
+    wait_port 3306 || { say "MariaDB did not come up on 3306"; exit 1; }
+  fi
+  my_admin() {
+    mariadb -u root -e "$1" 2>/dev/null || mariadb -h 127.0.0.1 -P 3306 -u root -e "$1"
+  }
+  my_admin "SELECT 1" >/dev/null || { say "no root access to MariaDB"; exit 1; }
+  my_admin "CREATE DATABASE IF NOT EXISTS dlock_test;
+            CREATE USER IF NOT EXISTS 'dlock'@'127.0.0.1' IDENTIFIED BY 'dlock';
+            CREATE USER IF NOT EXISTS 'dlock'@'localhost' IDENTIFIED BY 'dlock';
+            GRANT ALL ON dlock_test.* TO 'dlock'@'127.0.0.1';
+            GRANT ALL ON dlock_test.* TO 'dlock'@'localhost';"
+  echo "export DLOCK_TEST_MYSQL_URL=mysql://dlock:dlock@127.0.0.1:3306/dlock_test"
+fi
+
+if wants redis; then
+  if ! port_open 6379; then
+    apt_install redis-server
+    say "starting Redis"
+    redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
+      --dir /tmp --logfile /tmp/dlock-redis.log >&2
+    wait_port 6379 || { say "Redis did not come up on 6379"; exit 1; }
+  fi
+  echo "export DLOCK_TEST_REDIS_URL=redis://127.0.0.1:6379/"
+fi

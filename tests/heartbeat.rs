@@ -84,3 +84,46 @@ fn dropping_the_locker_stops_its_heartbeat_thread() {
     // Joined in the Locker's drop: gone by the time drop returns, no waiting needed.
     assert_eq!(threads_named("dlock-heartbeat"), before);
 }
+
+/// With the database out of reach (here: every pooled connection taken), renewals fail; once
+/// a whole ttl has passed since the last one that worked, the guard knows it may no longer
+/// hold the lock, without asking the database.
+#[test]
+fn a_lease_that_cannot_be_renewed_is_lost_after_its_ttl() {
+    use diesel::r2d2::{ConnectionManager, Pool};
+    use diesel_lock::Error;
+    use std::time::Instant;
+
+    let _one_at_a_time = THREADS.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let pool = Pool::builder()
+        .max_size(2)
+        .connection_timeout(Duration::from_millis(100))
+        .connection_customizer(Box::new(diesel_lock::SqliteTuning::default()))
+        .build(ConnectionManager::<diesel::SqliteConnection>::new(
+            dir.path().join("l.db").to_str().unwrap(),
+        ))
+        .unwrap();
+    let ttl = Duration::from_millis(600);
+    let l = Locker::builder(pool.clone())
+        .strategy(Strategy::Lease { ttl })
+        .build()
+        .unwrap();
+    l.migrate().unwrap();
+    let g = l.lock("cut-off").unwrap();
+    let start = Instant::now();
+    let taken = (pool.get().unwrap(), pool.get().unwrap());
+    let lost_at = loop {
+        match g.check() {
+            Err(Error::LockLost { .. }) => break start.elapsed(),
+            Err(Error::Pool(_)) => assert!(start.elapsed() < ttl * 3, "never counted as lost"),
+            other => panic!("with every connection taken: {other:?}"),
+        }
+    };
+    assert!(
+        lost_at <= ttl + Duration::from_millis(300),
+        "lost only after {lost_at:?}"
+    );
+    drop(taken);
+    assert!(matches!(g.release(), Err(Error::LockLost { .. })));
+}

@@ -83,7 +83,10 @@ pub enum Strategy {
     /// inside a transaction the guard keeps open; release = COMMIT. `try_lock` uses
     /// `NOWAIT`; `try_lock_for` waits on the server under `lock_timeout` (PostgreSQL) or
     /// `innodb_lock_wait_timeout` (MySQL, whole seconds, the fraction by `NOWAIT` retries).
-    /// The token is the row's version, bumped in the same transaction. PostgreSQL and MySQL
+    /// The token is drawn once the row is locked, from a source the holder's rollback does
+    /// not undo (the sequence `dlock_fence_seq` on PostgreSQL, the AUTO_INCREMENT of
+    /// `dlock_fences` on MySQL), so a dead holder's token is never issued again; after a
+    /// crash of the database *server*, one drawn just before it may be. PostgreSQL and MySQL
     /// only: `build` returns [`Error::Unsupported`] on SQLite.
     ForUpdate,
     /// PostgreSQL `pg_advisory_lock` family / MySQL `GET_LOCK`, held by the guard's session.

@@ -6,6 +6,58 @@ use crate::Result;
 use chrono::{DateTime, Utc};
 use diesel::QueryResult;
 
+/// The row every backend's admin queries return (`Dialect::admin_rows`/`admin_leases`) and
+/// its conversion to `Held`, written once: backends differ only in their SQL time type and in
+/// how its Rust value becomes UTC.
+macro_rules! held_row {
+    ($time_sql:ty, $time:ty, $utc:expr) => {
+        #[derive(diesel::QueryableByName)]
+        struct HeldRow {
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            id: i64,
+            #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+            holder: Option<String>,
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            lock_key: String,
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            owner: String,
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            token: i64,
+            #[diesel(sql_type = $time_sql)]
+            acquired_at: $time,
+            #[diesel(sql_type = diesel::sql_types::Nullable<$time_sql>)]
+            expires_at: Option<$time>,
+            #[diesel(sql_type = $time_sql)]
+            observed_at: $time,
+        }
+
+        fn held(
+            rows: diesel::QueryResult<Vec<HeldRow>>,
+            strategy: &'static str,
+        ) -> diesel::QueryResult<Vec<super::Held>> {
+            let utc: fn($time) -> chrono::DateTime<chrono::Utc> = $utc;
+            rows.map(|v| {
+                v.into_iter()
+                    .map(|r| super::Held {
+                        info: crate::admin::LockInfo {
+                            key: r.lock_key,
+                            strategy,
+                            owner: r.owner,
+                            token: r.token,
+                            acquired_at: utc(r.acquired_at),
+                            expires_at: r.expires_at.map(utc),
+                            observed_at: utc(r.observed_at),
+                        },
+                        id: r.id,
+                        holder: r.holder,
+                    })
+                    .collect()
+            })
+        }
+    };
+}
+pub(crate) use held_row;
+
 mod any;
 #[cfg(feature = "mysql")]
 mod mysql;

@@ -7,7 +7,7 @@ use crate::admin::LockInfo;
 use crate::{Error, Result};
 use chrono::{DateTime, Utc};
 use diesel::pg::PgConnection;
-use diesel::sql_types::{BigInt, Bool, Nullable, Text, Timestamptz};
+use diesel::sql_types::{BigInt, Bool, Text, Timestamptz};
 use diesel::Connection;
 use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
@@ -90,47 +90,7 @@ fn lock_unavailable(e: &diesel::result::Error) -> bool {
     }
 }
 
-#[derive(QueryableByName)]
-struct HeldRow {
-    #[diesel(sql_type = BigInt)]
-    id: i64,
-    #[diesel(sql_type = Nullable<Text>)]
-    holder: Option<String>,
-    #[diesel(sql_type = Text)]
-    lock_key: String,
-    #[diesel(sql_type = Text)]
-    owner: String,
-    #[diesel(sql_type = BigInt)]
-    token: i64,
-    #[diesel(sql_type = Timestamptz)]
-    acquired_at: DateTime<Utc>,
-    #[diesel(sql_type = Nullable<Timestamptz>)]
-    expires_at: Option<DateTime<Utc>>,
-    #[diesel(sql_type = Timestamptz)]
-    observed_at: DateTime<Utc>,
-}
-
-impl HeldRow {
-    fn held(self, strategy: &'static str) -> Held {
-        Held {
-            info: LockInfo {
-                key: self.lock_key,
-                strategy,
-                owner: self.owner,
-                token: self.token,
-                acquired_at: self.acquired_at,
-                expires_at: self.expires_at,
-                observed_at: self.observed_at,
-            },
-            id: self.id,
-            holder: self.holder,
-        }
-    }
-}
-
-fn held(rows: QueryResult<Vec<HeldRow>>, strategy: &'static str) -> QueryResult<Vec<Held>> {
-    rows.map(|v| v.into_iter().map(|r| r.held(strategy)).collect())
-}
+super::held_row!(Timestamptz, DateTime<Utc>, |t| t);
 
 impl Dialect for PgConnection {
     fn backend(&self) -> Backend {

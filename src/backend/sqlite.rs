@@ -11,7 +11,7 @@ use crate::{Error, Result};
 use chrono::NaiveDateTime;
 use diesel::connection::SimpleConnection;
 use diesel::r2d2::CustomizeConnection;
-use diesel::sql_types::{BigInt, Nullable, Text, Timestamp};
+use diesel::sql_types::{BigInt, Text, Timestamp};
 use diesel::sqlite::SqliteConnection;
 use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
@@ -120,47 +120,7 @@ fn exists(q: QueryResult<Option<One>>) -> QueryResult<bool> {
     q.map(|r| r.is_some())
 }
 
-#[derive(QueryableByName)]
-struct HeldRow {
-    #[diesel(sql_type = BigInt)]
-    id: i64,
-    #[diesel(sql_type = Nullable<Text>)]
-    holder: Option<String>,
-    #[diesel(sql_type = Text)]
-    lock_key: String,
-    #[diesel(sql_type = Text)]
-    owner: String,
-    #[diesel(sql_type = BigInt)]
-    token: i64,
-    #[diesel(sql_type = Timestamp)]
-    acquired_at: NaiveDateTime,
-    #[diesel(sql_type = Nullable<Timestamp>)]
-    expires_at: Option<NaiveDateTime>,
-    #[diesel(sql_type = Timestamp)]
-    observed_at: NaiveDateTime,
-}
-
-impl HeldRow {
-    fn held(self, strategy: &'static str) -> Held {
-        Held {
-            info: LockInfo {
-                key: self.lock_key,
-                strategy,
-                owner: self.owner,
-                token: self.token,
-                acquired_at: self.acquired_at.and_utc(),
-                expires_at: self.expires_at.map(|t| t.and_utc()),
-                observed_at: self.observed_at.and_utc(),
-            },
-            id: self.id,
-            holder: self.holder,
-        }
-    }
-}
-
-fn held(rows: QueryResult<Vec<HeldRow>>, strategy: &'static str) -> QueryResult<Vec<Held>> {
-    rows.map(|v| v.into_iter().map(|r| r.held(strategy)).collect())
-}
+super::held_row!(Timestamp, NaiveDateTime, |t| t.and_utc());
 
 impl Dialect for SqliteConnection {
     fn backend(&self) -> Backend {

@@ -78,23 +78,37 @@ fn sqlite_missing_tables_are_named() {
 
 /// A database of its own, so no other test has migrated it.
 #[cfg(feature = "postgres")]
-fn fresh_pg_schema() -> Option<common::Harness<diesel::PgConnection>> {
+fn fresh_pg_schema() -> Option<(common::Harness<diesel::PgConnection>, DropSchema)> {
     use diesel::connection::SimpleConnection;
     let h = common::pg_sized(2)?;
-    // A schema of our own, first on the search path, hides the migrated tables in `public`
-    // only if it is the only schema searched: use a fresh schema and nothing else.
+    // The migrated tables live in `public`: a search path of one fresh, empty schema hides
+    // them. (A generated identifier, not a value: identifiers cannot be bound.)
     let schema = format!("fresh_{}", common::unique_key("s").replace('-', "_"));
     let mut c = h.pool.get().unwrap();
     c.batch_execute(&format!("CREATE SCHEMA {schema}")).unwrap();
     drop(c);
     let url = format!("{}&options=-csearch_path%3D{schema}", h.url);
-    Some(common::server_at(&url, 2))
+    Some((common::server_at(&url, 2), DropSchema(h, schema)))
+}
+
+/// Drops the test's schema when the test ends.
+#[cfg(feature = "postgres")]
+struct DropSchema(common::Harness<diesel::PgConnection>, String);
+
+#[cfg(feature = "postgres")]
+impl Drop for DropSchema {
+    fn drop(&mut self) {
+        use diesel::connection::SimpleConnection;
+        if let Ok(mut c) = self.0.pool.get() {
+            let _ = c.batch_execute(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.1));
+        }
+    }
 }
 
 #[cfg(feature = "postgres")]
 #[test]
 fn pg_keys_are_checked_before_sql() {
-    if let Some(h) = fresh_pg_schema() {
+    if let Some((h, _drop)) = fresh_pg_schema() {
         keys_are_checked_before_sql(&h);
     }
 }
@@ -102,7 +116,7 @@ fn pg_keys_are_checked_before_sql() {
 #[cfg(feature = "postgres")]
 #[test]
 fn pg_missing_tables_are_named() {
-    if let Some(h) = fresh_pg_schema() {
+    if let Some((h, _drop)) = fresh_pg_schema() {
         missing_tables_are_named(&h);
     }
 }

@@ -106,9 +106,13 @@ impl Dialect for AnyConnection {
         &mut self,
         key: &str,
         owner: &str,
+        holder: &str,
         retry: bool,
     ) -> QueryResult<Option<Acquired>> {
-        each!(self, c => c.row_acquire(key, owner, retry))
+        each!(self, c => c.row_acquire(key, owner, holder, retry))
+    }
+    fn row_forget(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
+        each!(self, c => c.row_forget(key, holder))
     }
     fn row_delete_stale(&mut self, key: &str, stale_us: i64) -> QueryResult<bool> {
         each!(self, c => c.row_delete_stale(key, stale_us))

@@ -147,12 +147,17 @@ pub(crate) mod sealed {
         /// lock-wait timeout, busy database) rather than a real failure.
         fn is_contention(&self, e: &diesel::result::Error) -> bool;
 
+        /// Inserts the key's row stamped with `holder` (unique per acquisition), if absent.
         fn row_acquire(
             &mut self,
             key: &str,
             owner: &str,
+            holder: &str,
             retry: bool,
         ) -> QueryResult<Option<Acquired>>;
+        /// Deletes the key's row if `holder` inserted it: the clean-up after an acquisition
+        /// that failed once its INSERT may have committed. True if a row was deleted.
+        fn row_forget(&mut self, key: &str, holder: &str) -> QueryResult<bool>;
         /// Deletes the key's row if it is older than `stale_us`; true if one was deleted.
         fn row_delete_stale(&mut self, key: &str, stale_us: i64) -> QueryResult<bool>;
         /// Deletes the row by id; false if it was no longer there.

@@ -173,6 +173,7 @@ impl Dialect for MysqlConnection {
         &mut self,
         key: &str,
         owner: &str,
+        holder: &str,
         retry: bool,
     ) -> QueryResult<Option<Acquired>> {
         // A waiter first looks with a consistent (non-locking) read: every failed INSERT
@@ -191,11 +192,12 @@ impl Dialect for MysqlConnection {
         // The BEFORE INSERT trigger bumps the key's counter (locking its row until the
         // statement commits) and stamps the token, so tokens follow insertion order.
         let inserted = stmt(
-            "INSERT IGNORE INTO dlock_rows (lock_key, owner, token, acquired_at) \
-             VALUES (?, ?, 0, UTC_TIMESTAMP(6))",
+            "INSERT IGNORE INTO dlock_rows (lock_key, owner, holder, token, acquired_at) \
+             VALUES (?, ?, ?, 0, UTC_TIMESTAMP(6))",
         )
         .bind::<Text, _>(key)
         .bind::<Text, _>(owner)
+        .bind::<Text, _>(holder)
         .execute(self)?;
         if inserted != 1 {
             return Ok(None);
@@ -205,6 +207,23 @@ impl Dialect for MysqlConnection {
             .get_result::<AcquiredRow>(self)
             .optional()
             .map(|r| r.map(Into::into))
+    }
+
+    fn row_forget(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
+        // Read, then delete by id, as row_delete_stale does, for the same lock order.
+        let ours = stmt("SELECT id FROM dlock_rows WHERE lock_key = ? AND holder = ?")
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(holder)
+            .get_result::<Id>(self)
+            .optional()?;
+        let Some(Id { id }) = ours else {
+            return Ok(false);
+        };
+        stmt("DELETE FROM dlock_rows WHERE id = ? AND holder = ?")
+            .bind::<BigInt, _>(id)
+            .bind::<Text, _>(holder)
+            .execute(self)
+            .map(|n| n > 0)
     }
 
     fn row_delete_stale(&mut self, key: &str, stale_us: i64) -> QueryResult<bool> {

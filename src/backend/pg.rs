@@ -135,6 +135,7 @@ impl Dialect for PgConnection {
         &mut self,
         key: &str,
         owner: &str,
+        holder: &str,
         _retry: bool,
     ) -> QueryResult<Option<Acquired>> {
         // The token counter's row lock serialises every transaction that can insert the
@@ -148,8 +149,8 @@ impl Dialect for PgConnection {
                SELECT ?, 1 WHERE NOT EXISTS (SELECT 1 FROM dlock_rows WHERE lock_key = ?) \
                ON CONFLICT (lock_key) DO UPDATE SET token = t.token + 1 \
                RETURNING token) \
-             INSERT INTO dlock_rows (lock_key, owner, token, acquired_at) \
-             SELECT ?, ?, t.token, now() FROM t \
+             INSERT INTO dlock_rows (lock_key, owner, holder, token, acquired_at) \
+             SELECT ?, ?, ?, t.token, now() FROM t \
              ON CONFLICT (lock_key) DO NOTHING \
              RETURNING id, token, acquired_at",
         )
@@ -157,9 +158,18 @@ impl Dialect for PgConnection {
         .bind::<Text, _>(key)
         .bind::<Text, _>(key)
         .bind::<Text, _>(owner)
+        .bind::<Text, _>(holder)
         .get_result::<AcquiredRow>(self)
         .optional()
         .map(|r| r.map(Into::into))
+    }
+
+    fn row_forget(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
+        stmt("DELETE FROM dlock_rows WHERE lock_key = ? AND holder = ?")
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(holder)
+            .execute(self)
+            .map(|n| n > 0)
     }
 
     fn row_delete_stale(&mut self, key: &str, stale_us: i64) -> QueryResult<bool> {

@@ -155,6 +155,7 @@ impl Dialect for SqliteConnection {
         &mut self,
         key: &str,
         owner: &str,
+        holder: &str,
         retry: bool,
     ) -> QueryResult<Option<Acquired>> {
         // Waiters look with a read first: in WAL mode reads never wait for the writer, while
@@ -172,18 +173,27 @@ impl Dialect for SqliteConnection {
         // Reading the counter and inserting happen under SQLite's single write lock, and the
         // AFTER INSERT trigger stores the new token back into dlock_tokens.
         stmt(
-            "INSERT INTO dlock_rows (lock_key, owner, token, acquired_at) \
-             VALUES (?, ?, COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0) + 1, \
+            "INSERT INTO dlock_rows (lock_key, owner, holder, token, acquired_at) \
+             VALUES (?, ?, ?, COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0) + 1, \
                      strftime('%Y-%m-%d %H:%M:%f', 'now')) \
              ON CONFLICT (lock_key) DO NOTHING \
              RETURNING id, token, acquired_at",
         )
         .bind::<Text, _>(key)
         .bind::<Text, _>(owner)
+        .bind::<Text, _>(holder)
         .bind::<Text, _>(key)
         .get_result::<AcquiredRow>(self)
         .optional()
         .map(|r| r.map(Into::into))
+    }
+
+    fn row_forget(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
+        stmt("DELETE FROM dlock_rows WHERE lock_key = ? AND holder = ?")
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(holder)
+            .execute(self)
+            .map(|n| n > 0)
     }
 
     fn row_delete_stale(&mut self, key: &str, stale_us: i64) -> QueryResult<bool> {

@@ -12,7 +12,8 @@ pub(super) fn try_acquire<C: LockConnection>(
     stale_after: Option<Duration>,
     retry: bool,
 ) -> Result<Option<Taken<C>>> {
-    if let Some(a) = conn.row_acquire(key, ctx.owner, retry)? {
+    let holder = crate::random::holder_id();
+    if let Some(a) = insert(ctx, conn, key, &holder, retry)? {
         return Ok(Some(taken(a)));
     }
     let Some(stale) = stale_after else {
@@ -26,9 +27,35 @@ pub(super) fn try_acquire<C: LockConnection>(
         log::warn!(
             "lock {key:?}: took over a row older than {stale:?} (its holder is presumed dead)"
         );
-        return Ok(conn.row_acquire(key, ctx.owner, false)?.map(taken));
+        return Ok(insert(ctx, conn, key, &holder, false)?.map(taken));
     }
     Ok(None)
+}
+
+/// The backend's insert. An error other than contention may come after the INSERT committed
+/// (a lost reply, a connection dropped before the row was read back): the row, if any, is
+/// then deleted by its holder id on another connection, so that no lock is left that nobody
+/// holds. Contention errors roll their statement back and leave nothing.
+fn insert<C: LockConnection>(
+    ctx: &Ctx<'_, C>,
+    conn: &mut C,
+    key: &str,
+    holder: &str,
+    retry: bool,
+) -> Result<Option<crate::backend::Acquired>> {
+    match conn.row_acquire(key, ctx.owner, holder, retry) {
+        Err(e) if !conn.is_contention(&e) => {
+            match super::with_conn(ctx.pool, |c| c.row_forget(key, holder)) {
+                Ok(true) => log::warn!("lock {key:?}: acquiring failed ({e}) after the row was inserted; the row was removed"),
+                Ok(false) => {}
+                Err(cleanup) => log::warn!(
+                    "lock {key:?}: acquiring failed ({e}), and removing a row it may have left failed too ({cleanup}); if the key stays held, remove holder {holder} with `dlock release --force`"
+                ),
+            }
+            Err(e.into())
+        }
+        other => Ok(other?),
+    }
 }
 
 fn taken<C: LockConnection>(a: crate::backend::Acquired) -> Taken<C> {

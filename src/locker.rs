@@ -279,6 +279,59 @@ impl<C: LockConnection> Locker<C> {
         self.acquire(key, deadline)
     }
 
+    /// Deletes the rows of this `Locker`'s strategy that only take up space, and returns how
+    /// many it deleted:
+    ///
+    /// - `Lease`: lease rows free, or expired, for at least `idle`. A lease row carries its
+    ///   key's fencing token, so its token is first saved in `dlock_tokens` (the counters
+    ///   `Row` and `Advisory` use, never deleted), and a new lease row continues from there:
+    ///   tokens still only grow. The rows are first marked taken by nobody, in a committed
+    ///   statement of their own, and only then deleted, so that an acquisition running
+    ///   meanwhile either sees the mark and waits, or reads the saved token. (Should the
+    ///   second step never run, a marked key is free again after a minute.)
+    /// - `Row` with `stale_after`: rows older than `stale_after`, which any waiter could take
+    ///   over anyway; their tokens already live in `dlock_tokens`. `idle` is not used.
+    /// - `Row` without `stale_after`, `ForUpdate`, `Advisory`: nothing (a row without
+    ///   `stale_after` may belong to a live holder; the other two keep one small row per key,
+    ///   whose version or counter is the token).
+    ///
+    /// Acquisitions stay O(log n) in the number of rows (measured: see BENCHMARKS.md), so
+    /// purging is about disk space, not speed. It scans the table; run it now and then, not
+    /// on every lock.
+    ///
+    /// ```
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let locker = diesel_lock::Locker::builder(diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?).build()?;
+    /// # locker.migrate()?;
+    /// use std::time::Duration;
+    ///
+    /// locker.lock("k")?.release()?;
+    /// let deleted = locker.purge(Duration::ZERO)?; // leases free for any time at all
+    /// assert_eq!(deleted, 1);
+    /// assert!(locker.lock("k")?.token() > 1); // the token carried on
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Pool`] without a connection, [`Error::Database`] if a statement fails.
+    pub fn purge(&self, idle: Duration) -> Result<u64> {
+        let mut conn = self.inner.pool.get()?;
+        let n = match self.inner.strategy {
+            Strategy::Lease { .. } => {
+                let idle_us = strategy::micros(idle).unwrap_or(i64::MAX);
+                conn.purge_mark_leases(idle_us)?;
+                conn.purge_delete_leases()?
+            }
+            Strategy::Row {
+                stale_after: Some(stale),
+            } => conn.purge_stale_rows(strategy::micros(stale).unwrap_or(i64::MAX))?,
+            _ => 0,
+        };
+        log::debug!("purge: {n} rows deleted");
+        Ok(n as u64)
+    }
+
     /// The strategy this `Locker` uses.
     pub fn strategy(&self) -> Strategy {
         self.inner.strategy

@@ -11,6 +11,8 @@ mod any;
 mod mysql;
 #[cfg(feature = "postgres")]
 mod pg;
+#[cfg(feature = "postgres")]
+pub(crate) mod pg_listen;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 pub(crate) mod stmt;

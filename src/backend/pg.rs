@@ -67,7 +67,6 @@ fn advisory_lock_ids(key: &str) -> (i64, i64) {
 #[derive(QueryableByName)]
 struct One {
     #[diesel(sql_type = BigInt)]
-    #[allow(dead_code)]
     one: i64,
 }
 
@@ -216,10 +215,15 @@ impl Dialect for PgConnection {
     }
 
     fn row_release(&mut self, id: i64) -> QueryResult<bool> {
-        stmt("DELETE FROM dlock_rows WHERE id = ?")
-            .bind::<BigInt, _>(id)
-            .execute(self)
-            .map(|n| n == 1)
+        // The notification wakes waiters whose Locker listens (pg_listen.rs); it is sent at
+        // commit, so it never arrives before the row is gone.
+        stmt(
+            "WITH d AS (DELETE FROM dlock_rows WHERE id = ? RETURNING lock_key) \
+             SELECT count(pg_notify('dlock_release', lock_key)) AS one FROM d",
+        )
+        .bind::<BigInt, _>(id)
+        .get_result::<One>(self)
+        .map(|r| r.one == 1)
     }
 
     fn row_held(&mut self, id: i64) -> QueryResult<bool> {
@@ -276,13 +280,14 @@ impl Dialect for PgConnection {
 
     fn lease_release(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
         stmt(
-            "UPDATE dlock_leases SET holder = NULL, expires_at = NULL \
-             WHERE lock_key = ? AND holder = ?",
+            "WITH u AS (UPDATE dlock_leases SET holder = NULL, expires_at = NULL \
+                        WHERE lock_key = ? AND holder = ? RETURNING lock_key) \
+             SELECT count(pg_notify('dlock_release', lock_key)) AS one FROM u",
         )
         .bind::<Text, _>(key)
         .bind::<Text, _>(holder)
-        .execute(self)
-        .map(|n| n == 1)
+        .get_result::<One>(self)
+        .map(|r| r.one == 1)
     }
 
     fn lease_held(&mut self, key: &str, holder: &str) -> QueryResult<bool> {

@@ -55,6 +55,8 @@ struct Row {
     ours: f64,
     raw: f64,
     redis: Option<f64>,
+    /// PostgreSQL Row and Lease: the raw floor without `pg_notify` in the release.
+    raw_silent: Option<f64>,
     /// (handoffs/s, fairness) with 8 threads on one key, per sharing.
     shared: Option<(f64, f64)>,
     separate: Option<(f64, f64)>,
@@ -137,8 +139,12 @@ fn main() {
                 }
             };
             let mut contestants: Vec<&mut dyn FnMut()> = vec![&mut p.ours, &mut p.raw];
-            if redis.is_some() {
+            let with_redis = redis.is_some();
+            if with_redis {
                 contestants.push(&mut redis_cycle);
+            }
+            if let Some(silent) = &mut p.raw_without_notify {
+                contestants.push(silent);
             }
             let rates = support::interleaved(round, rounds, &mut contestants);
             eprintln!("cycle {} {}: {rates:.0?}", db.name(), s.name());
@@ -148,7 +154,11 @@ fn main() {
                     statements: p.statements,
                     ours: rates[0],
                     raw: rates[1],
-                    redis: rates.get(2).copied(),
+                    redis: with_redis.then(|| rates[2]),
+                    raw_silent: p
+                        .raw_without_notify
+                        .as_ref()
+                        .map(|_| rates[if with_redis { 3 } else { 2 }]),
                     ..Row::default()
                 },
             );
@@ -317,6 +327,24 @@ fn markdown(
         )
         .unwrap();
     }
+    let notify: Vec<_> = rows
+        .iter()
+        .filter_map(|((o, s), r)| r.raw_silent.map(|x| (o, s, r.raw, x)))
+        .collect();
+    if !notify.is_empty() {
+        writeln!(m, "\nWhat `pg_notify` in the release statement costs (raw floors, same rotation):\n\n| strategy | backend | release with NOTIFY, cycles/s | without, cycles/s | cost |\n|---|---|---:|---:|---:|").unwrap();
+        for (o, s, with, without) in notify {
+            writeln!(
+                m,
+                "| {s} | {} | {} | {} | {:+.1}% |",
+                name(backends, *o),
+                thousands(with),
+                thousands(without),
+                (without / with - 1.0) * 100.0
+            )
+            .unwrap();
+        }
+    }
     writeln!(m, "\nFairness is the fewest acquisitions of one thread over the most. \"One `Locker`\": the threads share a `Locker`, whose in-process queue hands the lock over locally. \"A `Locker` each\": every thread has its own `Locker` and pool, as separate processes would.\n").unwrap();
     if !scale_lines.is_empty() {
         writeln!(m, "## Scale\n\nAcquire latency (p50 of 2,000, each released before the next) with 10³ and then 10⁶ rows of other keys in `dlock_rows` and `dlock_leases`; then `Locker::purge` deleting them (rows two hours old; `Row` with `stale_after` = 1 h, leases idle ≥ 1 h).\n").unwrap();
@@ -326,6 +354,7 @@ fn markdown(
         }
         writeln!(m).unwrap();
     }
+    targets(&mut m, backends, rows);
     writeln!(m, "## Handoffs per second, 8 threads on one key\n\n![handoffs/s per strategy × backend](docs/handoffs.svg)\n").unwrap();
     m
 }
@@ -393,4 +422,96 @@ fn svg(backends: &[Db], rows: &BTreeMap<(usize, &'static str), Row>) -> String {
     }
     writeln!(s, "</svg>").unwrap();
     s
+}
+
+/// The targets, as measured in this run.
+fn targets(m: &mut String, backends: &[Db], rows: &BTreeMap<(usize, &'static str), Row>) {
+    let get = |db: Db, s: &'static str| {
+        backends
+            .iter()
+            .position(|&d| d == db)
+            .and_then(|o| rows.get(&(o, s)))
+    };
+    let mark = |ok: bool| if ok { "met" } else { "**missed**" };
+    writeln!(m, "## Targets, measured in this run\n").unwrap();
+    let worst = rows
+        .iter()
+        .map(|((o, s), r)| (r.ours / r.raw, *o, *s))
+        .min_by(|a, b| a.0.total_cmp(&b.0));
+    if let Some((x, o, s)) = worst {
+        writeln!(
+            m,
+            "1. Cycle ≥ 0.95× its raw floor: lowest {x:.2} ({s} on {}): {}.",
+            name(backends, o),
+            mark(x >= 0.95)
+        )
+        .unwrap();
+    }
+    for db in [Db::Postgres, Db::Mysql] {
+        if let Some(r) = get(db, "advisory") {
+            if let Some(redis) = r.redis {
+                writeln!(
+                    m,
+                    "2. Advisory on {} ≥ 1.0× Redis: {:.2}: {}.",
+                    db.name(),
+                    r.ours / redis,
+                    mark(r.ours >= redis)
+                )
+                .unwrap();
+            }
+        }
+    }
+    if let Some(adv) = get(Db::Postgres, "advisory") {
+        for s in ["row", "lease"] {
+            if let Some(r) = get(Db::Postgres, s) {
+                for (what, x, a) in [
+                    ("one Locker", r.shared, adv.shared),
+                    ("a Locker each", r.separate, adv.separate),
+                ] {
+                    if let (Some(x), Some(a)) = (x, a) {
+                        writeln!(m, "3. PostgreSQL {s}, 8 threads ({what}) ≥ 0.5× advisory: {:.2} ({} vs {} handoffs/s): {}.", x.0 / a.0, thousands(x.0), thousands(a.0), mark(x.0 >= 0.5 * a.0)).unwrap();
+                    }
+                }
+            }
+        }
+    }
+    if let Some(r) = get(Db::Mysql, "row") {
+        for (what, x) in [("one Locker", r.shared), ("a Locker each", r.separate)] {
+            if let Some(x) = x {
+                writeln!(
+                    m,
+                    "3. MariaDB row, 8 threads ({what}) ≥ 10× the naive 114/s: {:.1}×: {}.",
+                    x.0 / 114.0,
+                    mark(x.0 >= 1140.0)
+                )
+                .unwrap();
+            }
+        }
+    }
+    for (what, pick) in [("one Locker", 0usize), ("a Locker each", 1)] {
+        let fair: Vec<(f64, usize, &str)> = rows
+            .iter()
+            .filter_map(|((o, s), r)| [r.shared, r.separate][pick].map(|x| (x.1, *o, *s)))
+            .collect();
+        if let Some((x, o, s)) = fair.iter().copied().min_by(|a, b| a.0.total_cmp(&b.0)) {
+            let below: Vec<String> = fair
+                .iter()
+                .filter(|f| f.0 < 0.5)
+                .map(|f| format!("{} on {} {:.2}", f.2, name(backends, f.1), f.0))
+                .collect();
+            writeln!(
+                m,
+                "4. Fairness ≥ 0.5, 8 threads, {what}: lowest {x:.2} ({s} on {}): {}{}.",
+                name(backends, o),
+                mark(below.is_empty()),
+                if below.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (below: {})", below.join(", "))
+                }
+            )
+            .unwrap();
+        }
+    }
+    writeln!(m).unwrap();
 }

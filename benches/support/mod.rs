@@ -159,6 +159,7 @@ pub fn locker(db: Db, strategy: Strategy, size: u32) -> Arc<dyn Cycle> {
         Db::Postgres => {
             let l = Locker::builder(pool::<diesel::PgConnection>(&url, size))
                 .strategy(strategy)
+                .listen_url(&url)
                 .build()
                 .expect("build");
             l.migrate().expect("migrate");

@@ -14,6 +14,9 @@ pub struct Pair {
     pub raw: Box<dyn FnMut()>,
     /// The statements of one cycle, for the report.
     pub statements: &'static str,
+    /// PostgreSQL Row and Lease: the raw floor with releases that do not `pg_notify`, to
+    /// measure what the notification costs.
+    pub raw_without_notify: Option<Box<dyn FnMut()>>,
 }
 
 const OWNER: &str = "bench";
@@ -95,17 +98,32 @@ pub mod pg {
              SELECT ?, ?, t.token, now() FROM t \
              ON CONFLICT (lock_key) DO NOTHING \
              RETURNING id, token, acquired_at";
-    pub const ROW_RELEASE: &str = "DELETE FROM dlock_rows WHERE id = ?";
+    pub const ROW_RELEASE: &str =
+        "WITH d AS (DELETE FROM dlock_rows WHERE id = ? RETURNING lock_key) \
+             SELECT count(pg_notify('dlock_release', lock_key)) AS n FROM d";
+    pub const ROW_RELEASE_SILENT: &str = "DELETE FROM dlock_rows WHERE id = ?";
     pub const LEASE_ACQUIRE: &str = "INSERT INTO dlock_leases AS l \
                (lock_key, owner, holder, token, acquired_at, expires_at) \
-             VALUES (?, ?, ?, 1, now(), now() + ? * interval '1 microsecond') \
+             VALUES (?, ?, ?, COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0) + 1, \
+                     now(), now() + ? * interval '1 microsecond') \
              ON CONFLICT (lock_key) DO UPDATE SET \
                owner = EXCLUDED.owner, holder = EXCLUDED.holder, token = l.token + 1, \
                acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at \
              WHERE l.holder IS NULL OR l.expires_at <= now() \
              RETURNING 0::int8 AS id, token, acquired_at";
-    pub const LEASE_RELEASE: &str = "UPDATE dlock_leases SET holder = NULL, expires_at = NULL \
+    pub const LEASE_RELEASE: &str =
+        "WITH u AS (UPDATE dlock_leases SET holder = NULL, expires_at = NULL \
+                        WHERE lock_key = ? AND holder = ? RETURNING lock_key) \
+             SELECT count(pg_notify('dlock_release', lock_key)) AS n FROM u";
+    pub const LEASE_RELEASE_SILENT: &str =
+        "UPDATE dlock_leases SET holder = NULL, expires_at = NULL \
              WHERE lock_key = ? AND holder = ?";
+
+    #[derive(QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = BigInt)]
+        n: i64,
+    }
 
     pub fn row_acquire(c: &mut PgConnection, key: &str) -> i64 {
         sql(ROW_ACQUIRE)
@@ -118,11 +136,19 @@ pub mod pg {
             .id
     }
 
-    pub fn row_release(c: &mut PgConnection, id: i64) {
-        let n = sql(ROW_RELEASE)
-            .bind::<BigInt, _>(id)
-            .execute(c)
-            .expect("row release");
+    pub fn row_release(c: &mut PgConnection, id: i64, notify: bool) {
+        let n = if notify {
+            sql(ROW_RELEASE)
+                .bind::<BigInt, _>(id)
+                .get_result::<Count>(c)
+                .expect("row release")
+                .n as usize
+        } else {
+            sql(ROW_RELEASE_SILENT)
+                .bind::<BigInt, _>(id)
+                .execute(c)
+                .expect("row release")
+        };
         assert_eq!(n, 1);
     }
 
@@ -131,17 +157,27 @@ pub mod pg {
             .bind::<Text, _>(key)
             .bind::<Text, _>(OWNER)
             .bind::<Text, _>(HOLDER)
+            .bind::<Text, _>(key)
             .bind::<BigInt, _>(TTL.as_micros() as i64)
             .get_result::<Acquired>(c)
             .expect("lease acquire");
     }
 
-    pub fn lease_release(c: &mut PgConnection, key: &str) {
-        let n = sql(LEASE_RELEASE)
-            .bind::<Text, _>(key)
-            .bind::<Text, _>(HOLDER)
-            .execute(c)
-            .expect("lease release");
+    pub fn lease_release(c: &mut PgConnection, key: &str, notify: bool) {
+        let n = if notify {
+            sql(LEASE_RELEASE)
+                .bind::<Text, _>(key)
+                .bind::<Text, _>(HOLDER)
+                .get_result::<Count>(c)
+                .expect("lease release")
+                .n as usize
+        } else {
+            sql(LEASE_RELEASE_SILENT)
+                .bind::<Text, _>(key)
+                .bind::<Text, _>(HOLDER)
+                .execute(c)
+                .expect("lease release")
+        };
         assert_eq!(n, 1);
     }
 
@@ -149,22 +185,33 @@ pub mod pg {
         let pool = super::super::pool::<PgConnection>(url, 4);
         let l = build(&pool, strategy, key);
         let k = key.to_owned();
-        let (raw, statements): (Box<dyn FnMut()>, _) =
-            match strategy {
-                Strategy::Row { .. } => (
-                    Box::new(move || {
-                        let id = row_acquire(&mut pool.get().unwrap(), &k);
-                        row_release(&mut pool.get().unwrap(), id);
-                    }),
-                    "INSERT … ON CONFLICT DO NOTHING RETURNING (token CTE); DELETE by id",
-                ),
-                Strategy::Lease { .. } => (
-                    Box::new(move || {
-                        lease_acquire(&mut pool.get().unwrap(), &k);
-                        lease_release(&mut pool.get().unwrap(), &k);
-                    }),
-                    "INSERT … ON CONFLICT DO UPDATE … WHERE free RETURNING; UPDATE … holder = NULL",
-                ),
+        let (p, k2) = (pool.clone(), k.clone());
+        let raw_without_notify: Option<Box<dyn FnMut()>> = match strategy {
+            Strategy::Row { .. } => Some(Box::new(move || {
+                let id = row_acquire(&mut p.get().unwrap(), &k2);
+                row_release(&mut p.get().unwrap(), id, false);
+            })),
+            Strategy::Lease { .. } => Some(Box::new(move || {
+                lease_acquire(&mut p.get().unwrap(), &k2);
+                lease_release(&mut p.get().unwrap(), &k2, false);
+            })),
+            _ => None,
+        };
+        let (raw, statements): (Box<dyn FnMut()>, _) = match strategy {
+            Strategy::Row { .. } => (
+                Box::new(move || {
+                    let id = row_acquire(&mut pool.get().unwrap(), &k);
+                    row_release(&mut pool.get().unwrap(), id, true);
+                }),
+                "INSERT … ON CONFLICT DO NOTHING RETURNING (token CTE); DELETE by id + pg_notify (CTE)",
+            ),
+            Strategy::Lease { .. } => (
+                Box::new(move || {
+                    lease_acquire(&mut pool.get().unwrap(), &k);
+                    lease_release(&mut pool.get().unwrap(), &k, true);
+                }),
+                "INSERT … ON CONFLICT DO UPDATE … WHERE free RETURNING; UPDATE … holder = NULL + pg_notify (CTE)",
+            ),
                 Strategy::ForUpdate => (
                     Box::new(move || {
                         let mut c = pool.get().unwrap();
@@ -207,6 +254,7 @@ pub mod pg {
             ours: ours(l, key.to_owned()),
             raw,
             statements,
+            raw_without_notify,
         }
     }
 }
@@ -272,7 +320,8 @@ pub mod mysql {
                     let mut c = pool.get().unwrap();
                     sql(
                         "INSERT INTO dlock_leases (lock_key, owner, holder, token, acquired_at, expires_at) \
-                         VALUES (?, ?, ?, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
+                         VALUES (?, ?, ?, COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0) + 1, \
+                                 UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
                          ON DUPLICATE KEY UPDATE \
                            holder = IF(holder IS NULL OR expires_at <= UTC_TIMESTAMP(6), \
                                        VALUES(holder), holder), \
@@ -284,6 +333,7 @@ pub mod mysql {
                     .bind::<Text, _>(&k)
                     .bind::<Text, _>(OWNER)
                     .bind::<Text, _>(HOLDER)
+                    .bind::<Text, _>(&k)
                     .bind::<BigInt, _>(TTL.as_micros() as i64)
                     .execute(&mut c)
                     .unwrap();
@@ -361,6 +411,7 @@ pub mod mysql {
             ours: ours(l, key.to_owned()),
             raw,
             statements,
+            raw_without_notify: None,
         }
     }
 }
@@ -413,7 +464,8 @@ pub mod sqlite {
                 Box::new(move || {
                     sql(
                         "INSERT INTO dlock_leases (lock_key, owner, holder, token, acquired_at, expires_at) \
-                         VALUES (?, ?, ?, 1, strftime('%Y-%m-%d %H:%M:%f', 'now'), \
+                         VALUES (?, ?, ?, COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0) + 1, \
+                                 strftime('%Y-%m-%d %H:%M:%f', 'now'), \
                                  strftime('%Y-%m-%d %H:%M:%f', 'now', ?)) \
                          ON CONFLICT (lock_key) DO UPDATE SET \
                            owner = excluded.owner, holder = excluded.holder, \
@@ -426,6 +478,7 @@ pub mod sqlite {
                     .bind::<Text, _>(&k)
                     .bind::<Text, _>(OWNER)
                     .bind::<Text, _>(HOLDER)
+                    .bind::<Text, _>(&k)
                     .bind::<Text, _>(&ttl)
                     .get_result::<Acquired>(&mut pool.get().unwrap())
                     .unwrap();
@@ -445,6 +498,7 @@ pub mod sqlite {
             ours: ours(l, key.to_owned()),
             raw,
             statements,
+            raw_without_notify: None,
         }
     }
 }

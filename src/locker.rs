@@ -355,7 +355,11 @@ impl<C: LockConnection> Locker<C> {
     ///   tokens still only grow. The rows are first marked taken by nobody, in a committed
     ///   statement of their own, and only then deleted, so that an acquisition running
     ///   meanwhile either sees the mark and waits, or reads the saved token. (Should the
-    ///   second step never run, a marked key is free again after a minute.)
+    ///   second step never run, a marked key is free again after a minute.) One case is
+    ///   left: an acquiring statement that read its snapshot before the first step committed
+    ///   and reaches the row only after the second did (stalled for a whole round trip in
+    ///   between) would start the key's new row from the old counter. Purge when the keys
+    ///   concerned are not in use, and rely on tokens across a purge only with that in mind.
     /// - `Row` with `stale_after`: rows older than `stale_after`, which any waiter could take
     ///   over anyway; their tokens already live in `dlock_tokens`. `idle` is not used.
     /// - `Row` without `stale_after`, `ForUpdate`, `Advisory`: nothing (a row without

@@ -38,7 +38,11 @@ pub(crate) struct Inner<C: LockConnection> {
     backend: Backend,
     max_backoff: Duration,
     heartbeat: Heartbeat<C>,
-    queues: Queues,
+    queues: Arc<Queues>,
+    /// PostgreSQL with `listen_url`: the thread that hears other processes' releases.
+    /// Dropped (and joined) with the last clone of the `Locker`.
+    #[cfg(feature = "postgres")]
+    listener: Option<crate::backend::pg_listen::Listener>,
 }
 
 impl<C: LockConnection> Clone for Locker<C> {
@@ -66,6 +70,7 @@ pub struct LockerBuilder<C: LockConnection> {
     owner: Option<String>,
     heartbeat: Option<Duration>,
     max_backoff: Duration,
+    listen_url: Option<String>,
 }
 
 impl<C: LockConnection> std::fmt::Debug for LockerBuilder<C> {
@@ -100,8 +105,46 @@ impl<C: LockConnection> LockerBuilder<C> {
     }
 
     /// The longest pause between two attempts while waiting. Defaults to 50 ms.
+    ///
+    /// With [`listen_url`](Self::listen_url) this is also how often a waiter looks
+    /// regardless of notifications (a lost notification, a lease that expired).
     pub fn max_backoff(mut self, max: Duration) -> Self {
         self.max_backoff = max;
+        self
+    }
+
+    /// PostgreSQL, `Row` and `Lease`: the URL of a connection the `Locker` opens for itself,
+    /// outside the pool, to `LISTEN` for releases. Releases on PostgreSQL always send a
+    /// notification (inside the releasing statement: no extra round trip); a `Locker` that
+    /// listens wakes its waiters when one arrives, so a lock released by another process is
+    /// taken within about a millisecond instead of at the waiter's next poll. Waiters still
+    /// look every [`max_backoff`](Self::max_backoff), as notifications can be lost with a
+    /// connection, and an expired lease notifies nobody.
+    ///
+    /// The listening connection is polled by a thread of the `Locker` (every 200 µs while it
+    /// has waiters, every 100 ms otherwise; diesel offers no blocking wait), which ends when
+    /// the last clone of the `Locker` is dropped. Should the connection fail, it is opened
+    /// again and the waiters poll meanwhile.
+    ///
+    /// Defaults to none: waiters in other processes poll with backoff. Ignored on other
+    /// backends and by the session strategies, which wait on the server.
+    ///
+    /// ```no_run
+    /// use diesel::r2d2::{ConnectionManager, Pool};
+    /// use diesel_lock::{Locker, Strategy};
+    /// use std::time::Duration;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let url = "postgres://app@db/app";
+    /// let pool = Pool::new(ConnectionManager::<diesel::PgConnection>::new(url))?;
+    /// let locker = Locker::builder(pool)
+    ///     .strategy(Strategy::Lease { ttl: Duration::from_secs(30) })
+    ///     .listen_url(url)
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn listen_url(mut self, url: impl Into<String>) -> Self {
+        self.listen_url = Some(url.into());
         self
     }
 
@@ -145,6 +188,27 @@ impl<C: LockConnection> LockerBuilder<C> {
             }
             _ => (Duration::from_secs(1), Duration::from_secs(1)),
         };
+        let queues = Arc::new(Queues::default());
+        #[cfg(feature = "postgres")]
+        let listener = match (&self.listen_url, backend, self.strategy) {
+            (Some(url), Backend::Postgres, Strategy::Row { .. } | Strategy::Lease { .. }) => {
+                let (q, busy) = (queues.clone(), queues.clone());
+                Some(
+                    crate::backend::pg_listen::Listener::start(
+                        url.clone(),
+                        move |key| match key {
+                            Some(key) => q.wake_remote(key),
+                            None => q.wake_all(),
+                        },
+                        move || busy.has_waiters(),
+                    )
+                    .map_err(|e| {
+                        Error::InvalidConfig(format!("cannot start the listener thread: {e}"))
+                    })?,
+                )
+            }
+            _ => None,
+        };
         Ok(Locker {
             inner: Arc::new(Inner {
                 heartbeat: Heartbeat::new(self.pool.clone(), interval, ttl),
@@ -153,7 +217,9 @@ impl<C: LockConnection> LockerBuilder<C> {
                 owner,
                 backend,
                 max_backoff: self.max_backoff,
-                queues: Queues::default(),
+                queues,
+                #[cfg(feature = "postgres")]
+                listener,
             }),
         })
     }
@@ -202,6 +268,7 @@ impl<C: LockConnection> Locker<C> {
             owner: None,
             heartbeat: None,
             max_backoff: Duration::from_millis(50),
+            listen_url: None,
         }
     }
 
@@ -279,6 +346,63 @@ impl<C: LockConnection> Locker<C> {
         self.acquire(key, deadline)
     }
 
+    /// Deletes the rows of this `Locker`'s strategy that only take up space, and returns how
+    /// many it deleted:
+    ///
+    /// - `Lease`: lease rows free, or expired, for at least `idle`. A lease row carries its
+    ///   key's fencing token, so its token is first saved in `dlock_tokens` (the counters
+    ///   `Row` and `Advisory` use, never deleted), and a new lease row continues from there:
+    ///   tokens still only grow. The rows are first marked taken by nobody, in a committed
+    ///   statement of their own, and only then deleted, so that an acquisition running
+    ///   meanwhile either sees the mark and waits, or reads the saved token. (Should the
+    ///   second step never run, a marked key is free again after a minute.) One case is
+    ///   left: an acquiring statement that read its snapshot before the first step committed
+    ///   and reaches the row only after the second did (stalled for a whole round trip in
+    ///   between) would start the key's new row from the old counter. Purge when the keys
+    ///   concerned are not in use, and rely on tokens across a purge only with that in mind.
+    /// - `Row` with `stale_after`: rows older than `stale_after`, which any waiter could take
+    ///   over anyway; their tokens already live in `dlock_tokens`. `idle` is not used.
+    /// - `Row` without `stale_after`, `ForUpdate`, `Advisory`: nothing (a row without
+    ///   `stale_after` may belong to a live holder; the other two keep one small row per key,
+    ///   whose version or counter is the token).
+    ///
+    /// Acquisitions stay O(log n) in the number of rows (measured: see BENCHMARKS.md), so
+    /// purging is about disk space, not speed. It scans the table; run it now and then, not
+    /// on every lock.
+    ///
+    /// ```
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let locker = diesel_lock::Locker::builder(diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?).build()?;
+    /// # locker.migrate()?;
+    /// use std::time::Duration;
+    ///
+    /// locker.lock("k")?.release()?;
+    /// let deleted = locker.purge(Duration::ZERO)?; // leases free for any time at all
+    /// assert_eq!(deleted, 1);
+    /// assert!(locker.lock("k")?.token() > 1); // the token carried on
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Pool`] without a connection, [`Error::Database`] if a statement fails.
+    pub fn purge(&self, idle: Duration) -> Result<u64> {
+        let mut conn = self.inner.pool.get()?;
+        let n = match self.inner.strategy {
+            Strategy::Lease { .. } => {
+                let idle_us = strategy::micros(idle).unwrap_or(i64::MAX);
+                conn.purge_mark_leases(idle_us)?;
+                conn.purge_delete_leases()?
+            }
+            Strategy::Row {
+                stale_after: Some(stale),
+            } => conn.purge_stale_rows(strategy::micros(stale).unwrap_or(i64::MAX))?,
+            _ => 0,
+        };
+        log::debug!("purge: {n} rows deleted");
+        Ok(n as u64)
+    }
+
     /// The strategy this `Locker` uses.
     pub fn strategy(&self) -> Strategy {
         self.inner.strategy
@@ -307,6 +431,16 @@ impl<C: LockConnection> Locker<C> {
         self.inner.queues.wake(key);
     }
 
+    /// True if waiters hear other processes' releases (and so poll only as a fallback).
+    fn listening(&self) -> bool {
+        #[cfg(feature = "postgres")]
+        if let Some(l) = &self.inner.listener {
+            l.poke();
+            return true;
+        }
+        false
+    }
+
     fn acquire(&self, key: &str, deadline: Deadline) -> Result<Option<LockGuard<C>>> {
         key::validate(key)?;
         if let Deadline::Once = deadline {
@@ -319,23 +453,39 @@ impl<C: LockConnection> Locker<C> {
             None => return Ok(None),
             Some(queued) => queued,
         };
+        let max = self.inner.max_backoff;
+        let cap = |d: Duration| deadline.remaining().map_or(d, |left| d.min(left));
+        // While a guard of this Locker holds the key, its release wakes us: asking the
+        // database before that could only fail. (Only after `max`, in case the holder's
+        // lease was lost meanwhile.)
+        if queued {
+            ticket.pause(Duration::ZERO, cap(max));
+        }
         // A thread that waited in line starts with the cheap "is it held?" read.
         let mut retry = queued;
-        let mut backoff = Backoff::new(self.inner.max_backoff);
+        let mut backoff = Backoff::new(max);
+        let mut listening = false;
         loop {
             if let Some(taken) = self.attempt(key, retry, deadline)? {
-                drop(ticket); // the next local waiter starts polling now
-                return Ok(Some(self.guard(key, taken)));
+                // The guard marks the key held before the next local waiter looks.
+                let guard = self.guard(key, taken);
+                drop(ticket);
+                return Ok(Some(guard));
+            }
+            if !retry {
+                listening = self.listening();
             }
             retry = true;
-            let mut pause = backoff.next_pause();
-            if let Some(left) = deadline.remaining() {
-                if left.is_zero() {
-                    return Ok(None);
-                }
-                pause = pause.min(left);
+            // A waiter that hears releases polls only as a fallback.
+            let pause = if listening {
+                Backoff::jitter(max)
+            } else {
+                backoff.next_pause()
+            };
+            if deadline.remaining().is_some_and(|left| left.is_zero()) {
+                return Ok(None);
             }
-            ticket.pause(pause);
+            ticket.pause(cap(pause), cap(max));
         }
     }
 
@@ -354,6 +504,7 @@ impl<C: LockConnection> Locker<C> {
     }
 
     fn guard(&self, key: &str, taken: Taken<C>) -> LockGuard<C> {
+        self.inner.queues.hold(key);
         log::debug!(
             "lock {key:?} acquired ({}, token {})",
             self.inner.strategy.name(),
@@ -381,6 +532,11 @@ impl Backoff {
     fn next_pause(&mut self) -> Duration {
         let bound = self.bound;
         self.bound = (self.bound * 2).min(self.max);
+        Self::jitter(bound)
+    }
+
+    /// A pause drawn from the upper half of `bound`.
+    fn jitter(bound: Duration) -> Duration {
         let half = bound / 2;
         let nanos = u64::try_from(half.as_nanos()).unwrap_or(u64::MAX).max(1);
         half + Duration::from_nanos(random::random_u64() % nanos)
@@ -397,9 +553,22 @@ struct Queues {
 struct KeyQueue {
     waiters: VecDeque<u64>,
     wake: Arc<Condvar>,
-    /// Counts local releases, so a release that comes while the first waiter is busy with an
-    /// attempt (not yet sleeping) is not missed.
+    /// Counts releases heard (local, or notified by the database), so a release that comes
+    /// while the first waiter is busy with an attempt (not yet sleeping) is not missed.
     released: u64,
+    /// A guard of this `Locker` holds the key: only its release is worth waking up for.
+    held: bool,
+}
+
+impl KeyQueue {
+    fn new() -> KeyQueue {
+        KeyQueue {
+            waiters: VecDeque::new(),
+            wake: Arc::new(Condvar::new()),
+            released: 0,
+            held: false,
+        }
+    }
 }
 
 impl Queues {
@@ -412,11 +581,7 @@ impl Queues {
             .next_id
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut map = self.lock();
-        let q = map.entry(key.to_owned()).or_insert_with(|| KeyQueue {
-            waiters: VecDeque::new(),
-            wake: Arc::new(Condvar::new()),
-            released: 0,
-        });
+        let q = map.entry(key.to_owned()).or_insert_with(KeyQueue::new);
         q.waiters.push_back(id);
         Ticket {
             queues: self,
@@ -427,11 +592,50 @@ impl Queues {
         }
     }
 
+    /// A guard of this `Locker` took `key`.
+    fn hold(&self, key: &str) {
+        self.lock()
+            .entry(key.to_owned())
+            .or_insert_with(KeyQueue::new)
+            .held = true;
+    }
+
+    /// A guard of this `Locker` released `key`.
     fn wake(&self, key: &str) {
+        let mut map = self.lock();
+        if let Some(q) = map.get_mut(key) {
+            q.held = false;
+            q.released += 1;
+            if q.waiters.is_empty() {
+                map.remove(key);
+            } else {
+                q.wake.notify_all();
+            }
+        }
+    }
+
+    /// The database says `key` was released, perhaps by another process (or, echoing a
+    /// local release, by us: that changes nothing while a local guard holds it).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    fn wake_remote(&self, key: &str) {
         if let Some(q) = self.lock().get_mut(key) {
             q.released += 1;
             q.wake.notify_all();
         }
+    }
+
+    /// Releases may have gone unheard: every waiter looks again.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    fn wake_all(&self) {
+        for q in self.lock().values_mut() {
+            q.released += 1;
+            q.wake.notify_all();
+        }
+    }
+
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    fn has_waiters(&self) -> bool {
+        self.lock().values().any(|q| !q.waiters.is_empty())
     }
 }
 
@@ -451,8 +655,10 @@ impl Ticket<'_> {
         let mut map = self.queues.lock();
         let mut queued = false;
         loop {
-            let first = map.get(&self.key).and_then(|q| q.waiters.front().copied());
-            if first == Some(self.id) {
+            let q = map.get(&self.key);
+            if q.and_then(|q| q.waiters.front().copied()) == Some(self.id) {
+                // Releases before our turn were for those ahead of us.
+                self.seen.set(q.map_or(0, |q| q.released));
                 return Some(queued);
             }
             queued = true;
@@ -469,19 +675,28 @@ impl Ticket<'_> {
         }
     }
 
-    /// Sleeps up to `pause`, or less if a local guard releases the key.
-    fn pause(&self, pause: Duration) {
-        let released = |map: &HashMap<String, KeyQueue>| map.get(&self.key).map(|q| q.released);
+    /// Sleeps up to `pause`, or less if the key is released. While a guard of this
+    /// `Locker` holds the key, sleeps up to `held` instead, and only its release ends that.
+    fn pause(&self, pause: Duration, held: Duration) {
+        let start = Instant::now();
         let mut map = self.queues.lock();
-        if released(&map) == Some(self.seen.get()) {
+        loop {
+            let Some(q) = map.get(&self.key) else { return };
+            if !q.held && q.released != self.seen.get() {
+                break;
+            }
+            let left = (if q.held { held } else { pause }).saturating_sub(start.elapsed());
+            if left.is_zero() {
+                break;
+            }
             map = self
                 .wake
-                .wait_timeout(map, pause)
+                .wait_timeout(map, left)
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
-        if let Some(r) = released(&map) {
-            self.seen.set(r);
+        if let Some(q) = map.get(&self.key) {
+            self.seen.set(q.released);
         }
     }
 }
@@ -492,7 +707,9 @@ impl Drop for Ticket<'_> {
         if let Some(q) = map.get_mut(&self.key) {
             q.waiters.retain(|&w| w != self.id);
             if q.waiters.is_empty() {
-                map.remove(&self.key);
+                if !q.held {
+                    map.remove(&self.key);
+                }
             } else {
                 q.wake.notify_all();
             }

@@ -184,6 +184,15 @@ impl Dialect for AnyConnection {
     fn admin_force_release(&mut self, key: &str) -> QueryResult<Vec<LockInfo>> {
         each!(self, c => c.admin_force_release(key))
     }
+    fn purge_stale_rows(&mut self, stale_us: i64) -> QueryResult<usize> {
+        each!(self, c => c.purge_stale_rows(stale_us))
+    }
+    fn purge_mark_leases(&mut self, idle_us: i64) -> QueryResult<usize> {
+        each!(self, c => c.purge_mark_leases(idle_us))
+    }
+    fn purge_delete_leases(&mut self) -> QueryResult<usize> {
+        each!(self, c => c.purge_delete_leases())
+    }
 }
 
 /// Applies [`SqliteTuning`](crate::SqliteTuning) to the SQLite connections of an

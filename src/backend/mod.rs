@@ -63,6 +63,8 @@ mod any;
 mod mysql;
 #[cfg(feature = "postgres")]
 mod pg;
+#[cfg(feature = "postgres")]
+pub(crate) mod pg_listen;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 pub(crate) mod stmt;
@@ -242,6 +244,20 @@ pub(crate) mod sealed {
         /// Removes the key's row and clears its lease if held, reading and removing in one
         /// transaction (see [`force_release_in`]); returns what was removed.
         fn admin_force_release(&mut self, key: &str) -> QueryResult<Vec<LockInfo>>;
+
+        // Locker::purge.
+
+        /// Deletes every `Row` lock older than `stale_us`; the number deleted. Their tokens
+        /// live on in `dlock_tokens`.
+        fn purge_stale_rows(&mut self, stale_us: i64) -> QueryResult<usize>;
+        /// Purge, step one (committed before step two): marks the lease rows free or expired
+        /// for at least `idle_us` as held by nobody for a minute (`holder = ''`, which no
+        /// acquisition can match: should step two never come, the row is free again after
+        /// that minute) and saves their tokens in `dlock_tokens`, where a new lease row takes
+        /// its first token from. The number marked.
+        fn purge_mark_leases(&mut self, idle_us: i64) -> QueryResult<usize>;
+        /// Purge, step two: deletes the marked lease rows whose token is saved.
+        fn purge_delete_leases(&mut self) -> QueryResult<usize>;
     }
 
     /// A held lock as the admin functions read it, with what it takes to remove it.

@@ -285,7 +285,8 @@ impl Dialect for MysqlConnection {
         // clears it together with the holder.)
         stmt(
             "INSERT INTO dlock_leases (lock_key, owner, holder, token, acquired_at, expires_at) \
-             VALUES (?, ?, ?, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
+             VALUES (?, ?, ?, COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0) + 1, \
+                     UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
              ON DUPLICATE KEY UPDATE \
                token = IF(expires_at IS NULL OR expires_at <= UTC_TIMESTAMP(6), \
                           token + 1, token), \
@@ -301,6 +302,7 @@ impl Dialect for MysqlConnection {
         .bind::<Text, _>(key)
         .bind::<Text, _>(owner)
         .bind::<Text, _>(holder)
+        .bind::<Text, _>(key)
         .bind::<BigInt, _>(ttl_us)
         .execute(self)?;
         stmt(
@@ -586,6 +588,51 @@ impl Dialect for MysqlConnection {
 
     fn admin_force_release(&mut self, key: &str) -> QueryResult<Vec<LockInfo>> {
         self.transaction(|c| force_release_in(c, key))
+    }
+
+    fn purge_stale_rows(&mut self, stale_us: i64) -> QueryResult<usize> {
+        // These statements scan whole tables. Under REPEATABLE READ InnoDB would keep every
+        // scanned row locked until the end and block acquisitions meanwhile; READ COMMITTED
+        // lets go of the rows that do not match. (Without GLOBAL or SESSION, SET TRANSACTION
+        // applies to the next transaction only, so the pooled connection keeps its level.)
+        stmt("SET TRANSACTION ISOLATION LEVEL READ COMMITTED").execute(self)?;
+        stmt(
+            "DELETE FROM dlock_rows WHERE acquired_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND",
+        )
+        .bind::<BigInt, _>(stale_us)
+        .execute(self)
+    }
+
+    fn purge_mark_leases(&mut self, idle_us: i64) -> QueryResult<usize> {
+        stmt("SET TRANSACTION ISOLATION LEVEL READ COMMITTED").execute(self)?;
+        self.transaction(|c| {
+            let marked = stmt(
+                "UPDATE dlock_leases SET holder = '', expires_at = UTC_TIMESTAMP(6) + INTERVAL 1 MINUTE \
+                 WHERE (holder IS NULL AND acquired_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND) \
+                    OR expires_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND",
+            )
+            .bind::<BigInt, _>(idle_us)
+            .bind::<BigInt, _>(idle_us)
+            .execute(c)?;
+            if marked > 0 {
+                stmt(
+                    "INSERT INTO dlock_tokens (lock_key, token) \
+                     SELECT lock_key, token FROM dlock_leases WHERE holder = '' \
+                     ON DUPLICATE KEY UPDATE token = GREATEST(dlock_tokens.token, VALUES(token))",
+                )
+                .execute(c)?;
+            }
+            Ok(marked)
+        })
+    }
+
+    fn purge_delete_leases(&mut self) -> QueryResult<usize> {
+        stmt("SET TRANSACTION ISOLATION LEVEL READ COMMITTED").execute(self)?;
+        stmt(
+            "DELETE l FROM dlock_leases l JOIN dlock_tokens t ON t.lock_key = l.lock_key \
+             WHERE l.holder = '' AND l.token <= t.token",
+        )
+        .execute(self)
     }
 }
 

@@ -67,7 +67,6 @@ fn advisory_lock_ids(key: &str) -> (i64, i64) {
 #[derive(QueryableByName)]
 struct One {
     #[diesel(sql_type = BigInt)]
-    #[allow(dead_code)]
     one: i64,
 }
 
@@ -186,10 +185,15 @@ impl Dialect for PgConnection {
     }
 
     fn row_release(&mut self, id: i64) -> QueryResult<bool> {
-        stmt("DELETE FROM dlock_rows WHERE id = ?")
-            .bind::<BigInt, _>(id)
-            .execute(self)
-            .map(|n| n == 1)
+        // The notification wakes waiters whose Locker listens (pg_listen.rs); it is sent at
+        // commit, so it never arrives before the row is gone.
+        stmt(
+            "WITH d AS (DELETE FROM dlock_rows WHERE id = ? RETURNING lock_key) \
+             SELECT count(pg_notify('dlock_release', lock_key)) AS one FROM d",
+        )
+        .bind::<BigInt, _>(id)
+        .get_result::<One>(self)
+        .map(|r| r.one == 1)
     }
 
     fn row_held(&mut self, id: i64) -> QueryResult<bool> {
@@ -209,11 +213,13 @@ impl Dialect for PgConnection {
         _retry: bool,
     ) -> QueryResult<Option<Acquired>> {
         // One statement: insert the key's lease row, or take it over if free or expired.
-        // The row is never deleted, so its token only grows.
+        // A row is deleted only by `purge`, which first saves its token in dlock_tokens: a
+        // new row continues from there, so a key's token only grows.
         stmt(
             "INSERT INTO dlock_leases AS l \
                (lock_key, owner, holder, token, acquired_at, expires_at) \
-             VALUES (?, ?, ?, 1, now(), now() + ? * interval '1 microsecond') \
+             VALUES (?, ?, ?, COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0) + 1, \
+                     now(), now() + ? * interval '1 microsecond') \
              ON CONFLICT (lock_key) DO UPDATE SET \
                owner = EXCLUDED.owner, holder = EXCLUDED.holder, token = l.token + 1, \
                acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at \
@@ -223,6 +229,7 @@ impl Dialect for PgConnection {
         .bind::<Text, _>(key)
         .bind::<Text, _>(owner)
         .bind::<Text, _>(holder)
+        .bind::<Text, _>(key)
         .bind::<BigInt, _>(ttl_us)
         .get_result::<AcquiredRow>(self)
         .optional()
@@ -243,13 +250,14 @@ impl Dialect for PgConnection {
 
     fn lease_release(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
         stmt(
-            "UPDATE dlock_leases SET holder = NULL, expires_at = NULL \
-             WHERE lock_key = ? AND holder = ?",
+            "WITH u AS (UPDATE dlock_leases SET holder = NULL, expires_at = NULL \
+                        WHERE lock_key = ? AND holder = ? RETURNING lock_key) \
+             SELECT count(pg_notify('dlock_release', lock_key)) AS one FROM u",
         )
         .bind::<Text, _>(key)
         .bind::<Text, _>(holder)
-        .execute(self)
-        .map(|n| n == 1)
+        .get_result::<One>(self)
+        .map(|r| r.one == 1)
     }
 
     fn lease_held(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
@@ -488,6 +496,36 @@ impl Dialect for PgConnection {
 
     fn admin_force_release(&mut self, key: &str) -> QueryResult<Vec<LockInfo>> {
         self.transaction(|c| force_release_in(c, key))
+    }
+
+    fn purge_stale_rows(&mut self, stale_us: i64) -> QueryResult<usize> {
+        stmt("DELETE FROM dlock_rows WHERE acquired_at <= now() - ? * interval '1 microsecond'")
+            .bind::<BigInt, _>(stale_us)
+            .execute(self)
+    }
+
+    fn purge_mark_leases(&mut self, idle_us: i64) -> QueryResult<usize> {
+        // A free row keeps the time of its last acquisition; an expired one its expiry.
+        stmt(
+            "WITH m AS ( \
+               UPDATE dlock_leases SET holder = '', expires_at = now() + interval '1 minute' \
+               WHERE (holder IS NULL AND acquired_at <= now() - ? * interval '1 microsecond') \
+                  OR expires_at <= now() - ? * interval '1 microsecond' \
+               RETURNING lock_key, token) \
+             INSERT INTO dlock_tokens AS t (lock_key, token) SELECT lock_key, token FROM m \
+             ON CONFLICT (lock_key) DO UPDATE SET token = GREATEST(t.token, EXCLUDED.token)",
+        )
+        .bind::<BigInt, _>(idle_us)
+        .bind::<BigInt, _>(idle_us)
+        .execute(self)
+    }
+
+    fn purge_delete_leases(&mut self) -> QueryResult<usize> {
+        stmt(
+            "DELETE FROM dlock_leases l USING dlock_tokens t \
+             WHERE l.holder = '' AND t.lock_key = l.lock_key AND l.token <= t.token",
+        )
+        .execute(self)
     }
 }
 

@@ -247,7 +247,8 @@ impl Dialect for SqliteConnection {
         }
         stmt(
             "INSERT INTO dlock_leases (lock_key, owner, holder, token, acquired_at, expires_at) \
-             VALUES (?, ?, ?, 1, strftime('%Y-%m-%d %H:%M:%f', 'now'), \
+             VALUES (?, ?, ?, COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0) + 1, \
+                     strftime('%Y-%m-%d %H:%M:%f', 'now'), \
                      strftime('%Y-%m-%d %H:%M:%f', 'now', ?)) \
              ON CONFLICT (lock_key) DO UPDATE SET \
                owner = excluded.owner, holder = excluded.holder, \
@@ -260,6 +261,7 @@ impl Dialect for SqliteConnection {
         .bind::<Text, _>(key)
         .bind::<Text, _>(owner)
         .bind::<Text, _>(holder)
+        .bind::<Text, _>(key)
         .bind::<Text, _>(seconds('+', ttl_us))
         .get_result::<AcquiredRow>(self)
         .optional()
@@ -381,5 +383,44 @@ impl Dialect for SqliteConnection {
         // see the same state (a deferred transaction could not upgrade after a concurrent
         // write and would fail with SQLITE_BUSY instead).
         self.immediate_transaction(|c| force_release_in(c, key))
+    }
+
+    fn purge_stale_rows(&mut self, stale_us: i64) -> QueryResult<usize> {
+        stmt("DELETE FROM dlock_rows WHERE acquired_at <= strftime('%Y-%m-%d %H:%M:%f', 'now', ?)")
+            .bind::<Text, _>(seconds('-', stale_us))
+            .execute(self)
+    }
+
+    fn purge_mark_leases(&mut self, idle_us: i64) -> QueryResult<usize> {
+        self.immediate_transaction(|c| {
+            let marked = stmt(
+                "UPDATE dlock_leases SET holder = '', expires_at = strftime('%Y-%m-%d %H:%M:%f', 'now', '+60 seconds') \
+                 WHERE (holder IS NULL \
+                        AND acquired_at <= strftime('%Y-%m-%d %H:%M:%f', 'now', ?)) \
+                    OR expires_at <= strftime('%Y-%m-%d %H:%M:%f', 'now', ?)",
+            )
+            .bind::<Text, _>(seconds('-', idle_us))
+            .bind::<Text, _>(seconds('-', idle_us))
+            .execute(c)?;
+            if marked > 0 {
+                // `WHERE true` tells SQLite's parser that ON CONFLICT is the upsert clause.
+                stmt(
+                    "INSERT INTO dlock_tokens (lock_key, token) \
+                     SELECT lock_key, token FROM dlock_leases WHERE holder = '' AND true \
+                     ON CONFLICT (lock_key) DO UPDATE SET token = max(token, excluded.token)",
+                )
+                .execute(c)?;
+            }
+            Ok(marked)
+        })
+    }
+
+    fn purge_delete_leases(&mut self) -> QueryResult<usize> {
+        stmt(
+            "DELETE FROM dlock_leases WHERE holder = '' \
+             AND token <= (SELECT t.token FROM dlock_tokens t \
+                           WHERE t.lock_key = dlock_leases.lock_key)",
+        )
+        .execute(self)
     }
 }

@@ -168,11 +168,7 @@ test_db!(diesel::PgConnection, |n| format!("${n}"));
 test_db!(diesel::MysqlConnection, |_| "?".to_owned());
 
 fn other_locker<C: LockConnection>(h: &Harness<C>, s: Strategy) -> Locker<C> {
-    Locker::builder(h.pool.clone())
-        .strategy(s)
-        .owner("other")
-        .build()
-        .unwrap()
+    h.builder(s).owner("other").build().unwrap()
 }
 
 pub fn try_lock_on_held_key_is_none<C: TestDb>(h: &Harness<C>, s: Strategy) {

@@ -17,15 +17,22 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 pub struct Harness<C: LockConnection> {
     pub pool: Pool<ConnectionManager<C>>,
     pub url: String,
+    /// Lockers made by this harness listen for releases on this URL (PostgreSQL).
+    pub listen_url: Option<String>,
     _dir: Option<tempfile::TempDir>,
 }
 
 impl<C: LockConnection> Harness<C> {
+    pub fn builder(&self, strategy: Strategy) -> diesel_lock::LockerBuilder<C> {
+        let b = Locker::builder(self.pool.clone()).strategy(strategy);
+        match &self.listen_url {
+            Some(url) => b.listen_url(url.clone()),
+            None => b,
+        }
+    }
+
     pub fn locker(&self, strategy: Strategy) -> Locker<C> {
-        let locker = Locker::builder(self.pool.clone())
-            .strategy(strategy)
-            .build()
-            .expect("build");
+        let locker = self.builder(strategy).build().expect("build");
         locker.migrate().expect("migrate");
         locker
     }
@@ -82,6 +89,7 @@ pub fn sqlite_at(path: &str, size: u32) -> Harness<diesel::SqliteConnection> {
     Harness {
         pool,
         url: path.to_owned(),
+        listen_url: None,
         _dir: None,
     }
 }
@@ -91,6 +99,7 @@ pub fn server_at<C: LockConnection>(url: &str, size: u32) -> Harness<C> {
     Harness {
         pool: pool(url, size),
         url: url.to_owned(),
+        listen_url: None,
         _dir: None,
     }
 }
@@ -113,6 +122,7 @@ pub fn pg_sized(size: u32) -> Option<Harness<diesel::PgConnection>> {
     Some(Harness {
         pool: pool(&url, size),
         url,
+        listen_url: None,
         _dir: None,
     })
 }
@@ -120,6 +130,14 @@ pub fn pg_sized(size: u32) -> Option<Harness<diesel::PgConnection>> {
 #[cfg(feature = "postgres")]
 pub fn pg() -> Option<Harness<diesel::PgConnection>> {
     pg_sized(10)
+}
+
+/// PostgreSQL, with lockers that listen for releases.
+#[cfg(feature = "postgres")]
+pub fn pg_listening() -> Option<Harness<diesel::PgConnection>> {
+    let mut h = pg_sized(10)?;
+    h.listen_url = Some(h.url.clone());
+    Some(h)
 }
 
 #[cfg(feature = "mysql")]
@@ -255,6 +273,7 @@ pub fn mysql_simultaneous_assignment() -> Option<Harness<diesel::MysqlConnection
     Some(Harness {
         pool,
         url,
+        listen_url: None,
         _dir: None,
     })
 }

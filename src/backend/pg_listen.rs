@@ -1,0 +1,153 @@
+//! PostgreSQL: a connection of a `Locker`'s own that `LISTEN`s for releases, so that waiters
+//! are woken when a holder in another process releases instead of at their next poll.
+//!
+//! Releases of `Row` and `Lease` locks on PostgreSQL send `pg_notify('dlock_release', key)`
+//! in the releasing statement itself (no extra round trip). diesel's `PgConnection` can
+//! only *poll* for notifications (`notifications_iter` consumes what the socket has
+//! buffered and never blocks), so the thread polls: every [`BUSY_POLL`] while the `Locker`
+//! has waiters, every [`IDLE_POLL`] otherwise (notifications must still be read, or the
+//! server's queue backs up behind this session). A lost connection is re-established; as
+//! notifications may have been missed meanwhile, every waiter is then woken to look.
+
+use super::stmt::stmt;
+use diesel::pg::PgConnection;
+use diesel::{Connection, RunQueryDsl};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// The channel the release statements notify, with the key as payload.
+pub(crate) const CHANNEL: &str = "dlock_release";
+
+/// How often the socket is read while this `Locker` has waiters.
+pub(crate) const BUSY_POLL: Duration = Duration::from_micros(200);
+/// How often while it has none.
+pub(crate) const IDLE_POLL: Duration = Duration::from_millis(100);
+
+#[derive(Default)]
+struct Control {
+    stop: bool,
+    /// Set by `poke`: a waiter has just begun to wait.
+    poked: bool,
+}
+
+/// The listening thread; dropping this stops it and waits for it to end.
+pub(crate) struct Listener {
+    control: Arc<(Mutex<Control>, Condvar)>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listener").finish_non_exhaustive()
+    }
+}
+
+impl Listener {
+    /// Starts listening on a connection to `url`. `wake(Some(key))` is called for every
+    /// release notified, `wake(None)` when some may have been missed; `busy()` says whether
+    /// the `Locker` has waiters.
+    pub(crate) fn start(
+        url: String,
+        wake: impl Fn(Option<&str>) + Send + 'static,
+        busy: impl Fn() -> bool + Send + 'static,
+    ) -> std::io::Result<Listener> {
+        let control = Arc::new((Mutex::new(Control::default()), Condvar::new()));
+        let c = control.clone();
+        let thread = std::thread::Builder::new()
+            .name("dlock-listen".into())
+            .spawn(move || run(&url, &c, &wake, &busy))?;
+        Ok(Listener {
+            control,
+            thread: Some(thread),
+        })
+    }
+
+    /// Makes an idle listener start polling at the busy rate at once.
+    pub(crate) fn poke(&self) {
+        let (m, cv) = &*self.control;
+        let mut c = m.lock().unwrap_or_else(|p| p.into_inner());
+        if !c.poked {
+            c.poked = true;
+            cv.notify_one();
+        }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        let (m, cv) = &*self.control;
+        m.lock().unwrap_or_else(|p| p.into_inner()).stop = true;
+        cv.notify_one();
+        if let Some(t) = self.thread.take() {
+            if t.join().is_err() {
+                log::warn!("the release listener thread panicked");
+            }
+        }
+    }
+}
+
+fn connect(url: &str) -> diesel::QueryResult<PgConnection> {
+    let mut conn = PgConnection::establish(url)
+        .map_err(|e| diesel::result::Error::QueryBuilderError(e.into()))?;
+    stmt("LISTEN dlock_release").execute(&mut conn)?;
+    Ok(conn)
+}
+
+fn run(
+    url: &str,
+    control: &(Mutex<Control>, Condvar),
+    wake: &dyn Fn(Option<&str>),
+    busy: &dyn Fn() -> bool,
+) {
+    let mut conn: Option<PgConnection> = None;
+    let mut retry = Duration::from_millis(100);
+    loop {
+        let mut pause = if busy() { BUSY_POLL } else { IDLE_POLL };
+        match &mut conn {
+            None => match connect(url) {
+                Ok(c) => {
+                    conn = Some(c);
+                    retry = Duration::from_millis(100);
+                    // Releases before LISTEN took effect were not heard: let everyone look.
+                    wake(None);
+                }
+                Err(e) => {
+                    log::warn!("release listener: cannot listen ({e}); retrying in {retry:?}");
+                    pause = retry;
+                    retry = (retry * 2).min(Duration::from_secs(5));
+                }
+            },
+            Some(c) => {
+                let mut lost = false;
+                for n in c.notifications_iter() {
+                    match n {
+                        Ok(n) if n.channel == CHANNEL => wake(Some(&n.payload)),
+                        Ok(_) => {}
+                        Err(e) => {
+                            log::debug!("release listener: connection lost ({e}); reconnecting");
+                            lost = true;
+                            break;
+                        }
+                    }
+                }
+                if lost {
+                    conn = None;
+                    wake(None);
+                }
+            }
+        }
+        let (m, cv) = control;
+        let mut c = m.lock().unwrap_or_else(|p| p.into_inner());
+        if !c.stop && !c.poked {
+            c = cv
+                .wait_timeout(c, pause)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        if c.stop {
+            return;
+        }
+        c.poked = false;
+    }
+}

@@ -1,0 +1,42 @@
+//! The listening thread of a PostgreSQL `Locker` ends with the last clone of the `Locker`.
+//! (A file of its own: it counts this process's threads, which other tests would disturb.)
+#![cfg(all(feature = "postgres", target_os = "linux"))]
+
+mod common;
+
+use diesel_lock::Strategy;
+use std::time::Duration;
+
+/// This process's threads named like the listener.
+fn listeners() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|name| name.trim() == "dlock-listen")
+        .count()
+}
+
+#[test]
+fn the_listener_thread_ends_with_the_locker() {
+    let Some(h) = common::pg_listening() else {
+        return;
+    };
+    assert_eq!(listeners(), 0);
+    let locker = h.locker(Strategy::Lease {
+        ttl: Duration::from_secs(10),
+    });
+    assert_eq!(listeners(), 1);
+    let clone = locker.clone();
+    let guard = locker.lock("listener-thread").unwrap();
+    drop(locker);
+    drop(clone);
+    assert_eq!(listeners(), 1, "a guard keeps its Locker");
+    drop(guard);
+    assert_eq!(listeners(), 0);
+    // Lockers of other strategies, or without a URL, start none.
+    let _advisory = h.locker(Strategy::Advisory);
+    let _plain = common::pg()
+        .unwrap()
+        .locker(Strategy::Row { stale_after: None });
+    assert_eq!(listeners(), 0);
+}

@@ -363,8 +363,8 @@ impl<C: LockConnection> Locker<C> {
     /// - `Row` with `stale_after`: rows older than `stale_after`, which any waiter could take
     ///   over anyway; their tokens already live in `dlock_tokens`. `idle` is not used.
     /// - `Row` without `stale_after`, `ForUpdate`, `Advisory`: nothing (a row without
-    ///   `stale_after` may belong to a live holder; the other two keep one small row per key,
-    ///   whose version or counter is the token).
+    ///   `stale_after` may belong to a live holder; the other two keep one small row per key:
+    ///   `ForUpdate`'s row is what its holders lock, `Advisory`'s counter is its token).
     ///
     /// Acquisitions stay O(log n) in the number of rows (measured: see BENCHMARKS.md), so
     /// purging is about disk space, not speed. It scans the table; run it now and then, not

@@ -1,7 +1,6 @@
 //! The crate's one error type.
 
 use std::fmt;
-use std::time::Duration;
 
 /// `Result` with [`Error`] as the default error type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -53,8 +52,6 @@ pub enum Error {
     Migration(Box<dyn std::error::Error + Send + Sync>),
     /// A database URL could not be understood.
     InvalidUrl(String),
-    /// The lock could not be released within the time the caller allowed.
-    Timeout(Duration),
 }
 
 impl fmt::Display for Error {
@@ -79,7 +76,6 @@ impl fmt::Display for Error {
             Error::Connection(_) => write!(f, "could not connect to the database"),
             Error::Migration(_) => write!(f, "could not create or upgrade the lock tables"),
             Error::InvalidUrl(why) => write!(f, "invalid database url: {why}"),
-            Error::Timeout(d) => write!(f, "timed out after {d:?}"),
         }
     }
 }

@@ -445,6 +445,15 @@ fn locker(
     if let Some(owner) = &args.owner {
         builder = builder.owner(owner.clone());
     }
+    // A run that waits on PostgreSQL listens for releases, so it starts the moment the holder
+    // (another dlock, another machine) releases instead of at its next poll.
+    let url = db.url.trim();
+    if args.wait.is_some()
+        && !args.no_wait
+        && (url.starts_with("postgres://") || url.starts_with("postgresql://"))
+    {
+        builder = builder.listen_url(url.to_owned());
+    }
     Ok((builder.build()?, pool))
 }
 

@@ -58,6 +58,37 @@ macro_rules! held_row {
 }
 pub(crate) use held_row;
 
+/// The statements whose SQL is the same on every backend (optimistic versions), written once
+/// and expanded inside each backend's `impl Dialect`.
+macro_rules! same_sql_everywhere {
+    () => {
+        fn version_read(&mut self, key: &str) -> diesel::QueryResult<Option<i64>> {
+            #[derive(diesel::QueryableByName)]
+            struct Version {
+                #[diesel(sql_type = diesel::sql_types::BigInt)]
+                version: i64,
+            }
+            super::stmt::stmt("SELECT version FROM dlock_versions WHERE lock_key = ?")
+                .bind::<diesel::sql_types::Text, _>(key)
+                .get_result::<Version>(self)
+                .optional()
+                .map(|r| r.map(|v| v.version))
+        }
+
+        fn version_bump(&mut self, key: &str, seen: i64) -> diesel::QueryResult<bool> {
+            // On MySQL diesel sets CLIENT_FOUND_ROWS, so the count is of matched rows there too.
+            super::stmt::stmt(
+                "UPDATE dlock_versions SET version = version + 1 WHERE lock_key = ? AND version = ?",
+            )
+            .bind::<diesel::sql_types::Text, _>(key)
+            .bind::<diesel::sql_types::BigInt, _>(seen)
+            .execute(self)
+            .map(|n| n == 1)
+        }
+    };
+}
+pub(crate) use same_sql_everywhere;
+
 mod any;
 #[cfg(feature = "mysql")]
 mod mysql;

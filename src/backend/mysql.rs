@@ -54,12 +54,6 @@ struct Locked {
 }
 
 #[derive(QueryableByName)]
-struct Version {
-    #[diesel(sql_type = BigInt)]
-    version: i64,
-}
-
-#[derive(QueryableByName)]
 struct Answer {
     #[diesel(sql_type = Nullable<BigInt>)]
     answer: Option<i64>,
@@ -123,6 +117,8 @@ fn lock_unavailable(e: &diesel::result::Error) -> bool {
 super::held_row!(Datetime, NaiveDateTime, |t| t.and_utc());
 
 impl Dialect for MysqlConnection {
+    super::same_sql_everywhere!();
+
     fn backend(&self) -> Backend {
         Backend::Mysql
     }
@@ -510,28 +506,11 @@ impl Dialect for MysqlConnection {
             .map(|r| r.answer == Some(1))
     }
 
-    fn version_read(&mut self, key: &str) -> QueryResult<Option<i64>> {
-        stmt("SELECT version FROM dlock_versions WHERE lock_key = ?")
-            .bind::<Text, _>(key)
-            .get_result::<Version>(self)
-            .optional()
-            .map(|r| r.map(|v| v.version))
-    }
-
     fn version_create(&mut self, key: &str) -> QueryResult<()> {
         stmt("INSERT IGNORE INTO dlock_versions (lock_key, version) VALUES (?, 0)")
             .bind::<Text, _>(key)
             .execute(self)
             .map(drop)
-    }
-
-    fn version_bump(&mut self, key: &str, seen: i64) -> QueryResult<bool> {
-        // diesel sets CLIENT_FOUND_ROWS, so the count is of matched rows.
-        stmt("UPDATE dlock_versions SET version = version + 1 WHERE lock_key = ? AND version = ?")
-            .bind::<Text, _>(key)
-            .bind::<BigInt, _>(seen)
-            .execute(self)
-            .map(|n| n == 1)
     }
 
     // Keys are VARBINARY (byte-exact comparison); CAST(... AS CHAR) reads them back as text

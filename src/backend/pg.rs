@@ -39,12 +39,6 @@ impl From<AcquiredRow> for Acquired {
 }
 
 #[derive(QueryableByName)]
-struct Version {
-    #[diesel(sql_type = BigInt)]
-    version: i64,
-}
-
-#[derive(QueryableByName)]
 struct Released {
     #[diesel(sql_type = Bool)]
     released: bool,
@@ -92,6 +86,8 @@ fn lock_unavailable(e: &diesel::result::Error) -> bool {
 super::held_row!(Timestamptz, DateTime<Utc>, |t| t);
 
 impl Dialect for PgConnection {
+    super::same_sql_everywhere!();
+
     fn backend(&self) -> Backend {
         Backend::Postgres
     }
@@ -425,14 +421,6 @@ impl Dialect for PgConnection {
         .map(|r| r.is_some())
     }
 
-    fn version_read(&mut self, key: &str) -> QueryResult<Option<i64>> {
-        stmt("SELECT version FROM dlock_versions WHERE lock_key = ?")
-            .bind::<Text, _>(key)
-            .get_result::<Version>(self)
-            .optional()
-            .map(|r| r.map(|v| v.version))
-    }
-
     fn version_create(&mut self, key: &str) -> QueryResult<()> {
         stmt(
             "INSERT INTO dlock_versions (lock_key, version) VALUES (?, 0) \
@@ -441,14 +429,6 @@ impl Dialect for PgConnection {
         .bind::<Text, _>(key)
         .execute(self)
         .map(drop)
-    }
-
-    fn version_bump(&mut self, key: &str, seen: i64) -> QueryResult<bool> {
-        stmt("UPDATE dlock_versions SET version = version + 1 WHERE lock_key = ? AND version = ?")
-            .bind::<Text, _>(key)
-            .bind::<BigInt, _>(seen)
-            .execute(self)
-            .map(|n| n == 1)
     }
 
     fn admin_rows(&mut self, key: Option<&str>) -> QueryResult<Vec<Held>> {

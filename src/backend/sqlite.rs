@@ -110,12 +110,6 @@ struct One {
     one: i64,
 }
 
-#[derive(QueryableByName)]
-struct Version {
-    #[diesel(sql_type = BigInt)]
-    version: i64,
-}
-
 fn exists(q: QueryResult<Option<One>>) -> QueryResult<bool> {
     q.map(|r| r.is_some())
 }
@@ -123,6 +117,8 @@ fn exists(q: QueryResult<Option<One>>) -> QueryResult<bool> {
 super::held_row!(Timestamp, NaiveDateTime, |t| t.and_utc());
 
 impl Dialect for SqliteConnection {
+    super::same_sql_everywhere!();
+
     fn backend(&self) -> Backend {
         Backend::Sqlite
     }
@@ -305,14 +301,6 @@ impl Dialect for SqliteConnection {
         )
     }
 
-    fn version_read(&mut self, key: &str) -> QueryResult<Option<i64>> {
-        stmt("SELECT version FROM dlock_versions WHERE lock_key = ?")
-            .bind::<Text, _>(key)
-            .get_result::<Version>(self)
-            .optional()
-            .map(|r| r.map(|v| v.version))
-    }
-
     fn version_create(&mut self, key: &str) -> QueryResult<()> {
         stmt(
             "INSERT INTO dlock_versions (lock_key, version) VALUES (?, 0) \
@@ -321,14 +309,6 @@ impl Dialect for SqliteConnection {
         .bind::<Text, _>(key)
         .execute(self)
         .map(drop)
-    }
-
-    fn version_bump(&mut self, key: &str, seen: i64) -> QueryResult<bool> {
-        stmt("UPDATE dlock_versions SET version = version + 1 WHERE lock_key = ? AND version = ?")
-            .bind::<Text, _>(key)
-            .bind::<BigInt, _>(seen)
-            .execute(self)
-            .map(|n| n == 1)
     }
 
     fn admin_rows(&mut self, key: Option<&str>) -> QueryResult<Vec<Held>> {

@@ -61,12 +61,17 @@ pub fn url(var: &str, name: &str) -> Option<String> {
 /// connecting when the test process exits crashes inside OpenSSL's exit handlers (seen as
 /// SIGSEGV in PQconnectdb → RAND_get_rand_method).
 pub fn pool<C: LockConnection>(url: &str, size: u32) -> Pool<ConnectionManager<C>> {
+    pool_builder(size)
+        .build(ConnectionManager::<C>::new(url))
+        .expect("pool")
+}
+
+/// The settings every test pool shares (see `pool` for why there is no idle minimum).
+fn pool_builder<C: LockConnection>(size: u32) -> r2d2::Builder<ConnectionManager<C>> {
     Pool::builder()
         .max_size(size)
         .min_idle(Some(0))
         .connection_timeout(Duration::from_secs(10))
-        .build(ConnectionManager::<C>::new(url))
-        .expect("pool")
 }
 
 pub fn sqlite_sized(size: u32) -> Option<Harness<diesel::SqliteConnection>> {
@@ -79,10 +84,7 @@ pub fn sqlite_sized(size: u32) -> Option<Harness<diesel::SqliteConnection>> {
 
 /// A harness on an existing SQLite file (a child process joining its parent's database).
 pub fn sqlite_at(path: &str, size: u32) -> Harness<diesel::SqliteConnection> {
-    let pool = Pool::builder()
-        .max_size(size)
-        .min_idle(Some(0))
-        .connection_timeout(Duration::from_secs(10))
+    let pool = pool_builder(size)
         .connection_customizer(Box::new(diesel_lock::SqliteTuning::default()))
         .build(ConnectionManager::new(path))
         .expect("sqlite pool");
@@ -165,75 +167,38 @@ pub fn unique_key(name: &str) -> String {
     )
 }
 
-/// Generates one `#[test]` per conformance check for a backend × strategy.
+/// Generates one `#[test]` per conformance check for a backend × strategy. A new check is one
+/// more line in the list below (with its extra arguments, if any).
 #[macro_export]
 macro_rules! conformance_suite {
     ($module:ident, $harness:expr, $strategy:expr) => {
+        $crate::conformance_suite!(@tests $module, $harness, $strategy,
+            try_lock_on_held_key_is_none(),
+            drop_and_release_both_free_the_key(),
+            release_reports_a_lost_lock(),
+            try_lock_for_returns_at_its_deadline(),
+            waiter_gets_the_lock_when_it_is_released(),
+            mutual_exclusion_across_threads(8, 200),
+            tokens_strictly_increase(),
+            keys_are_exact_and_any_text_works(),
+            guard_reports_key_owner_and_db_time(),
+            distinct_keys_do_not_block_each_other()
+        );
+    };
+    (@tests $module:ident, $harness:expr, $strategy:expr, $($check:ident($($arg:expr),*)),+) => {
         mod $module {
             use super::common::conformance as c;
             #[allow(unused_imports)]
             use super::*;
 
-            #[test]
-            fn try_lock_on_held_key_is_none() {
-                if let Some(h) = $harness {
-                    c::try_lock_on_held_key_is_none(&h, $strategy);
+            $(
+                #[test]
+                fn $check() {
+                    if let Some(h) = $harness {
+                        c::$check(&h, $strategy $(, $arg)*);
+                    }
                 }
-            }
-            #[test]
-            fn drop_and_release_both_free_the_key() {
-                if let Some(h) = $harness {
-                    c::drop_and_release_both_free_the_key(&h, $strategy);
-                }
-            }
-            #[test]
-            fn release_reports_a_lost_lock() {
-                if let Some(h) = $harness {
-                    c::release_reports_a_lost_lock(&h, $strategy);
-                }
-            }
-            #[test]
-            fn try_lock_for_returns_at_its_deadline() {
-                if let Some(h) = $harness {
-                    c::try_lock_for_returns_at_its_deadline(&h, $strategy);
-                }
-            }
-            #[test]
-            fn waiter_gets_the_lock_when_it_is_released() {
-                if let Some(h) = $harness {
-                    c::waiter_gets_the_lock_when_it_is_released(&h, $strategy);
-                }
-            }
-            #[test]
-            fn mutual_exclusion_across_threads() {
-                if let Some(h) = $harness {
-                    c::mutual_exclusion_across_threads(&h, $strategy, 8, 200);
-                }
-            }
-            #[test]
-            fn tokens_strictly_increase() {
-                if let Some(h) = $harness {
-                    c::tokens_strictly_increase(&h, $strategy);
-                }
-            }
-            #[test]
-            fn keys_are_exact_and_any_text_works() {
-                if let Some(h) = $harness {
-                    c::keys_are_exact_and_any_text_works(&h, $strategy);
-                }
-            }
-            #[test]
-            fn guard_reports_key_owner_and_db_time() {
-                if let Some(h) = $harness {
-                    c::guard_reports_key_owner_and_db_time(&h, $strategy);
-                }
-            }
-            #[test]
-            fn distinct_keys_do_not_block_each_other() {
-                if let Some(h) = $harness {
-                    c::distinct_keys_do_not_block_each_other(&h, $strategy);
-                }
-            }
+            )+
         }
     };
 }
@@ -255,18 +220,15 @@ pub fn mysql_simultaneous_assignment() -> Option<Harness<diesel::MysqlConnection
         }
     }
     let url = url("DLOCK_TEST_MYSQL_URL", "mysql")?;
-    let mut probe = <diesel::MysqlConnection as diesel::Connection>::establish(&url).ok()?;
-    if probe
-        .batch_execute("SET SESSION sql_mode = CONCAT(@@sql_mode, ',SIMULTANEOUS_ASSIGNMENT')")
-        .is_err()
-    {
+    // An unreachable server is a failure (as for every backend); only a server without the
+    // mode (MySQL proper) skips.
+    let mut probe =
+        <diesel::MysqlConnection as diesel::Connection>::establish(&url).expect("connect");
+    if Mode.on_acquire(&mut probe).is_err() {
         eprintln!("skipped: this server has no SIMULTANEOUS_ASSIGNMENT sql_mode (not MariaDB)");
         return None;
     }
-    let pool = Pool::builder()
-        .max_size(10)
-        .min_idle(Some(0))
-        .connection_timeout(Duration::from_secs(10))
+    let pool = pool_builder(10)
         .connection_customizer(Box::new(Mode))
         .build(ConnectionManager::new(&url))
         .expect("pool");

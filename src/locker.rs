@@ -347,24 +347,28 @@ impl<C: LockConnection> Locker<C> {
     }
 
     /// Deletes the rows of this `Locker`'s strategy that only take up space, and returns how
-    /// many it deleted:
+    /// many it deleted. It is safe beside live locks of every configuration: it deletes
+    /// nothing that a holder could still count on.
     ///
-    /// - `Lease`: lease rows free, or expired, for at least `idle`. A lease row carries its
-    ///   key's fencing token, so its token is first saved in `dlock_tokens` (the counters
-    ///   `Row` and `Advisory` use, never deleted), and a new lease row continues from there:
-    ///   tokens still only grow. The rows are first marked taken by nobody, in a committed
-    ///   statement of their own, and only then deleted, so that an acquisition running
-    ///   meanwhile either sees the mark and waits, or reads the saved token. (Should the
-    ///   second step never run, a marked key is free again after a minute.) One case is
-    ///   left: an acquiring statement that read its snapshot before the first step committed
-    ///   and reaches the row only after the second did (stalled for a whole round trip in
-    ///   between) would start the key's new row from the old counter. Purge when the keys
-    ///   concerned are not in use, and rely on tokens across a purge only with that in mind.
-    /// - `Row` with `stale_after`: rows older than `stale_after`, which any waiter could take
-    ///   over anyway; their tokens already live in `dlock_tokens`. `idle` is not used.
-    /// - `Row` without `stale_after`, `ForUpdate`, `Advisory`: nothing (a row without
-    ///   `stale_after` may belong to a live holder; the other two keep one small row per key:
-    ///   `ForUpdate`'s row is what its holders lock, `Advisory`'s counter is its token).
+    /// - `Lease`: lease rows free, or expired, for at least `idle` (an `idle` past 100 years
+    ///   deletes nothing). A lease row carries its key's fencing token, so its token is
+    ///   first saved in `dlock_tokens` (the counters `Row` and `Advisory` use, never
+    ///   deleted), and a new lease row continues from there: tokens still only grow. The rows
+    ///   are first marked taken by nobody and their tokens saved, in a committed statement of
+    ///   their own, and only then deleted. An acquisition that meets the mark waits; one that
+    ///   finds the row gone creates it only from a snapshot that sees it gone, so it reads
+    ///   the saved token (tested with purges in a loop beside 8 acquiring threads: no token
+    ///   ever went back). Should the second step never run, a marked key is free again after
+    ///   a minute.
+    /// - `Row` (with or without `stale_after`): rows past their *own* staleness limit, which
+    ///   each row carries from the `Locker` that inserted it (its `stale_after`), and which
+    ///   any waiter could take over anyway. A row inserted without `stale_after` is never
+    ///   purged, whoever calls this. Their tokens already live in `dlock_tokens`. `idle` is
+    ///   not used.
+    /// - `ForUpdate`, `Advisory`: nothing (each keeps one small row per key: `ForUpdate`'s
+    ///   row is what its holders lock, `Advisory`'s counter is its token).
+    ///
+    /// A deadlock with acquisitions running beside it is retried, not returned.
     ///
     /// Acquisitions stay O(log n) in the number of rows (measured: see BENCHMARKS.md), so
     /// purging is about disk space, not speed. It scans the table; run it now and then, not
@@ -387,16 +391,19 @@ impl<C: LockConnection> Locker<C> {
     /// # Errors
     /// [`Error::Pool`] without a connection, [`Error::Database`] if a statement fails.
     pub fn purge(&self, idle: Duration) -> Result<u64> {
-        let mut conn = self.inner.pool.get()?;
+        // Past the 100-year cap every row is younger than `idle`: nothing to delete (and the
+        // databases' date arithmetic would overflow).
+        let idle_us = strategy::micros(idle.min(strategy::MAX_DURATION)).unwrap_or(i64::MAX);
         let n = match self.inner.strategy {
+            // Each step is one statement or transaction; a deadlock victim's was rolled back
+            // and is run again.
             Strategy::Lease { .. } => {
-                let idle_us = strategy::micros(idle).unwrap_or(i64::MAX);
-                conn.purge_mark_leases(idle_us)?;
-                conn.purge_delete_leases()?
+                strategy::with_conn(&self.inner.pool, |c| c.purge_mark_leases(idle_us))?;
+                strategy::with_conn(&self.inner.pool, |c| c.purge_delete_leases())?
             }
-            Strategy::Row {
-                stale_after: Some(stale),
-            } => conn.purge_stale_rows(strategy::micros(stale).unwrap_or(i64::MAX))?,
+            Strategy::Row { .. } => {
+                strategy::with_conn(&self.inner.pool, |c| c.purge_stale_rows())?
+            }
             _ => 0,
         };
         log::debug!("purge: {n} rows deleted");

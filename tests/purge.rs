@@ -11,7 +11,8 @@ use std::time::Duration;
 
 const HOUR: Duration = Duration::from_secs(3600);
 
-/// Moves the key's row two hours back: its acquisition, and its expiry too unless `Keep`.
+/// Moves the key's row two hours back: its acquisition (and a row's `stale_at`), and a
+/// lease's expiry too unless `Keep`.
 #[derive(PartialEq)]
 enum Expiry {
     Age,
@@ -25,14 +26,26 @@ fn age<C: LockConnection + SimpleConnection>(
     key: &str,
     expiry: Expiry,
 ) {
-    let two_hours_ago = match backend {
-        Backend::Postgres => "now() - interval '2 hours'",
-        Backend::Mysql => "UTC_TIMESTAMP(6) - INTERVAL 2 HOUR",
-        _ => "strftime('%Y-%m-%d %H:%M:%f', 'now', '-2 hours')",
+    let (two_hours_ago, stale_two_hours_earlier) = match backend {
+        Backend::Postgres => (
+            "now() - interval '2 hours'",
+            "stale_at - interval '2 hours'",
+        ),
+        Backend::Mysql => (
+            "UTC_TIMESTAMP(6) - INTERVAL 2 HOUR",
+            "stale_at - INTERVAL 2 HOUR",
+        ),
+        _ => (
+            "strftime('%Y-%m-%d %H:%M:%f', 'now', '-2 hours')",
+            "strftime('%Y-%m-%d %H:%M:%f', stale_at, '-2 hours')",
+        ),
     };
     let set = if table == "dlock_leases" && expiry == Expiry::Age {
         // Expired two hours ago if held, last taken two hours ago if free.
         format!("acquired_at = {two_hours_ago}, expires_at = CASE WHEN holder IS NULL THEN NULL ELSE {two_hours_ago} END")
+    } else if table == "dlock_rows" {
+        // A row goes stale at its own stale_at (NULL, never, stays NULL).
+        format!("acquired_at = {two_hours_ago}, stale_at = {stale_two_hours_earlier}")
     } else {
         format!("acquired_at = {two_hours_ago}")
     };

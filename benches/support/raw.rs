@@ -94,23 +94,31 @@ pub mod pg {
                SELECT ?, 1 WHERE NOT EXISTS (SELECT 1 FROM dlock_rows WHERE lock_key = ?) \
                ON CONFLICT (lock_key) DO UPDATE SET token = t.token + 1 \
                RETURNING token) \
-             INSERT INTO dlock_rows (lock_key, owner, holder, token, acquired_at) \
-             SELECT ?, ?, ?, t.token, now() FROM t \
+             INSERT INTO dlock_rows (lock_key, owner, holder, token, acquired_at, stale_at) \
+             SELECT ?, ?, ?, t.token, now(), now() + ? * interval '1 microsecond' FROM t \
              ON CONFLICT (lock_key) DO NOTHING \
              RETURNING id, token, acquired_at";
     pub const ROW_RELEASE: &str =
         "WITH d AS (DELETE FROM dlock_rows WHERE id = ? RETURNING lock_key) \
              SELECT count(pg_notify('dlock_release', lock_key)) AS n FROM d";
     pub const ROW_RELEASE_SILENT: &str = "DELETE FROM dlock_rows WHERE id = ?";
-    pub const LEASE_ACQUIRE: &str = "INSERT INTO dlock_leases AS l \
-               (lock_key, owner, holder, token, acquired_at, expires_at) \
-             VALUES (?, ?, ?, COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0) + 1, \
-                     now(), now() + ? * interval '1 microsecond') \
-             ON CONFLICT (lock_key) DO UPDATE SET \
-               owner = EXCLUDED.owner, holder = EXCLUDED.holder, token = l.token + 1, \
-               acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at \
-             WHERE l.holder IS NULL OR l.expires_at <= now() \
-             RETURNING 0::int8 AS id, token, acquired_at";
+    pub const LEASE_ACQUIRE: &str = "WITH u AS ( \
+               UPDATE dlock_leases SET owner = ?, holder = ?, token = token + 1, \
+                 acquired_at = now(), expires_at = now() + ? * interval '1 microsecond' \
+               WHERE lock_key = ? AND (holder IS NULL OR expires_at <= now()) \
+               RETURNING token, acquired_at), \
+             t AS ( \
+               INSERT INTO dlock_tokens AS t (lock_key, token) \
+               SELECT ?, 1 WHERE NOT EXISTS (SELECT 1 FROM dlock_leases WHERE lock_key = ?) \
+               ON CONFLICT (lock_key) DO UPDATE SET token = t.token + 1 \
+               RETURNING token), \
+             i AS ( \
+               INSERT INTO dlock_leases (lock_key, owner, holder, token, acquired_at, expires_at) \
+               SELECT ?, ?, ?, t.token, now(), now() + ? * interval '1 microsecond' FROM t \
+               ON CONFLICT (lock_key) DO NOTHING \
+               RETURNING token, acquired_at) \
+             SELECT 0::int8 AS id, token, acquired_at FROM u \
+             UNION ALL SELECT 0::int8 AS id, token, acquired_at FROM i";
     pub const LEASE_RELEASE: &str =
         "WITH u AS (UPDATE dlock_leases SET holder = NULL, expires_at = NULL \
                         WHERE lock_key = ? AND holder = ? RETURNING lock_key) \
@@ -132,6 +140,7 @@ pub mod pg {
             .bind::<Text, _>(key)
             .bind::<Text, _>(OWNER)
             .bind::<Text, _>(HOLDER)
+            .bind::<diesel::sql_types::Nullable<BigInt>, _>(None::<i64>)
             .get_result::<Acquired>(c)
             .expect("row acquire")
             .id
@@ -155,10 +164,15 @@ pub mod pg {
 
     pub fn lease_acquire(c: &mut PgConnection, key: &str) {
         sql(LEASE_ACQUIRE)
+            .bind::<Text, _>(OWNER)
+            .bind::<Text, _>(HOLDER)
+            .bind::<BigInt, _>(TTL.as_micros() as i64)
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(key)
             .bind::<Text, _>(key)
             .bind::<Text, _>(OWNER)
             .bind::<Text, _>(HOLDER)
-            .bind::<Text, _>(key)
             .bind::<BigInt, _>(TTL.as_micros() as i64)
             .get_result::<Acquired>(c)
             .expect("lease acquire");

@@ -60,8 +60,9 @@ pub fn fill(db: Db, digits: u32) {
     let nums = numbers(digits);
     let sql = match db {
         Db::Postgres => format!(
-            "INSERT INTO dlock_rows (lock_key, owner, token, acquired_at) \
-               SELECT 'fill-' || n, 'fill', 1, now() - interval '2 hours' FROM ({nums}) s \
+            "INSERT INTO dlock_rows (lock_key, owner, token, acquired_at, stale_at) \
+               SELECT 'fill-' || n, 'fill', 1, now() - interval '2 hours', \
+                      now() - interval '1 hour' FROM ({nums}) s \
                ON CONFLICT DO NOTHING; \
              INSERT INTO dlock_leases (lock_key, owner, holder, token, acquired_at, expires_at) \
                SELECT 'fill-' || n, 'fill', NULL, 5, now() - interval '2 hours', NULL \
@@ -69,9 +70,9 @@ pub fn fill(db: Db, digits: u32) {
              ANALYZE dlock_rows; ANALYZE dlock_leases;"
         ),
         Db::Mysql => format!(
-            "INSERT IGNORE INTO dlock_rows (lock_key, owner, token, acquired_at) \
-               SELECT CONCAT('fill-', n), 'fill', 0, UTC_TIMESTAMP(6) - INTERVAL 2 HOUR \
-               FROM ({nums}) s; \
+            "INSERT IGNORE INTO dlock_rows (lock_key, owner, token, acquired_at, stale_at) \
+               SELECT CONCAT('fill-', n), 'fill', 0, UTC_TIMESTAMP(6) - INTERVAL 2 HOUR, \
+                      UTC_TIMESTAMP(6) - INTERVAL 1 HOUR FROM ({nums}) s; \
              INSERT IGNORE INTO dlock_leases \
                (lock_key, owner, holder, token, acquired_at, expires_at) \
                SELECT CONCAT('fill-', n), 'fill', NULL, 5, UTC_TIMESTAMP(6) - INTERVAL 2 HOUR, \
@@ -79,8 +80,9 @@ pub fn fill(db: Db, digits: u32) {
              ANALYZE TABLE dlock_rows, dlock_leases;"
         ),
         Db::Sqlite => format!(
-            "INSERT INTO dlock_rows (lock_key, owner, token, acquired_at) \
-               SELECT 'fill-' || n, 'fill', 1, strftime('%Y-%m-%d %H:%M:%f', 'now', '-2 hours') \
+            "INSERT INTO dlock_rows (lock_key, owner, token, acquired_at, stale_at) \
+               SELECT 'fill-' || n, 'fill', 1, strftime('%Y-%m-%d %H:%M:%f', 'now', '-2 hours'), \
+                      strftime('%Y-%m-%d %H:%M:%f', 'now', '-1 hours') \
                FROM ({nums}) s WHERE true ON CONFLICT DO NOTHING; \
              INSERT INTO dlock_leases (lock_key, owner, holder, token, acquired_at, expires_at) \
                SELECT 'fill-' || n, 'fill', NULL, 5, \

@@ -107,15 +107,16 @@ impl Dialect for AnyConnection {
         key: &str,
         owner: &str,
         holder: &str,
+        stale_us: Option<i64>,
         retry: bool,
     ) -> QueryResult<Option<Acquired>> {
-        each!(self, c => c.row_acquire(key, owner, holder, retry))
+        each!(self, c => c.row_acquire(key, owner, holder, stale_us, retry))
     }
     fn row_forget(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
         each!(self, c => c.row_forget(key, holder))
     }
-    fn row_delete_stale(&mut self, key: &str, stale_us: i64) -> QueryResult<bool> {
-        each!(self, c => c.row_delete_stale(key, stale_us))
+    fn row_delete_stale(&mut self, key: &str) -> QueryResult<bool> {
+        each!(self, c => c.row_delete_stale(key))
     }
     fn row_release(&mut self, id: i64) -> QueryResult<bool> {
         each!(self, c => c.row_release(id))
@@ -184,8 +185,8 @@ impl Dialect for AnyConnection {
     fn admin_force_release(&mut self, key: &str) -> QueryResult<Vec<LockInfo>> {
         each!(self, c => c.admin_force_release(key))
     }
-    fn purge_stale_rows(&mut self, stale_us: i64) -> QueryResult<usize> {
-        each!(self, c => c.purge_stale_rows(stale_us))
+    fn purge_stale_rows(&mut self) -> QueryResult<usize> {
+        each!(self, c => c.purge_stale_rows())
     }
     fn purge_mark_leases(&mut self, idle_us: i64) -> QueryResult<usize> {
         each!(self, c => c.purge_mark_leases(idle_us))

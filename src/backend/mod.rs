@@ -181,18 +181,21 @@ pub(crate) mod sealed {
         fn is_contention(&self, e: &diesel::result::Error) -> bool;
 
         /// Inserts the key's row stamped with `holder` (unique per acquisition), if absent.
+        /// `stale_us`: the row goes stale that long after it is inserted (stored with it as
+        /// `stale_at`, database clock); `None`: never.
         fn row_acquire(
             &mut self,
             key: &str,
             owner: &str,
             holder: &str,
+            stale_us: Option<i64>,
             retry: bool,
         ) -> QueryResult<Option<Acquired>>;
         /// Deletes the key's row if `holder` inserted it: the clean-up after an acquisition
         /// that failed once its INSERT may have committed. True if a row was deleted.
         fn row_forget(&mut self, key: &str, holder: &str) -> QueryResult<bool>;
-        /// Deletes the key's row if it is older than `stale_us`; true if one was deleted.
-        fn row_delete_stale(&mut self, key: &str, stale_us: i64) -> QueryResult<bool>;
+        /// Deletes the key's row if it is past its own `stale_at`; true if one was deleted.
+        fn row_delete_stale(&mut self, key: &str) -> QueryResult<bool>;
         /// Deletes the row by id; false if it was no longer there.
         fn row_release(&mut self, id: i64) -> QueryResult<bool>;
         fn row_held(&mut self, id: i64) -> QueryResult<bool>;
@@ -278,9 +281,9 @@ pub(crate) mod sealed {
 
         // Locker::purge.
 
-        /// Deletes every `Row` lock older than `stale_us`; the number deleted. Their tokens
-        /// live on in `dlock_tokens`.
-        fn purge_stale_rows(&mut self, stale_us: i64) -> QueryResult<usize>;
+        /// Deletes every `Row` lock past its own `stale_at` (never one without); the number
+        /// deleted. Their tokens live on in `dlock_tokens`.
+        fn purge_stale_rows(&mut self) -> QueryResult<usize>;
         /// Purge, step one (committed before step two): marks the lease rows free or expired
         /// for at least `idle_us` as held by nobody for a minute (`holder = ''`, which no
         /// acquisition can match: should step two never come, the row is free again after

@@ -170,6 +170,7 @@ impl Dialect for MysqlConnection {
         key: &str,
         owner: &str,
         holder: &str,
+        stale_us: Option<i64>,
         retry: bool,
     ) -> QueryResult<Option<Acquired>> {
         // A waiter first looks with a consistent (non-locking) read: every failed INSERT
@@ -188,12 +189,13 @@ impl Dialect for MysqlConnection {
         // The BEFORE INSERT trigger bumps the key's counter (locking its row until the
         // statement commits) and stamps the token, so tokens follow insertion order.
         let inserted = stmt(
-            "INSERT IGNORE INTO dlock_rows (lock_key, owner, holder, token, acquired_at) \
-             VALUES (?, ?, ?, 0, UTC_TIMESTAMP(6))",
+            "INSERT IGNORE INTO dlock_rows (lock_key, owner, holder, token, acquired_at, stale_at) \
+             VALUES (?, ?, ?, 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)",
         )
         .bind::<Text, _>(key)
         .bind::<Text, _>(owner)
         .bind::<Text, _>(holder)
+        .bind::<Nullable<BigInt>, _>(stale_us)
         .execute(self)?;
         if inserted != 1 {
             return Ok(None);
@@ -222,29 +224,22 @@ impl Dialect for MysqlConnection {
             .map(|n| n > 0)
     }
 
-    fn row_delete_stale(&mut self, key: &str, stale_us: i64) -> QueryResult<bool> {
+    fn row_delete_stale(&mut self, key: &str) -> QueryResult<bool> {
         // Find the stale row with a consistent (non-locking) read, then delete it by id.
         // A DELETE by key would lock the unique index before the primary key, the opposite
         // order of a holder's DELETE by id, and the two deadlock.
-        let stale = stmt(
-            "SELECT id FROM dlock_rows WHERE lock_key = ? \
-             AND acquired_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND",
-        )
-        .bind::<Text, _>(key)
-        .bind::<BigInt, _>(stale_us)
-        .get_result::<Id>(self)
-        .optional()?;
+        let stale =
+            stmt("SELECT id FROM dlock_rows WHERE lock_key = ? AND stale_at <= UTC_TIMESTAMP(6)")
+                .bind::<Text, _>(key)
+                .get_result::<Id>(self)
+                .optional()?;
         let Some(Id { id }) = stale else {
             return Ok(false);
         };
-        stmt(
-            "DELETE FROM dlock_rows WHERE id = ? \
-             AND acquired_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND",
-        )
-        .bind::<BigInt, _>(id)
-        .bind::<BigInt, _>(stale_us)
-        .execute(self)
-        .map(|n| n > 0)
+        stmt("DELETE FROM dlock_rows WHERE id = ? AND stale_at <= UTC_TIMESTAMP(6)")
+            .bind::<BigInt, _>(id)
+            .execute(self)
+            .map(|n| n > 0)
     }
 
     fn row_release(&mut self, id: i64) -> QueryResult<bool> {
@@ -569,17 +564,13 @@ impl Dialect for MysqlConnection {
         self.transaction(|c| force_release_in(c, key))
     }
 
-    fn purge_stale_rows(&mut self, stale_us: i64) -> QueryResult<usize> {
+    fn purge_stale_rows(&mut self) -> QueryResult<usize> {
         // These statements scan whole tables. Under REPEATABLE READ InnoDB would keep every
         // scanned row locked until the end and block acquisitions meanwhile; READ COMMITTED
         // lets go of the rows that do not match. (Without GLOBAL or SESSION, SET TRANSACTION
         // applies to the next transaction only, so the pooled connection keeps its level.)
         stmt("SET TRANSACTION ISOLATION LEVEL READ COMMITTED").execute(self)?;
-        stmt(
-            "DELETE FROM dlock_rows WHERE acquired_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND",
-        )
-        .bind::<BigInt, _>(stale_us)
-        .execute(self)
+        stmt("DELETE FROM dlock_rows WHERE stale_at <= UTC_TIMESTAMP(6)").execute(self)
     }
 
     fn purge_mark_leases(&mut self, idle_us: i64) -> QueryResult<usize> {

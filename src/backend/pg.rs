@@ -7,7 +7,7 @@ use crate::admin::LockInfo;
 use crate::{Error, Result};
 use chrono::{DateTime, Utc};
 use diesel::pg::PgConnection;
-use diesel::sql_types::{BigInt, Bool, Text, Timestamptz};
+use diesel::sql_types::{BigInt, Bool, Nullable, Text, Timestamptz};
 use diesel::Connection;
 use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
@@ -131,6 +131,7 @@ impl Dialect for PgConnection {
         key: &str,
         owner: &str,
         holder: &str,
+        stale_us: Option<i64>,
         _retry: bool,
     ) -> QueryResult<Option<Acquired>> {
         // The token counter's row lock serialises every transaction that can insert the
@@ -144,8 +145,8 @@ impl Dialect for PgConnection {
                SELECT ?, 1 WHERE NOT EXISTS (SELECT 1 FROM dlock_rows WHERE lock_key = ?) \
                ON CONFLICT (lock_key) DO UPDATE SET token = t.token + 1 \
                RETURNING token) \
-             INSERT INTO dlock_rows (lock_key, owner, holder, token, acquired_at) \
-             SELECT ?, ?, ?, t.token, now() FROM t \
+             INSERT INTO dlock_rows (lock_key, owner, holder, token, acquired_at, stale_at) \
+             SELECT ?, ?, ?, t.token, now(), now() + ? * interval '1 microsecond' FROM t \
              ON CONFLICT (lock_key) DO NOTHING \
              RETURNING id, token, acquired_at",
         )
@@ -154,6 +155,7 @@ impl Dialect for PgConnection {
         .bind::<Text, _>(key)
         .bind::<Text, _>(owner)
         .bind::<Text, _>(holder)
+        .bind::<Nullable<BigInt>, _>(stale_us)
         .get_result::<AcquiredRow>(self)
         .optional()
         .map(|r| r.map(Into::into))
@@ -167,15 +169,14 @@ impl Dialect for PgConnection {
             .map(|n| n > 0)
     }
 
-    fn row_delete_stale(&mut self, key: &str, stale_us: i64) -> QueryResult<bool> {
+    fn row_delete_stale(&mut self, key: &str) -> QueryResult<bool> {
         // The subquery is a plain snapshot read; the DELETE then locks only that row, by id,
         // and re-checks it: a row deleted and re-inserted meanwhile has another id.
         stmt(
             "DELETE FROM dlock_rows WHERE id = (SELECT id FROM dlock_rows WHERE lock_key = ? \
-             AND acquired_at <= now() - ? * interval '1 microsecond')",
+             AND stale_at <= now())",
         )
         .bind::<Text, _>(key)
-        .bind::<BigInt, _>(stale_us)
         .execute(self)
         .map(|n| n > 0)
     }
@@ -208,24 +209,41 @@ impl Dialect for PgConnection {
         ttl_us: i64,
         _retry: bool,
     ) -> QueryResult<Option<Acquired>> {
-        // One statement: insert the key's lease row, or take it over if free or expired.
-        // A row is deleted only by `purge`, which first saves its token in dlock_tokens: a
-        // new row continues from there, so a key's token only grows.
+        // One statement. If its snapshot shows the key's row, `u` takes it over when free or
+        // expired: an UPDATE re-checks the row's newest version after any wait, so the token
+        // it bumps is the latest. If the snapshot shows no row, `t` bumps the key's counter
+        // in dlock_tokens (an upsert also acts on the newest version, and locks it) and `i`
+        // inserts the row with that token. A row deleted by `purge` after the snapshot makes
+        // `u` find nothing and `t` not run: the attempt fails and is retried with a fresh
+        // snapshot, never with a token read before the purge saved the row's last one.
         stmt(
-            "INSERT INTO dlock_leases AS l \
-               (lock_key, owner, holder, token, acquired_at, expires_at) \
-             VALUES (?, ?, ?, COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0) + 1, \
-                     now(), now() + ? * interval '1 microsecond') \
-             ON CONFLICT (lock_key) DO UPDATE SET \
-               owner = EXCLUDED.owner, holder = EXCLUDED.holder, token = l.token + 1, \
-               acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at \
-             WHERE l.holder IS NULL OR l.expires_at <= now() \
-             RETURNING 0::int8 AS id, token, acquired_at",
+            "WITH u AS ( \
+               UPDATE dlock_leases SET owner = ?, holder = ?, token = token + 1, \
+                 acquired_at = now(), expires_at = now() + ? * interval '1 microsecond' \
+               WHERE lock_key = ? AND (holder IS NULL OR expires_at <= now()) \
+               RETURNING token, acquired_at), \
+             t AS ( \
+               INSERT INTO dlock_tokens AS t (lock_key, token) \
+               SELECT ?, 1 WHERE NOT EXISTS (SELECT 1 FROM dlock_leases WHERE lock_key = ?) \
+               ON CONFLICT (lock_key) DO UPDATE SET token = t.token + 1 \
+               RETURNING token), \
+             i AS ( \
+               INSERT INTO dlock_leases (lock_key, owner, holder, token, acquired_at, expires_at) \
+               SELECT ?, ?, ?, t.token, now(), now() + ? * interval '1 microsecond' FROM t \
+               ON CONFLICT (lock_key) DO NOTHING \
+               RETURNING token, acquired_at) \
+             SELECT 0::int8 AS id, token, acquired_at FROM u \
+             UNION ALL SELECT 0::int8 AS id, token, acquired_at FROM i",
         )
+        .bind::<Text, _>(owner)
+        .bind::<Text, _>(holder)
+        .bind::<BigInt, _>(ttl_us)
+        .bind::<Text, _>(key)
+        .bind::<Text, _>(key)
+        .bind::<Text, _>(key)
         .bind::<Text, _>(key)
         .bind::<Text, _>(owner)
         .bind::<Text, _>(holder)
-        .bind::<Text, _>(key)
         .bind::<BigInt, _>(ttl_us)
         .get_result::<AcquiredRow>(self)
         .optional()
@@ -478,10 +496,8 @@ impl Dialect for PgConnection {
         self.transaction(|c| force_release_in(c, key))
     }
 
-    fn purge_stale_rows(&mut self, stale_us: i64) -> QueryResult<usize> {
-        stmt("DELETE FROM dlock_rows WHERE acquired_at <= now() - ? * interval '1 microsecond'")
-            .bind::<BigInt, _>(stale_us)
-            .execute(self)
+    fn purge_stale_rows(&mut self) -> QueryResult<usize> {
+        stmt("DELETE FROM dlock_rows WHERE stale_at <= now()").execute(self)
     }
 
     fn purge_mark_leases(&mut self, idle_us: i64) -> QueryResult<usize> {

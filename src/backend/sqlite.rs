@@ -11,7 +11,7 @@ use crate::{Error, Result};
 use chrono::NaiveDateTime;
 use diesel::connection::SimpleConnection;
 use diesel::r2d2::CustomizeConnection;
-use diesel::sql_types::{BigInt, Text, Timestamp};
+use diesel::sql_types::{BigInt, Nullable, Text, Timestamp};
 use diesel::sqlite::SqliteConnection;
 use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
@@ -152,6 +152,7 @@ impl Dialect for SqliteConnection {
         key: &str,
         owner: &str,
         holder: &str,
+        stale_us: Option<i64>,
         retry: bool,
     ) -> QueryResult<Option<Acquired>> {
         // Waiters look with a read first: in WAL mode reads never wait for the writer, while
@@ -169,9 +170,10 @@ impl Dialect for SqliteConnection {
         // Reading the counter and inserting happen under SQLite's single write lock, and the
         // AFTER INSERT trigger stores the new token back into dlock_tokens.
         stmt(
-            "INSERT INTO dlock_rows (lock_key, owner, holder, token, acquired_at) \
+            "INSERT INTO dlock_rows (lock_key, owner, holder, token, acquired_at, stale_at) \
              VALUES (?, ?, ?, COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0) + 1, \
-                     strftime('%Y-%m-%d %H:%M:%f', 'now')) \
+                     strftime('%Y-%m-%d %H:%M:%f', 'now'), \
+                     strftime('%Y-%m-%d %H:%M:%f', 'now', ?)) \
              ON CONFLICT (lock_key) DO NOTHING \
              RETURNING id, token, acquired_at",
         )
@@ -179,6 +181,8 @@ impl Dialect for SqliteConnection {
         .bind::<Text, _>(owner)
         .bind::<Text, _>(holder)
         .bind::<Text, _>(key)
+        // A NULL modifier makes strftime NULL: a row that never goes stale.
+        .bind::<Nullable<Text>, _>(stale_us.map(|us| seconds('+', us)))
         .get_result::<AcquiredRow>(self)
         .optional()
         .map(|r| r.map(Into::into))
@@ -192,13 +196,12 @@ impl Dialect for SqliteConnection {
             .map(|n| n > 0)
     }
 
-    fn row_delete_stale(&mut self, key: &str, stale_us: i64) -> QueryResult<bool> {
+    fn row_delete_stale(&mut self, key: &str) -> QueryResult<bool> {
         stmt(
-            "DELETE FROM dlock_rows WHERE id = (SELECT id FROM dlock_rows WHERE lock_key = ? \
-             AND acquired_at <= strftime('%Y-%m-%d %H:%M:%f', 'now', ?))",
+            "DELETE FROM dlock_rows WHERE lock_key = ? \
+             AND stale_at <= strftime('%Y-%m-%d %H:%M:%f', 'now')",
         )
         .bind::<Text, _>(key)
-        .bind::<Text, _>(seconds('-', stale_us))
         .execute(self)
         .map(|n| n > 0)
     }
@@ -365,9 +368,8 @@ impl Dialect for SqliteConnection {
         self.immediate_transaction(|c| force_release_in(c, key))
     }
 
-    fn purge_stale_rows(&mut self, stale_us: i64) -> QueryResult<usize> {
-        stmt("DELETE FROM dlock_rows WHERE acquired_at <= strftime('%Y-%m-%d %H:%M:%f', 'now', ?)")
-            .bind::<Text, _>(seconds('-', stale_us))
+    fn purge_stale_rows(&mut self) -> QueryResult<usize> {
+        stmt("DELETE FROM dlock_rows WHERE stale_at <= strftime('%Y-%m-%d %H:%M:%f', 'now')")
             .execute(self)
     }
 

@@ -64,12 +64,18 @@ use session::{Pooled, Session};
 pub enum Strategy {
     /// INSERT a row on a unique key; release = DELETE by the row's id.
     ///
-    /// `stale_after`: a row older than this (by the database clock) may be taken over: it is
-    /// deleted in one conditional statement and then competed for by a normal insert, so two
-    /// takers cannot both win. Without it, a row left by a crashed holder stays until removed
-    /// by hand (`dlock release --force`).
+    /// `stale_after`: a row older than this (by the database clock) may be taken over by any
+    /// `Row` waiter, or deleted by [`Locker::purge`](crate::Locker::purge): it is deleted in
+    /// one conditional statement and then competed for by a normal insert, so two takers
+    /// cannot both win. The limit is stored with the row (`stale_at`) by the `Locker` that
+    /// inserted it: a waiter or purger configured with a shorter one, or none, goes by the
+    /// holder's. Without it, a row left by a crashed holder stays until removed by hand
+    /// (`dlock release --force`), and no other `Locker` can take it over or purge it.
+    ///
+    /// Rows inserted before version 0.1's fifth migration carry no limit: they never go
+    /// stale. Upgrade every process sharing the tables together.
     Row {
-        /// Age after which a holder's row counts as abandoned. `None`: never.
+        /// Age after which this `Locker`'s rows count as abandoned. `None`: never.
         stale_after: Option<Duration>,
     },
     /// Holder + expiry on the database clock. While a guard lives, a heartbeat renews the
@@ -170,7 +176,7 @@ impl Strategy {
 }
 
 /// The longest ttl or `stale_after` accepted: 100 years.
-const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+pub(crate) const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// A duration in whole microseconds, as the SQL takes it.
 pub(crate) fn micros(d: Duration) -> Option<i64> {

@@ -13,21 +13,21 @@ pub(super) fn try_acquire<C: LockConnection>(
     retry: bool,
 ) -> Result<Option<Taken<C>>> {
     let holder = crate::random::holder_id();
-    if let Some(a) = insert(ctx, conn, key, &holder, retry)? {
+    // The row carries its own staleness limit (`stale_at`), fixed by this Locker's setting.
+    let stale_us = stale_after.map(|d| micros(d).unwrap_or(i64::MAX));
+    if let Some(a) = insert(ctx, conn, key, &holder, stale_us, retry)? {
         return Ok(Some(taken(a)));
     }
-    let Some(stale) = stale_after else {
-        return Ok(None);
-    };
-    // One conditional DELETE removes the row only if it is still the stale one: a fresh row
-    // that replaced it in the meantime is younger than the cutoff and survives. After it,
-    // every taker competes with an ordinary insert, so only one of them wins.
-    let stale_us = micros(stale).unwrap_or(i64::MAX);
-    if conn.row_delete_stale(key, stale_us)? {
+    // The holder's row goes stale only past the limit its *holder* set (never, without
+    // one), whatever this Locker's own `stale_after` says. One conditional DELETE removes
+    // it only if it is still the stale one: a row that replaced it in the meantime has its
+    // own, later `stale_at` and survives. After it, every taker competes with an ordinary
+    // insert, so only one of them wins.
+    if conn.row_delete_stale(key)? {
         log::warn!(
-            "lock {key:?}: took over a row older than {stale:?} (its holder is presumed dead)"
+            "lock {key:?}: took over a row past its holder's stale_after (its holder is presumed dead)"
         );
-        return Ok(insert(ctx, conn, key, &holder, false)?.map(taken));
+        return Ok(insert(ctx, conn, key, &holder, stale_us, false)?.map(taken));
     }
     Ok(None)
 }
@@ -41,9 +41,10 @@ fn insert<C: LockConnection>(
     conn: &mut C,
     key: &str,
     holder: &str,
+    stale_us: Option<i64>,
     retry: bool,
 ) -> Result<Option<crate::backend::Acquired>> {
-    match conn.row_acquire(key, ctx.owner, holder, retry) {
+    match conn.row_acquire(key, ctx.owner, holder, stale_us, retry) {
         Err(e) if !conn.is_contention(&e) => {
             match super::with_conn(ctx.pool, |c| c.row_forget(key, holder)) {
                 Ok(true) => log::warn!("lock {key:?}: acquiring failed ({e}) after the row was inserted; the row was removed"),

@@ -1,0 +1,1 @@
+ALTER TABLE dlock_rows DROP COLUMN stale_at;

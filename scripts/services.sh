@@ -4,7 +4,6 @@
 # runs, it is only checked, and the test role and database are created if absent.
 #
 # Usage:   eval "$(scripts/services.sh)"        # from the project root
-# (A copy of the team's shared/services.sh, so a fresh clone can start its own servers.)
 # Prints on stdout only `export` lines:
 #   DLOCK_TEST_PG_URL, DLOCK_TEST_MYSQL_URL, DLOCK_TEST_REDIS_URL
 # Progress and errors go to stderr. Exits non-zero if a server cannot be brought up.

@@ -27,7 +27,9 @@ pub enum Error {
         /// The backend that cannot provide it.
         backend: &'static str,
     },
-    /// The library's tables do not exist: call [`Locker::migrate`](crate::Locker::migrate).
+    /// The library's tables do not exist, or are older than this version of the library (a
+    /// column a later migration adds is missing): call
+    /// [`Locker::migrate`](crate::Locker::migrate).
     MissingTable(diesel::result::Error),
     /// The lock is no longer held by this guard: its lease expired, its row was taken over
     /// as stale, or its session ended.
@@ -64,7 +66,7 @@ impl fmt::Display for Error {
             }
             Error::MissingTable(_) => write!(
                 f,
-                "the lock tables do not exist: run Locker::migrate() or `dlock migrate` first"
+                "the lock tables do not exist or are older than this version: run Locker::migrate() or `dlock migrate` first"
             ),
             Error::LockLost { key } => write!(f, "the lock on {key:?} was lost"),
             Error::Conflict { key, attempts } => write!(
@@ -115,17 +117,32 @@ impl From<diesel::ConnectionError> for Error {
 }
 
 /// The three backends word "table not found" differently and diesel maps none of them to a
-/// kind of its own, so the message is matched. Only our own tables (`dlock_` prefix) count.
+/// kind of its own, so the message is matched. Only our own tables (`dlock_` prefix) count,
+/// and the columns that later migrations added to them: a database migrated by an older
+/// version (or by a process still migrating it) lacks those.
 fn is_missing_table(e: &diesel::result::Error) -> bool {
-    if let diesel::result::Error::DatabaseError(_, info) = e {
-        let m = info.message();
-        m.contains("dlock_")
-            && (m.contains("does not exist") // PostgreSQL: relation "dlock_rows" does not exist
-                || m.contains("doesn't exist") // MySQL: Table 'db.dlock_rows' doesn't exist
-                || m.contains("no such table")) // SQLite: no such table: dlock_rows
-    } else {
-        false
-    }
+    let diesel::result::Error::DatabaseError(_, info) = e else {
+        return false;
+    };
+    let m = info.message();
+    let table = m.contains("dlock_")
+        && (m.contains("does not exist") // PostgreSQL: relation "dlock_rows" does not exist
+            || m.contains("doesn't exist") // MySQL: Table 'db.dlock_rows' doesn't exist
+            || m.contains("no such table")); // SQLite: no such table: dlock_rows
+    table || LATER_COLUMNS.iter().any(|c| is_missing_column(m, c))
+}
+
+/// The columns added by migrations after the first, to tables that existed before.
+const LATER_COLUMNS: [&str; 2] = ["holder", "stale_at"];
+
+fn is_missing_column(m: &str, column: &str) -> bool {
+    // PostgreSQL: column "stale_at" (of relation "dlock_rows") does not exist
+    m.starts_with(&format!("column \"{column}\"")) && m.contains("does not exist")
+        // MySQL: Unknown column 'stale_at' in 'WHERE'
+        || m.starts_with(&format!("Unknown column '{column}'"))
+        // SQLite: table dlock_rows has no column named stale_at / no such column: stale_at
+        || m.contains("dlock_") && m.ends_with(&format!("has no column named {column}"))
+        || m == format!("no such column: {column}")
 }
 
 #[cfg(test)]

@@ -121,6 +121,48 @@ fn pg_missing_tables_are_named() {
     }
 }
 
+/// A database left by an older version (only the first migration applied, as a process
+/// that is still migrating also shows it): a `Row` attempt is `MissingTable`, which says to
+/// migrate, not a raw "no such column"; after `migrate` it works.
+fn older_schema_says_migrate<C: LockConnection + diesel::connection::SimpleConnection>(
+    h: &common::Harness<C>,
+    first_migration: &str,
+) {
+    h.pool
+        .get()
+        .unwrap()
+        .batch_execute(first_migration)
+        .unwrap();
+    let l = Locker::builder(h.pool.clone())
+        .strategy(ROW)
+        .build()
+        .unwrap();
+    let err = l.try_lock("k").unwrap_err();
+    assert!(matches!(err, Error::MissingTable(_)), "{err:?}");
+    assert!(err.to_string().contains("migrate"), "{err}");
+    l.migrate().unwrap();
+    l.try_lock("k").unwrap().expect("free").release().unwrap();
+}
+
+#[test]
+fn sqlite_older_schema_says_migrate() {
+    older_schema_says_migrate(
+        &common::sqlite().unwrap(),
+        include_str!("../migrations/sqlite/00000000000001_dlock_init/up.sql"),
+    );
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn pg_older_schema_says_migrate() {
+    if let Some((h, _drop)) = fresh_pg_schema() {
+        older_schema_says_migrate(
+            &h,
+            include_str!("../migrations/postgres/00000000000001_dlock_init/up.sql"),
+        );
+    }
+}
+
 #[test]
 fn bad_configuration_is_refused_at_build() {
     let h = common::sqlite().unwrap();

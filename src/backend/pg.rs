@@ -100,10 +100,14 @@ impl Dialect for PgConnection {
         stmt("SELECT pg_advisory_lock(?)")
             .bind::<BigInt, _>(MIGRATION_LOCK)
             .execute(self)?;
+        // One transaction for all of them (diesel runs each in a savepoint inside it): DDL is
+        // transactional here, so other sessions see the old schema or the new, never half.
         let result = migrate_with_retry(self, |c| {
-            c.run_pending_migrations(MIGRATIONS)
-                .map(drop)
-                .map_err(Error::Migration)
+            c.transaction(|c| {
+                c.run_pending_migrations(MIGRATIONS)
+                    .map(drop)
+                    .map_err(Error::Migration)
+            })
         });
         let unlocked = stmt("SELECT pg_advisory_unlock(?)")
             .bind::<BigInt, _>(MIGRATION_LOCK)

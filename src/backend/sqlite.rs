@@ -128,10 +128,15 @@ impl Dialect for SqliteConnection {
     }
 
     fn run_migrations(&mut self) -> Result<()> {
+        // All pending migrations in one IMMEDIATE transaction (diesel runs each in a
+        // savepoint inside it): concurrent migrators queue for the write lock, and no other
+        // connection ever sees the tables half migrated.
         migrate_with_retry(self, |c| {
-            c.run_pending_migrations(MIGRATIONS)
-                .map(drop)
-                .map_err(Error::Migration)
+            c.immediate_transaction(|c| {
+                c.run_pending_migrations(MIGRATIONS)
+                    .map(drop)
+                    .map_err(Error::Migration)
+            })
         })
     }
 

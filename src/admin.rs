@@ -88,6 +88,9 @@ pub fn held_locks<C: LockConnection>(conn: &mut C) -> Result<Vec<LockInfo>> {
 
 /// The holders of `key` right now: empty if it is free, and at most one per strategy.
 ///
+/// A plain read on every backend: it locks nothing, so calling it inside a long transaction
+/// never holds up a holder's renewals or release.
+///
 /// ```
 /// # fn main() -> diesel_lock::Result<()> {
 /// # let dir = tempfile::tempdir().unwrap();

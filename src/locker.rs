@@ -99,6 +99,11 @@ impl<C: LockConnection> LockerBuilder<C> {
 
     /// How often a held lease is renewed. Defaults to a third of the ttl. Must be shorter
     /// than the ttl. Ignored by strategies without leases.
+    ///
+    /// Renewals of different keys run side by side, and each waits for a row lock held by
+    /// another session at most about this long (on MySQL whole seconds, at least 1; on
+    /// SQLite the connection's `busy_timeout`) before it is retried: one stuck key cannot
+    /// make the `Locker`'s other leases expire.
     pub fn heartbeat(mut self, every: Duration) -> Self {
         self.heartbeat = Some(every);
         self

@@ -134,8 +134,14 @@ impl Dialect for AnyConnection {
     ) -> QueryResult<Option<Acquired>> {
         each!(self, c => c.lease_acquire(key, owner, holder, ttl_us, retry))
     }
-    fn lease_renew(&mut self, key: &str, holder: &str, ttl_us: i64) -> QueryResult<bool> {
-        each!(self, c => c.lease_renew(key, holder, ttl_us))
+    fn lease_renew(
+        &mut self,
+        key: &str,
+        holder: &str,
+        ttl_us: i64,
+        bound: std::time::Duration,
+    ) -> QueryResult<bool> {
+        each!(self, c => c.lease_renew(key, holder, ttl_us, bound))
     }
     fn lease_release(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
         each!(self, c => c.lease_release(key, holder))

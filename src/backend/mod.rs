@@ -208,8 +208,17 @@ pub(crate) mod sealed {
             ttl_us: i64,
             retry: bool,
         ) -> QueryResult<Option<Acquired>>;
-        /// Extends an unexpired lease still held by `holder`; false if it is not.
-        fn lease_renew(&mut self, key: &str, holder: &str, ttl_us: i64) -> QueryResult<bool>;
+        /// Extends an unexpired lease still held by `holder`; false if it is not. Waits for a
+        /// row lock taken by another session at most about `bound` (PostgreSQL:
+        /// `lock_timeout`; MySQL: `innodb_lock_wait_timeout`, whole seconds, at least 1;
+        /// SQLite: the connection's `busy_timeout`), then fails as busy.
+        fn lease_renew(
+            &mut self,
+            key: &str,
+            holder: &str,
+            ttl_us: i64,
+            bound: std::time::Duration,
+        ) -> QueryResult<bool>;
         /// Clears the lease if `holder` still holds it; false if it did not.
         fn lease_release(&mut self, key: &str, holder: &str) -> QueryResult<bool>;
         fn lease_held(&mut self, key: &str, holder: &str) -> QueryResult<bool>;
@@ -270,10 +279,10 @@ pub(crate) mod sealed {
         fn version_create(&mut self, key: &str) -> QueryResult<()>;
         /// `version = version + 1` if it is still `seen`; true if it was.
         fn version_bump(&mut self, key: &str, seen: i64) -> QueryResult<bool>;
-        /// The `Row` locks held now, of every key or of one, ordered by key. On PostgreSQL
-        /// the one-key form locks the rows it reads (`FOR UPDATE`).
+        /// The `Row` locks held now, of every key or of one, ordered by key. A plain read: it
+        /// never locks a row, so it cannot hold up a holder's renewal or release.
         fn admin_rows(&mut self, key: Option<&str>) -> QueryResult<Vec<Held>>;
-        /// The unexpired leases, of every key or of one, ordered by key; locked as above.
+        /// The unexpired leases, of every key or of one, ordered by key; a plain read too.
         fn admin_leases(&mut self, key: Option<&str>) -> QueryResult<Vec<Held>>;
         /// Removes the key's row and clears its lease if held, reading and removing in one
         /// transaction (see [`force_release_in`]); returns what was removed.

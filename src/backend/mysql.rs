@@ -307,9 +307,24 @@ impl Dialect for MysqlConnection {
         .map(|r| r.map(Into::into))
     }
 
-    fn lease_renew(&mut self, key: &str, holder: &str, ttl_us: i64) -> QueryResult<bool> {
-        // diesel sets CLIENT_FOUND_ROWS, so the count is of matched rows.
+    fn lease_renew(
+        &mut self,
+        key: &str,
+        holder: &str,
+        ttl_us: i64,
+        bound: std::time::Duration,
+    ) -> QueryResult<bool> {
+        // innodb_lock_wait_timeout counts whole seconds, 1 to 100,000,000. The session's own
+        // setting is put back, as the connection goes back to the pool.
+        let seconds = bound.as_secs() + u64::from(bound.subsec_nanos() > 0);
         stmt(
+            "SET @dlock_saved_wait = @@SESSION.innodb_lock_wait_timeout, \
+             SESSION innodb_lock_wait_timeout = ?",
+        )
+        .bind::<BigInt, _>(seconds.clamp(1, 100_000_000) as i64)
+        .execute(self)?;
+        // diesel sets CLIENT_FOUND_ROWS, so the count is of matched rows.
+        let renewed = stmt(
             "UPDATE dlock_leases SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
              WHERE lock_key = ? AND holder = ? AND expires_at > UTC_TIMESTAMP(6)",
         )
@@ -317,7 +332,9 @@ impl Dialect for MysqlConnection {
         .bind::<Text, _>(key)
         .bind::<Text, _>(holder)
         .execute(self)
-        .map(|n| n == 1)
+        .map(|n| n == 1);
+        stmt("SET SESSION innodb_lock_wait_timeout = @dlock_saved_wait").execute(self)?;
+        renewed
     }
 
     fn lease_release(&mut self, key: &str, holder: &str) -> QueryResult<bool> {

@@ -254,14 +254,24 @@ impl Dialect for PgConnection {
         .map(|r| r.map(Into::into))
     }
 
-    fn lease_renew(&mut self, key: &str, holder: &str, ttl_us: i64) -> QueryResult<bool> {
+    fn lease_renew(
+        &mut self,
+        key: &str,
+        holder: &str,
+        ttl_us: i64,
+        bound: std::time::Duration,
+    ) -> QueryResult<bool> {
+        // set_config(.., true) lasts until the end of this statement's own transaction, and
+        // runs (on the row's filter) before the UPDATE waits for another session's row lock.
         stmt(
             "UPDATE dlock_leases SET expires_at = now() + ? * interval '1 microsecond' \
-             WHERE lock_key = ? AND holder = ? AND expires_at > now()",
+             WHERE lock_key = ? AND holder = ? \
+               AND set_config('lock_timeout', ?, true) IS NOT NULL AND expires_at > now()",
         )
         .bind::<BigInt, _>(ttl_us)
         .bind::<Text, _>(key)
         .bind::<Text, _>(holder)
+        .bind::<Text, _>(lock_timeout_ms(bound))
         .execute(self)
         .map(|n| n == 1)
     }
@@ -464,7 +474,7 @@ impl Dialect for PgConnection {
             Some(key) => stmt(
                 "SELECT id, NULL::text AS holder, lock_key, owner, token, acquired_at, \
                         NULL::timestamptz AS expires_at, now() AS observed_at \
-                 FROM dlock_rows WHERE lock_key = ? FOR UPDATE",
+                 FROM dlock_rows WHERE lock_key = ?",
             )
             .bind::<Text, _>(key)
             .load(self),
@@ -487,8 +497,7 @@ impl Dialect for PgConnection {
                         acquired_at, expires_at, now() AS observed_at \
                  FROM dlock_leases \
                  WHERE lock_key = ? AND holder IS NOT NULL AND expires_at > now() \
-                   AND acquired_at IS NOT NULL \
-                 FOR UPDATE",
+                   AND acquired_at IS NOT NULL",
             )
             .bind::<Text, _>(key)
             .load(self),

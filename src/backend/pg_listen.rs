@@ -29,9 +29,13 @@ struct Control {
     stop: bool,
     /// Set by `poke`: a waiter has just begun to wait.
     poked: bool,
+    /// The thread is (re)connecting, which can take as long as the server, or the network,
+    /// takes to answer: `Drop` does not wait for it then.
+    connecting: bool,
 }
 
-/// The listening thread; dropping this stops it and waits for it to end.
+/// The listening thread; dropping this stops it and waits for it to end, unless it is in the
+/// middle of connecting: then it is left to end by itself once the attempt returns.
 pub(crate) struct Listener {
     control: Arc<(Mutex<Control>, Condvar)>,
     thread: Option<JoinHandle<()>>,
@@ -77,12 +81,17 @@ impl Listener {
 impl Drop for Listener {
     fn drop(&mut self) {
         let (m, cv) = &*self.control;
-        m.lock().unwrap_or_else(|p| p.into_inner()).stop = true;
+        let connecting = {
+            let mut c = m.lock().unwrap_or_else(|p| p.into_inner());
+            c.stop = true;
+            c.connecting
+        };
         cv.notify_one();
-        if let Some(t) = self.thread.take() {
-            if t.join().is_err() {
-                log::warn!("the release listener thread panicked");
-            }
+        let Some(t) = self.thread.take() else { return };
+        if connecting {
+            log::debug!("release listener: still connecting; not waiting for it to end");
+        } else if t.join().is_err() {
+            log::warn!("the release listener thread panicked");
         }
     }
 }
@@ -92,6 +101,24 @@ fn connect(url: &str) -> diesel::QueryResult<PgConnection> {
         .map_err(|e| diesel::result::Error::QueryBuilderError(e.into()))?;
     stmt("LISTEN dlock_release").execute(&mut conn)?;
     Ok(conn)
+}
+
+/// Connects, with `connecting` set meanwhile; `None` if the listener was stopped first.
+fn connect_unless_stopped(
+    url: &str,
+    control: &(Mutex<Control>, Condvar),
+) -> Option<diesel::QueryResult<PgConnection>> {
+    let (m, _) = control;
+    {
+        let mut c = m.lock().unwrap_or_else(|p| p.into_inner());
+        if c.stop {
+            return None;
+        }
+        c.connecting = true;
+    }
+    let attempt = connect(url);
+    m.lock().unwrap_or_else(|p| p.into_inner()).connecting = false;
+    Some(attempt)
 }
 
 fn run(
@@ -105,19 +132,24 @@ fn run(
     loop {
         let mut pause = if busy() { BUSY_POLL } else { IDLE_POLL };
         match &mut conn {
-            None => match connect(url) {
-                Ok(c) => {
-                    conn = Some(c);
-                    retry = Duration::from_millis(100);
-                    // Releases before LISTEN took effect were not heard: let everyone look.
-                    wake(None);
+            None => {
+                let Some(attempt) = connect_unless_stopped(url, control) else {
+                    return;
+                };
+                match attempt {
+                    Ok(c) => {
+                        conn = Some(c);
+                        retry = Duration::from_millis(100);
+                        // Releases before LISTEN took effect were not heard: let everyone look.
+                        wake(None);
+                    }
+                    Err(e) => {
+                        log::warn!("release listener: cannot listen ({e}); retrying in {retry:?}");
+                        pause = retry;
+                        retry = (retry * 2).min(Duration::from_secs(5));
+                    }
                 }
-                Err(e) => {
-                    log::warn!("release listener: cannot listen ({e}); retrying in {retry:?}");
-                    pause = retry;
-                    retry = (retry * 2).min(Duration::from_secs(5));
-                }
-            },
+            }
             Some(c) => {
                 let mut lost = false;
                 for n in c.notifications_iter() {

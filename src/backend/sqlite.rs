@@ -272,7 +272,14 @@ impl Dialect for SqliteConnection {
         .map(|r| r.map(Into::into))
     }
 
-    fn lease_renew(&mut self, key: &str, holder: &str, ttl_us: i64) -> QueryResult<bool> {
+    fn lease_renew(
+        &mut self,
+        key: &str,
+        holder: &str,
+        ttl_us: i64,
+        // A write waits for the whole database, as long as busy_timeout (5 s) lets it.
+        _bound: std::time::Duration,
+    ) -> QueryResult<bool> {
         stmt(
             "UPDATE dlock_leases SET expires_at = strftime('%Y-%m-%d %H:%M:%f', 'now', ?) \
              WHERE lock_key = ? AND holder = ? \

@@ -1,6 +1,13 @@
-//! The lease heartbeat: one thread per `Locker`, started with its first lease and joined when
-//! the last clone of the `Locker` (and so every guard) is gone. It renews each held lease
-//! every `interval`; a renewal that finds the lease expired or taken marks the guard lost.
+//! The lease heartbeat of one `Locker`: threads, started with its first lease, that renew each
+//! held lease every `interval`; a renewal that finds the lease expired or taken marks the
+//! guard lost.
+//!
+//! Renewals run side by side: a thread that takes a due renewal while no other thread is
+//! idle starts one more (up to the pool's size), so a renewal stuck behind another session's
+//! row lock holds up only its own key. Each renewal also waits for a row lock at most about
+//! one interval (`Dialect::lease_renew`), then is retried. A thread idle for two intervals
+//! ends while another is idle too. Dropping the `Locker` ends and joins the idle threads; one
+//! still inside a renewal is not waited for: it ends once that statement returns.
 //!
 //! A lease also counts as lost, without asking the database, once a whole ttl has passed
 //! since the start of the last acquisition or renewal that succeeded: the database's expiry
@@ -12,7 +19,7 @@ use diesel::r2d2::ConnectionManager;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
+use std::thread::{JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
 
 #[derive(Debug, Default)]
@@ -20,6 +27,18 @@ struct State {
     entries: HashMap<u64, Entry>,
     next_id: u64,
     shutdown: bool,
+    /// Every heartbeat thread started and not yet ended, by id.
+    threads: HashMap<ThreadId, JoinHandle<()>>,
+    /// The threads inside a renewal.
+    busy: std::collections::HashSet<ThreadId>,
+    /// Threads spawned whose handle is not yet in `threads`.
+    starting: usize,
+}
+
+impl State {
+    fn idle(&self) -> usize {
+        (self.threads.len() + self.starting).saturating_sub(self.busy.len())
+    }
 }
 
 #[derive(Debug)]
@@ -27,6 +46,8 @@ struct Entry {
     key: String,
     holder: String,
     due: Instant,
+    /// A thread is renewing it now: no other may start.
+    renewing: bool,
     lease: Arc<Lease>,
 }
 
@@ -69,7 +90,8 @@ pub(crate) struct Heartbeat<C: LockConnection> {
     pool: r2d2::Pool<ConnectionManager<C>>,
     interval: Duration,
     ttl: Duration,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    /// At most this many threads renew at once (the pool's size).
+    max_threads: usize,
 }
 
 impl<C: LockConnection> std::fmt::Debug for Heartbeat<C> {
@@ -109,10 +131,10 @@ impl<C: LockConnection> Heartbeat<C> {
     ) -> Self {
         Heartbeat {
             shared: Arc::default(),
+            max_threads: pool.max_size().max(1) as usize,
             pool,
             interval,
             ttl,
-            thread: Mutex::new(None),
         }
     }
 
@@ -133,6 +155,7 @@ impl<C: LockConnection> Heartbeat<C> {
                     key: key.to_owned(),
                     holder: holder.to_owned(),
                     due: Instant::now() + self.interval,
+                    renewing: false,
                     lease: lease.clone(),
                 },
             );
@@ -148,75 +171,178 @@ impl<C: LockConnection> Heartbeat<C> {
     }
 
     fn ensure_thread(&self) {
-        let mut thread = self.thread.lock().unwrap_or_else(|p| p.into_inner());
-        if thread.is_some() {
-            return;
+        let needed = {
+            let mut st = self.shared.lock();
+            let needed = st.threads.is_empty() && st.starting == 0;
+            if needed {
+                st.starting += 1;
+            }
+            needed
+        };
+        if needed {
+            self.worker().spawn();
         }
-        let shared = self.shared.clone();
-        let pool = self.pool.clone();
-        let (interval, ttl) = (self.interval, self.ttl);
-        let spawned = std::thread::Builder::new()
-            .name("dlock-heartbeat".into())
-            .spawn(move || run(&shared, &pool, interval, ttl));
-        match spawned {
-            Ok(handle) => *thread = Some(handle),
-            // Without a heartbeat the lease still works until its ttl; check() will say so.
-            Err(e) => log::warn!("could not start the lease heartbeat thread: {e}"),
+    }
+
+    fn worker(&self) -> Worker<C> {
+        Worker {
+            shared: self.shared.clone(),
+            pool: self.pool.clone(),
+            interval: self.interval,
+            ttl: self.ttl,
+            max_threads: self.max_threads,
         }
     }
 }
 
 impl<C: LockConnection> Drop for Heartbeat<C> {
     fn drop(&mut self) {
-        self.shared.lock().shutdown = true;
+        let idle: Vec<JoinHandle<()>> = {
+            let mut st = self.shared.lock();
+            st.shutdown = true;
+            let busy = st.busy.clone();
+            let ids: Vec<ThreadId> = st
+                .threads
+                .keys()
+                .filter(|id| !busy.contains(id))
+                .copied()
+                .collect();
+            ids.iter().filter_map(|id| st.threads.remove(id)).collect()
+        };
         self.shared.wake.notify_all();
-        let thread = self.thread.get_mut().unwrap_or_else(|p| p.into_inner());
-        if let Some(handle) = thread.take() {
-            let _ = handle.join();
+        // An idle thread sees `shutdown` at once. One inside a renewal (perhaps waiting for
+        // a row lock) is left to end by itself once its statement returns.
+        for handle in idle {
+            if handle.join().is_err() {
+                log::warn!("a lease heartbeat thread panicked");
+            }
         }
     }
 }
 
-fn run<C: LockConnection>(
-    shared: &Shared,
-    pool: &r2d2::Pool<ConnectionManager<C>>,
+/// What one heartbeat thread needs.
+struct Worker<C: LockConnection> {
+    shared: Arc<Shared>,
+    pool: r2d2::Pool<ConnectionManager<C>>,
     interval: Duration,
     ttl: Duration,
-) {
-    let ttl_us = crate::strategy::micros(ttl).unwrap_or(i64::MAX);
-    loop {
-        let (id, key, holder, lease) = {
-            let mut st = shared.lock();
-            loop {
+    max_threads: usize,
+}
+
+impl<C: LockConnection> Worker<C> {
+    /// Starts a thread for which `starting` was counted.
+    fn spawn(self) {
+        let shared = self.shared.clone();
+        let spawned = std::thread::Builder::new()
+            .name("dlock-heartbeat".into())
+            .spawn(move || self.run());
+        let mut st = shared.lock();
+        st.starting -= 1;
+        match spawned {
+            Ok(handle) => {
                 if st.shutdown {
-                    return;
-                }
-                let now = Instant::now();
-                let next = st.entries.iter_mut().min_by_key(|(_, e)| e.due);
-                match next {
-                    None => st = shared.wake.wait(st).unwrap_or_else(|p| p.into_inner()),
-                    Some((&id, e)) if e.due <= now => {
-                        e.due = now + interval;
-                        break (id, e.key.clone(), e.holder.clone(), e.lease.clone());
-                    }
-                    Some((_, e)) => {
-                        let wait = e.due - now;
-                        st = shared
-                            .wake
-                            .wait_timeout(st, wait)
-                            .unwrap_or_else(|p| p.into_inner())
-                            .0;
-                    }
+                    // Drop has already joined the others; this one ends at once.
+                    drop(st);
+                    let _ = handle.join();
+                } else {
+                    st.threads.insert(handle.thread().id(), handle);
                 }
             }
-        };
+            // Without a heartbeat the lease still works until its ttl; check() will say so.
+            Err(e) => log::warn!("could not start a lease heartbeat thread: {e}"),
+        }
+    }
+
+    /// The next due renewal, or `None` once the heartbeat is dropped or this thread has been
+    /// idle for two intervals while another is idle too.
+    fn next(&self) -> Option<(u64, String, String, Arc<Lease>)> {
+        let me = std::thread::current().id();
+        let idle_since = Instant::now();
+        let mut st = self.shared.lock();
+        loop {
+            if st.shutdown {
+                return None;
+            }
+            let now = Instant::now();
+            let idle_until = idle_since + 2 * self.interval;
+            if now >= idle_until && st.idle() > 1 && st.threads.contains_key(&me) {
+                // Our own handle is dropped, which detaches this (ending) thread.
+                st.threads.remove(&me);
+                return None;
+            }
+            let next = st
+                .entries
+                .iter_mut()
+                .filter(|(_, e)| !e.renewing)
+                .min_by_key(|(_, e)| e.due);
+            let wait = match next {
+                Some((&id, e)) if e.due <= now => {
+                    e.due = now + self.interval;
+                    e.renewing = true;
+                    let job = (id, e.key.clone(), e.holder.clone(), e.lease.clone());
+                    st.busy.insert(me);
+                    // Keep one thread free for the other keys, should this renewal stall.
+                    let more = st.idle() == 0 && st.threads.len() + st.starting < self.max_threads;
+                    if more {
+                        st.starting += 1;
+                        drop(st);
+                        self.clone_worker().spawn();
+                    }
+                    return Some(job);
+                }
+                Some((_, e)) => (e.due - now).min(idle_until.saturating_duration_since(now)),
+                None => idle_until.saturating_duration_since(now),
+            };
+            st = self
+                .shared
+                .wake
+                .wait_timeout(st, wait.max(Duration::from_millis(1)))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    fn clone_worker(&self) -> Worker<C> {
+        Worker {
+            shared: self.shared.clone(),
+            pool: self.pool.clone(),
+            interval: self.interval,
+            ttl: self.ttl,
+            max_threads: self.max_threads,
+        }
+    }
+
+    fn run(self) {
+        let me = std::thread::current().id();
+        while let Some((id, key, holder, lease)) = self.next() {
+            self.renew(id, &key, &holder, &lease);
+            let mut st = self.shared.lock();
+            st.busy.remove(&me);
+            if let Some(entry) = st.entries.get_mut(&id) {
+                entry.renewing = false;
+            }
+            if st.shutdown {
+                // Drop did not wait for this thread: it detaches by dropping the handle.
+                st.threads.remove(&me);
+                return;
+            }
+        }
+    }
+
+    fn renew(&self, id: u64, key: &str, holder: &str, lease: &Lease) {
+        let (shared, interval, ttl) = (&self.shared, self.interval, self.ttl);
+        let ttl_us = crate::strategy::micros(ttl).unwrap_or(i64::MAX);
         let started = Instant::now();
         // Waiting for a connection longer than the lease has left would be pointless.
         let left = lease.valid_until().saturating_duration_since(started);
-        let renewed = pool
+        let renewed = self
+            .pool
             .get_timeout(interval.min(left).max(Duration::from_millis(1)))
             .map_err(crate::Error::from)
-            .and_then(|mut c| c.lease_renew(&key, &holder, ttl_us).map_err(Into::into));
+            .and_then(|mut c| {
+                c.lease_renew(key, holder, ttl_us, interval)
+                    .map_err(Into::into)
+            });
         match renewed {
             Ok(true) => {
                 *lease.valid_until.lock().unwrap_or_else(|p| p.into_inner()) = started + ttl;

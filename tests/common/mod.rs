@@ -48,7 +48,7 @@ pub fn url(var: &str, name: &str) -> Option<String> {
     match std::env::var(var) {
         Ok(u) if !u.is_empty() => Some(u),
         _ if required(name) => {
-            panic!("{var} is not set but DLOCK_TEST_REQUIRE asks for {name}: run ../shared/services.sh")
+            panic!("{var} is not set but DLOCK_TEST_REQUIRE asks for {name}: eval \"$(bash scripts/services.sh)\"")
         }
         _ => {
             eprintln!("skipped: {var} is not set");

@@ -1,0 +1,373 @@
+//! Issue 8, finding 3 and what it noticed beside: one renewal stuck behind another session's
+//! row lock must hold up only its own key; `admin::lock_info` must not lock what it reads;
+//! dropping the `Locker` must wait neither for a stuck renewal nor for a listener stuck
+//! connecting to a server that does not answer.
+//!
+//! PostgreSQL and MariaDB only: on SQLite a writer locks the whole database, so a stuck
+//! renewal there is every renewal's problem by design (`busy_timeout` bounds it).
+//!
+//! "Stuck" is observed, not assumed: a blocker session holds the lease row with
+//! `SELECT … FOR UPDATE` and the test waits until the server shows a renewal waiting on it.
+
+#![cfg(any(feature = "postgres", feature = "mysql"))]
+
+mod common;
+
+use common::unique_key;
+use diesel::r2d2::{ConnectionManager, Pool};
+use diesel::sql_types::{BigInt, Text};
+use diesel::{Connection, QueryableByName, RunQueryDsl};
+use diesel_lock::{LockConnection, Locker, Strategy};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+#[derive(QueryableByName)]
+struct Count {
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+/// The SQL a backend needs here.
+trait Server: LockConnection + Connection + Send + 'static {
+    /// Locks the lease row of `key` inside the open transaction; returns what `waiters` needs
+    /// to find the sessions waiting for it.
+    fn lock_row(&mut self, key: &str) -> String;
+    /// How many sessions wait for a lock the blocker (`id` from `lock_row`) holds; with
+    /// `only`, whether the session of that id (`session_id`) does.
+    fn waiters(&mut self, id: &str, only: Option<i64>) -> i64;
+    /// This session's id on the server.
+    fn session_id(&mut self) -> i64;
+}
+
+#[cfg(feature = "postgres")]
+impl Server for diesel::PgConnection {
+    fn lock_row(&mut self, key: &str) -> String {
+        diesel::sql_query("SELECT 1::int8 AS n FROM dlock_leases WHERE lock_key = $1 FOR UPDATE")
+            .bind::<Text, _>(key)
+            .get_result::<Count>(self)
+            .unwrap();
+        diesel::sql_query("SELECT pg_backend_pid()::int8 AS n")
+            .get_result::<Count>(self)
+            .unwrap()
+            .n
+            .to_string()
+    }
+
+    fn waiters(&mut self, id: &str, only: Option<i64>) -> i64 {
+        diesel::sql_query(
+            "SELECT count(*) AS n FROM pg_stat_activity \
+             WHERE $1::int4 = ANY(pg_blocking_pids(pid)) AND ($2 IS NULL OR pid = $2)",
+        )
+        .bind::<Text, _>(id)
+        .bind::<diesel::sql_types::Nullable<diesel::sql_types::Integer>, _>(only.map(|p| p as i32))
+        .get_result::<Count>(self)
+        .unwrap()
+        .n
+    }
+
+    fn session_id(&mut self) -> i64 {
+        diesel::sql_query("SELECT pg_backend_pid()::int8 AS n")
+            .get_result::<Count>(self)
+            .unwrap()
+            .n
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl Server for diesel::MysqlConnection {
+    fn lock_row(&mut self, key: &str) -> String {
+        diesel::sql_query("SELECT 1 AS n FROM dlock_leases WHERE lock_key = ? FOR UPDATE")
+            .bind::<Text, _>(key)
+            .get_result::<Count>(self)
+            .unwrap();
+        String::new()
+    }
+
+    /// MariaDB's INNODB_LOCK_WAITS does not list a prepared statement's wait (seen: empty
+    /// while a renewal waited a whole second), so this counts renewals running for over 100
+    /// ms, which only a lock wait makes them do. Another test's stuck renewal would count
+    /// too: that can only make this test start early, never fail it wrongly.
+    fn waiters(&mut self, _id: &str, only: Option<i64>) -> i64 {
+        diesel::sql_query(
+            "SELECT count(*) AS n FROM information_schema.PROCESSLIST \
+             WHERE INFO LIKE 'UPDATE dlock_leases SET expires_at%' AND TIME_MS > 100 \
+               AND (? IS NULL OR ID = ?)",
+        )
+        .bind::<diesel::sql_types::Nullable<BigInt>, _>(only)
+        .bind::<diesel::sql_types::Nullable<BigInt>, _>(only)
+        .get_result::<Count>(self)
+        .unwrap()
+        .n
+    }
+
+    fn session_id(&mut self) -> i64 {
+        diesel::sql_query("SELECT CAST(CONNECTION_ID() AS SIGNED) AS n")
+            .get_result::<Count>(self)
+            .unwrap()
+            .n
+    }
+}
+
+/// A session holding `key`'s lease row locked until `end` says so (or `max` passes).
+struct Blocker {
+    id: String,
+    end: mpsc::Sender<()>,
+    thread: JoinHandle<bool>,
+}
+
+impl Blocker {
+    fn start<C: Server>(url: &str, key: &str, max: Duration) -> Blocker {
+        let (url, key) = (url.to_owned(), key.to_owned());
+        let (id_tx, id_rx) = mpsc::channel();
+        let (end, end_rx) = mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let mut c = C::establish(&url).unwrap();
+            c.transaction::<_, diesel::result::Error, _>(|c| {
+                id_tx.send(c.lock_row(&key)).unwrap();
+                // True if told to end, false if `max` ran out first.
+                Ok(end_rx.recv_timeout(max).is_ok())
+            })
+            .unwrap()
+        });
+        Blocker {
+            id: id_rx.recv().unwrap(),
+            end,
+            thread,
+        }
+    }
+
+    /// Waits until at least one session (or the session `only`) waits for the blocker's lock.
+    fn wait_for_waiters<C: Server>(&self, watcher: &mut C, only: Option<i64>) {
+        let give_up = Instant::now() + Duration::from_secs(30);
+        while watcher.waiters(&self.id, only) < 1 {
+            assert!(
+                Instant::now() < give_up,
+                "no renewal ever waited for the row"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Ends the blocker; true if it was still waiting to be told.
+    fn end(self) -> bool {
+        let _ = self.end.send(());
+        self.thread.join().unwrap()
+    }
+}
+
+fn lease(ttl: Duration) -> Strategy {
+    Strategy::Lease { ttl }
+}
+
+/// K1's row is held by another session for two whole ttls. Before: renewals ran one at a time
+/// on one thread, so K2's renewal queued behind K1's and K2 was lost, and taken by another
+/// Locker, while its guard was alive.
+fn a_stuck_renewal_holds_up_only_its_own_key<C: Server>(
+    pool: Pool<ConnectionManager<C>>,
+    url: &str,
+) {
+    let ttl = Duration::from_millis(1500);
+    let a = Locker::builder(pool.clone())
+        .strategy(lease(ttl))
+        .build()
+        .unwrap();
+    a.migrate().unwrap();
+    let b = Locker::builder(pool.clone())
+        .strategy(lease(ttl))
+        .build()
+        .unwrap();
+    let (k1, k2) = (unique_key("stall-k1"), unique_key("stall-k2"));
+    let g1 = a.lock(&k1).unwrap();
+    let g2 = a.lock(&k2).unwrap();
+    let blocker = Blocker::start::<C>(url, &k1, Duration::from_secs(60));
+    let mut watcher = C::establish(url).unwrap();
+    blocker.wait_for_waiters(&mut watcher, None);
+    let stuck_since = Instant::now();
+    // Two ttls with K1's renewal stuck: K2 must stay ours the whole time.
+    let taken = b.try_lock_for(&k2, ttl * 2).unwrap();
+    let held_for = stuck_since.elapsed();
+    assert!(
+        taken.is_none(),
+        "another Locker took K2 {held_for:?} after K1's renewal got stuck, while K2's guard was alive"
+    );
+    g2.check().expect("K2, which nobody touched, was lost");
+    assert!(blocker.end(), "the blocker ran out of time");
+    drop(g1);
+    g2.release().unwrap();
+}
+
+/// Before (PostgreSQL): `lock_info` read the rows `FOR UPDATE`, so inside a transaction it
+/// held up the holder's renewals and release until that transaction ended.
+fn lock_info_is_a_plain_read<C: Server>(pool: Pool<ConnectionManager<C>>, url: &str) {
+    for strategy in [
+        lease(Duration::from_secs(30)),
+        Strategy::Row { stale_after: None },
+    ] {
+        let locker = Locker::builder(pool.clone())
+            .strategy(strategy)
+            .build()
+            .unwrap();
+        locker.migrate().unwrap();
+        let key = unique_key("lock-info-plain");
+        let guard = locker.lock(&key).unwrap();
+        let (read_tx, read_rx) = mpsc::channel();
+        let (released_tx, released_rx) = mpsc::channel::<()>();
+        let reader = {
+            let (url, key) = (url.to_owned(), key.clone());
+            std::thread::spawn(move || {
+                let mut c = C::establish(&url).unwrap();
+                c.transaction::<_, diesel::result::Error, _>(|c| {
+                    let held = diesel_lock::admin::lock_info(c, &key).unwrap();
+                    read_tx.send(held.len()).unwrap();
+                    // The transaction stays open until the holder has released.
+                    Ok(released_rx.recv_timeout(Duration::from_secs(20)).is_ok())
+                })
+                .unwrap()
+            })
+        };
+        assert_eq!(read_rx.recv().unwrap(), 1);
+        guard.release().unwrap();
+        // Fails only if the reader already gave up waiting: the assertion below says why.
+        let _ = released_tx.send(());
+        assert!(
+            reader.join().unwrap(),
+            "{strategy:?}: the release waited for the transaction that only read the lock"
+        );
+    }
+}
+
+/// Before: dropping the `Locker` joined its heartbeat thread, stuck in a renewal for as long
+/// as the other session held the row. A pool of one: the guard's own release cannot get a
+/// connection while the renewal holds it, so it gives up and the guard goes; then the
+/// `Locker` is dropped while the renewal is still stuck.
+fn dropping_the_locker_does_not_wait_for_a_stuck_renewal<C: Server>(url: &str) {
+    let pool = Pool::builder()
+        .max_size(1)
+        .min_idle(Some(0))
+        .connection_timeout(Duration::from_millis(300))
+        .build(ConnectionManager::<C>::new(url))
+        .unwrap();
+    // The renewal now gives up on the row lock after one interval: 5 s is far longer than
+    // the few steps between seeing it wait and dropping the Locker.
+    let ttl = Duration::from_secs(60);
+    let locker = Locker::builder(pool.clone())
+        .strategy(lease(ttl))
+        .heartbeat(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    locker.migrate().unwrap();
+    let key = unique_key("stall-drop");
+    let guard = locker.lock(&key).unwrap();
+    // The pool's one session: the renewal will run on it.
+    let session = pool.get().unwrap().session_id();
+    let blocker = Blocker::start::<C>(url, &key, Duration::from_secs(30));
+    let mut watcher = C::establish(url).unwrap();
+    blocker.wait_for_waiters(&mut watcher, Some(session));
+    let (dropped_tx, dropped_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        drop(guard); // its release finds no connection: logged, and the lease left to expire
+        drop(locker);
+        dropped_tx.send(()).unwrap();
+    });
+    // The blocker still holds the row: the Locker's drop must not be waiting for it.
+    let dropped = dropped_rx.recv_timeout(Duration::from_secs(20)).is_ok();
+    assert!(blocker.end(), "the blocker ran out of time");
+    assert!(dropped, "dropping the Locker waited for the stuck renewal");
+}
+
+#[cfg(feature = "postgres")]
+mod pg {
+    use super::*;
+
+    fn setup() -> Option<(Pool<ConnectionManager<diesel::PgConnection>>, String)> {
+        let h = common::pg_sized(6)?;
+        Some((h.pool, h.url))
+    }
+
+    #[test]
+    fn a_stuck_renewal_holds_up_only_its_own_key() {
+        let Some((pool, url)) = setup() else { return };
+        super::a_stuck_renewal_holds_up_only_its_own_key(pool, &url);
+    }
+
+    #[test]
+    fn lock_info_is_a_plain_read() {
+        let Some((pool, url)) = setup() else { return };
+        super::lock_info_is_a_plain_read(pool, &url);
+    }
+
+    #[test]
+    fn dropping_the_locker_does_not_wait_for_a_stuck_renewal() {
+        let Some((_, url)) = setup() else { return };
+        super::dropping_the_locker_does_not_wait_for_a_stuck_renewal::<diesel::PgConnection>(&url);
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    use super::*;
+
+    fn setup() -> Option<(Pool<ConnectionManager<diesel::MysqlConnection>>, String)> {
+        let h = common::mysql_sized(6)?;
+        Some((h.pool, h.url))
+    }
+
+    #[test]
+    fn a_stuck_renewal_holds_up_only_its_own_key() {
+        let Some((pool, url)) = setup() else { return };
+        super::a_stuck_renewal_holds_up_only_its_own_key(pool, &url);
+    }
+
+    #[test]
+    fn lock_info_is_a_plain_read() {
+        let Some((pool, url)) = setup() else { return };
+        super::lock_info_is_a_plain_read(pool, &url);
+    }
+
+    #[test]
+    fn dropping_the_locker_does_not_wait_for_a_stuck_renewal() {
+        let Some((_, url)) = setup() else { return };
+        super::dropping_the_locker_does_not_wait_for_a_stuck_renewal::<diesel::MysqlConnection>(
+            &url,
+        );
+    }
+}
+
+/// Noticed beside finding 3: dropping a `Locker` joined its release listener, which may be
+/// in the middle of connecting to a server that does not answer (here: a socket that accepts
+/// and never replies, so the connection attempt waits for ever). Before: the drop hung.
+#[cfg(feature = "postgres")]
+#[test]
+fn dropping_the_locker_does_not_wait_for_a_listener_stuck_connecting() {
+    let Some(h) = common::pg() else { return };
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    // The first connection is accepted, its bytes never read: the client waits for a reply.
+    let (accepted_tx, accepted_rx) = mpsc::channel();
+    let server = std::thread::spawn(move || {
+        let (socket, _) = silent.accept().unwrap();
+        accepted_tx.send(()).unwrap();
+        socket
+    });
+    let locker = Locker::builder(h.pool.clone())
+        .strategy(lease(Duration::from_secs(30)))
+        .listen_url(format!("postgres://dlock@127.0.0.1:{port}/dlock_test"))
+        .build()
+        .unwrap();
+    accepted_rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the listener never connected");
+    let (dropped_tx, dropped_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        drop(locker);
+        dropped_tx.send(()).unwrap();
+    });
+    let dropped = dropped_rx.recv_timeout(Duration::from_secs(20)).is_ok();
+    // Closing the socket ends the listener's attempt, and with it the thread.
+    drop(server.join().unwrap());
+    assert!(
+        dropped,
+        "dropping the Locker waited for the listener to connect"
+    );
+}

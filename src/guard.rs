@@ -58,7 +58,8 @@ impl<C: LockConnection> LockGuard<C> {
         self.locker.owner()
     }
 
-    /// The database's time at which the lock was taken.
+    /// The database's time at which the lock was taken: for a guard that waited in the
+    /// server's lock queue (`ForUpdate`, `Advisory`), when the wait ended, not when it began.
     pub fn acquired_at(&self) -> DateTime<Utc> {
         self.acquired_at
     }

@@ -156,11 +156,14 @@ impl<C: LockConnection> LockerBuilder<C> {
     /// Checks the configuration and builds the `Locker`.
     ///
     /// For [`AnyConnection`](crate::AnyConnection) pools this takes one connection from the
-    /// pool to learn the backend.
+    /// pool to learn the backend. On MySQL it takes one to check that the pool's sessions
+    /// commit each statement (`autocommit = 1`, as [`connect`](crate::connect) sets it):
+    /// with autocommit off, every lock would stay uncommitted on its pooled connection.
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] for a ttl or `stale_after` under 1 ms, a heartbeat not shorter
-    /// than the ttl, an empty or oversized owner or a zero `max_backoff`;
+    /// than the ttl, an empty or oversized owner, a zero `max_backoff`, or a MySQL pool with
+    /// autocommit off;
     /// [`Error::Unsupported`] for a strategy the backend cannot honour; [`Error::Pool`] if a
     /// connection was needed and none could be had.
     pub fn build(self) -> Result<Locker<C>> {
@@ -178,6 +181,14 @@ impl<C: LockConnection> LockerBuilder<C> {
             None => self.pool.get()?.backend(),
         };
         self.strategy.validate(backend)?;
+        if backend == Backend::Mysql && !self.pool.get()?.autocommits()? {
+            return Err(Error::InvalidConfig(
+                "the pool's MySQL connections have autocommit off, so no lock would ever be \
+                 committed: run `SET SESSION autocommit = 1` in the pool's connection \
+                 customizer, or build the pool with diesel_lock::connect"
+                    .into(),
+            ));
+        }
         let (interval, ttl) = match self.strategy {
             Strategy::Lease { ttl } => {
                 let every = self
@@ -339,6 +350,9 @@ impl<C: LockConnection> Locker<C> {
     /// With `ForUpdate` and `Advisory` the wait happens on the server, bounded by the time
     /// left, so a release hands the lock over at once and the deadline is kept within a
     /// round trip or so.
+    /// Any length is accepted: a server that caps one wait (PostgreSQL's `lock_timeout` at
+    /// about 24.8 days, `innodb_lock_wait_timeout` at 10⁸ s, `GET_LOCK` asked for at most a
+    /// year) is asked again when that runs out, until the deadline.
     ///
     /// # Errors
     /// As for [`lock`](Self::lock); [`Error::Pool`] also when the pool has no free connection

@@ -102,6 +102,9 @@ impl Dialect for AnyConnection {
     fn is_contention(&self, e: &diesel::result::Error) -> bool {
         each!(self, c => c.is_contention(e))
     }
+    fn autocommits(&mut self) -> QueryResult<bool> {
+        each!(self, c => c.autocommits())
+    }
     fn row_acquire(
         &mut self,
         key: &str,

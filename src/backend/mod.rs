@@ -176,6 +176,12 @@ pub(crate) mod sealed {
         fn static_backend() -> Option<Backend>;
         /// Creates or upgrades the tables; safe to run from many processes at once.
         fn run_migrations(&mut self) -> Result<()>;
+        /// False if this session does not commit each statement on its own (MySQL with
+        /// `autocommit = 0`): every lock written through it would stay uncommitted, and
+        /// invisible to everyone else, on a pooled connection.
+        fn autocommits(&mut self) -> QueryResult<bool> {
+            Ok(true)
+        }
         /// True if `e` means "someone else is competing for this lock right now" (deadlock,
         /// lock-wait timeout, busy database) rather than a real failure.
         fn is_contention(&self, e: &diesel::result::Error) -> bool;

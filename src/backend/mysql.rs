@@ -36,6 +36,14 @@ impl From<AcquiredRow> for Acquired {
 }
 
 #[derive(QueryableByName)]
+struct Fence {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+    #[diesel(sql_type = Datetime)]
+    acquired_at: NaiveDateTime,
+}
+
+#[derive(QueryableByName)]
 struct Id {
     #[diesel(sql_type = BigInt)]
     id: i64,
@@ -45,12 +53,6 @@ struct Id {
 struct One {
     #[diesel(sql_type = BigInt)]
     one: i64,
-}
-
-#[derive(QueryableByName)]
-struct Locked {
-    #[diesel(sql_type = Datetime)]
-    acquired_at: NaiveDateTime,
 }
 
 #[derive(QueryableByName)]
@@ -114,6 +116,9 @@ fn lock_unavailable(e: &diesel::result::Error) -> bool {
     }
 }
 
+/// The longest `GET_LOCK` wait asked for (a year); the locker waits again after it.
+const GET_LOCK_MAX_SECS: u64 = 31_536_000;
+
 super::held_row!(Datetime, NaiveDateTime, |t| t.and_utc());
 
 impl Dialect for MysqlConnection {
@@ -146,6 +151,12 @@ impl Dialect for MysqlConnection {
         result?;
         unlocked?;
         Ok(())
+    }
+
+    fn autocommits(&mut self) -> QueryResult<bool> {
+        stmt("SELECT CAST(@@SESSION.autocommit AS SIGNED) AS one")
+            .get_result::<One>(self)
+            .map(|r| r.one == 1)
     }
 
     fn is_contention(&self, e: &diesel::result::Error) -> bool {
@@ -376,17 +387,19 @@ impl Dialect for MysqlConnection {
         // innodb_lock_wait_timeout counts whole seconds (and MariaDB's `WAIT n` rounds a
         // fraction down to 0), so a bounded wait waits the whole seconds it has server-side
         // and leaves the rest to the locker's NOWAIT retries, never overshooting.
+        // At most 100,000,000 s, the largest the server takes; a longer wait ends there as
+        // busy and the locker waits again until its deadline.
         let seconds = match wait {
-            Wait::For(d) => d.as_secs(),
+            Wait::For(d) => d.as_secs().min(100_000_000),
             _ => 0,
         };
         let locked = match wait {
             Wait::Forever => stmt(
-                "SELECT UTC_TIMESTAMP(6) AS acquired_at FROM dlock_for_update \
+                "SELECT CAST(1 AS SIGNED) AS one FROM dlock_for_update \
                  WHERE lock_key = ? FOR UPDATE",
             )
             .bind::<Text, _>(key)
-            .get_result::<Locked>(self)
+            .get_result::<One>(self)
             .optional(),
             Wait::For(_) if seconds > 0 => {
                 // The session's own setting is saved and put back, as the connection goes
@@ -398,26 +411,26 @@ impl Dialect for MysqlConnection {
                 .bind::<BigInt, _>(i64::try_from(seconds).unwrap_or(i64::MAX))
                 .execute(self)?;
                 let locked = stmt(
-                    "SELECT UTC_TIMESTAMP(6) AS acquired_at FROM dlock_for_update \
+                    "SELECT CAST(1 AS SIGNED) AS one FROM dlock_for_update \
                      WHERE lock_key = ? FOR UPDATE",
                 )
                 .bind::<Text, _>(key)
-                .get_result::<Locked>(self)
+                .get_result::<One>(self)
                 .optional();
                 stmt("SET SESSION innodb_lock_wait_timeout = @dlock_saved_wait").execute(self)?;
                 locked
             }
             _ => stmt(
-                "SELECT UTC_TIMESTAMP(6) AS acquired_at FROM dlock_for_update \
+                "SELECT CAST(1 AS SIGNED) AS one FROM dlock_for_update \
                  WHERE lock_key = ? FOR UPDATE NOWAIT",
             )
             .bind::<Text, _>(key)
-            .get_result::<Locked>(self)
+            .get_result::<One>(self)
             .optional(),
         }?;
-        let Some(locked) = locked else {
+        if locked.is_none() {
             return Ok(None);
-        };
+        }
         // The token is an AUTO_INCREMENT id drawn now that the row is ours: a rollback
         // does not give an id back, so a dead holder's token is never reissued. The row
         // itself stays uncommitted, visible only to this transaction, until
@@ -425,12 +438,17 @@ impl Dialect for MysqlConnection {
         stmt("INSERT INTO dlock_fences (lock_key) VALUES (?)")
             .bind::<Text, _>(key)
             .execute(self)?;
-        let fence = stmt("SELECT id FROM dlock_fences WHERE id = LAST_INSERT_ID()")
-            .get_result::<Id>(self)?;
+        // The time is read here, once the lock is ours: the locking statement's own clock
+        // stopped when it began, before any wait.
+        let fence = stmt(
+            "SELECT id, UTC_TIMESTAMP(6) AS acquired_at FROM dlock_fences \
+             WHERE id = LAST_INSERT_ID()",
+        )
+        .get_result::<Fence>(self)?;
         Ok(Some(Acquired {
             id: fence.id,
             token: fence.id,
-            acquired_at: locked.acquired_at.and_utc(),
+            acquired_at: fence.acquired_at.and_utc(),
         }))
     }
 
@@ -459,9 +477,15 @@ impl Dialect for MysqlConnection {
                 .get_result::<Answer>(self),
             // MySQL reads a negative timeout as "forever", MariaDB refuses it (NULL and
             // warning 1411); a year is accepted by both and ends as an ordinary timeout.
+            // (MariaDB answers a much longer one, 10^12 s, with 0 at once.)
             Wait::Forever => stmt("SELECT CAST(GET_LOCK(?, 31536000) AS SIGNED) AS answer")
                 .bind::<Text, _>(&*name)
                 .get_result::<Answer>(self),
+            Wait::For(d) if d.as_secs() >= GET_LOCK_MAX_SECS => {
+                stmt("SELECT CAST(GET_LOCK(?, 31536000) AS SIGNED) AS answer")
+                    .bind::<Text, _>(&*name)
+                    .get_result::<Answer>(self)
+            }
             // MariaDB honours fractions of a second; MySQL may round the timeout to whole
             // seconds, up as well as down, so it is given only the whole seconds.
             Wait::For(d) => stmt(

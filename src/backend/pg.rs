@@ -45,9 +45,11 @@ struct Released {
 }
 
 /// `lock_timeout` as PostgreSQL reads it: whole milliseconds, rounded up so that the server
-/// never gives up before the caller's deadline; at least 1, because 0 means "no limit".
+/// never gives up before the caller's deadline; at least 1, because 0 means "no limit"; at
+/// most 2147483647 (~24.8 days), the largest it accepts: a longer wait ends there as busy,
+/// and the locker waits again until its deadline.
 fn lock_timeout_ms(d: std::time::Duration) -> String {
-    let ms = d.as_micros().div_ceil(1000).max(1);
+    let ms = d.as_micros().div_ceil(1000).clamp(1, i32::MAX as u128);
     ms.to_string()
 }
 
@@ -326,7 +328,7 @@ impl Dialect for PgConnection {
             Wait::No => stmt(
                 "UPDATE dlock_for_update SET version = version + 1 WHERE lock_key = \
                  (SELECT lock_key FROM dlock_for_update WHERE lock_key = ? FOR UPDATE NOWAIT) \
-                 RETURNING version AS id, nextval('dlock_fence_seq') AS token, now() AS acquired_at",
+                 RETURNING version AS id, nextval('dlock_fence_seq') AS token, clock_timestamp() AS acquired_at",
             )
             .bind::<Text, _>(key)
             .get_result::<AcquiredRow>(self),
@@ -336,7 +338,7 @@ impl Dialect for PgConnection {
                 "UPDATE dlock_for_update SET version = version + 1 WHERE lock_key = \
                  (SELECT lock_key FROM dlock_for_update WHERE lock_key = ? \
                   AND set_config('lock_timeout', ?, true) IS NOT NULL FOR UPDATE) \
-                 RETURNING version AS id, nextval('dlock_fence_seq') AS token, now() AS acquired_at",
+                 RETURNING version AS id, nextval('dlock_fence_seq') AS token, clock_timestamp() AS acquired_at",
             )
             .bind::<Text, _>(key)
             .bind::<Text, _>(lock_timeout_ms(d))
@@ -344,7 +346,7 @@ impl Dialect for PgConnection {
             Wait::Forever => stmt(
                 "UPDATE dlock_for_update SET version = version + 1 WHERE lock_key = \
                  (SELECT lock_key FROM dlock_for_update WHERE lock_key = ? FOR UPDATE) \
-                 RETURNING version AS id, nextval('dlock_fence_seq') AS token, now() AS acquired_at",
+                 RETURNING version AS id, nextval('dlock_fence_seq') AS token, clock_timestamp() AS acquired_at",
             )
             .bind::<Text, _>(key)
             .get_result::<AcquiredRow>(self),
@@ -375,7 +377,7 @@ impl Dialect for PgConnection {
                      INSERT INTO dlock_tokens AS t (lock_key, token) \
                      SELECT ?, 1 FROM l WHERE l.got \
                      ON CONFLICT (lock_key) DO UPDATE SET token = t.token + 1 \
-                     RETURNING 0::int8 AS id, token, now() AS acquired_at",
+                     RETURNING 0::int8 AS id, token, clock_timestamp() AS acquired_at",
                 )
                 .bind::<BigInt, _>(k)
                 .bind::<Text, _>(key)
@@ -389,7 +391,7 @@ impl Dialect for PgConnection {
                                    THEN pg_advisory_lock(?) END AS got) \
                  INSERT INTO dlock_tokens AS t (lock_key, token) SELECT ?, 1 FROM l \
                  ON CONFLICT (lock_key) DO UPDATE SET token = t.token + 1 \
-                 RETURNING 0::int8 AS id, token, now() AS acquired_at",
+                 RETURNING 0::int8 AS id, token, clock_timestamp() AS acquired_at",
             )
             .bind::<Text, _>(lock_timeout_ms(d))
             .bind::<BigInt, _>(k)
@@ -399,7 +401,7 @@ impl Dialect for PgConnection {
                 "WITH l AS (SELECT pg_advisory_lock(?) AS got) \
                  INSERT INTO dlock_tokens AS t (lock_key, token) SELECT ?, 1 FROM l \
                  ON CONFLICT (lock_key) DO UPDATE SET token = t.token + 1 \
-                 RETURNING 0::int8 AS id, token, now() AS acquired_at",
+                 RETURNING 0::int8 AS id, token, clock_timestamp() AS acquired_at",
             )
             .bind::<BigInt, _>(k)
             .bind::<Text, _>(key)
@@ -577,5 +579,9 @@ mod tests {
         assert_eq!(advisory_lock_ids(&"x".repeat(65)), (0x9537c5fd, 0xf120482f));
         assert_eq!(lock_timeout_ms(std::time::Duration::from_micros(1)), "1");
         assert_eq!(lock_timeout_ms(std::time::Duration::from_micros(1001)), "2");
+        assert_eq!(
+            lock_timeout_ms(std::time::Duration::from_secs(30 * 24 * 3600)),
+            "2147483647"
+        );
     }
 }

@@ -4,7 +4,7 @@
 //! Markdown of BENCHMARKS.md, with an SVG chart of handoffs/s.
 //!
 //! ```text
-//! eval "$(../shared/services.sh)"
+//! eval "$(bash scripts/services.sh)"
 //! cargo run --release --all-features --example bench_report -- \
 //!     --out BENCHMARKS.md --svg docs/handoffs.svg [--scale] [--quick]
 //! ```

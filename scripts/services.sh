@@ -67,7 +67,9 @@ if wants mysql; then
             GRANT ALL ON dlock_test.* TO 'dlock'@'127.0.0.1';
             GRANT ALL ON dlock_test.* TO 'dlock'@'localhost';
             GRANT PROCESS ON *.* TO 'dlock'@'127.0.0.1';
-            GRANT PROCESS ON *.* TO 'dlock'@'localhost';"
+            GRANT PROCESS ON *.* TO 'dlock'@'localhost';
+            GRANT ALL ON \`dlock\\_t\\_%\`.* TO 'dlock'@'127.0.0.1';
+            GRANT ALL ON \`dlock\\_t\\_%\`.* TO 'dlock'@'localhost';"
   echo "export DLOCK_TEST_MYSQL_URL=mysql://dlock:dlock@127.0.0.1:3306/dlock_test"
 fi
 

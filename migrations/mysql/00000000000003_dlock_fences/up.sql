@@ -10,6 +10,7 @@ CREATE TABLE IF NOT EXISTS dlock_fences (
 ) ENGINE = InnoDB;
 
 -- Start above every version issued before this migration, which were the tokens until then.
-INSERT INTO dlock_fences (id, lock_key)
+-- (IGNORE: a run killed between these two statements leaves the row; the next run goes on.)
+INSERT IGNORE INTO dlock_fences (id, lock_key)
     SELECT COALESCE(MAX(version), 0) + 1, '' FROM dlock_for_update;
 DELETE FROM dlock_fences WHERE lock_key = '';

@@ -38,6 +38,8 @@ trait Server: LockConnection + Connection + Send + 'static {
     fn waiters(&mut self, id: &str, only: Option<i64>) -> i64;
     /// This session's id on the server.
     fn session_id(&mut self) -> i64;
+    /// A lock wait cannot be shorter than a second (MySQL's `innodb_lock_wait_timeout`).
+    const FLOOR_OF_A_WAIT_IS_A_SECOND: bool = false;
 }
 
 #[cfg(feature = "postgres")]
@@ -76,6 +78,8 @@ impl Server for diesel::PgConnection {
 
 #[cfg(feature = "mysql")]
 impl Server for diesel::MysqlConnection {
+    const FLOOR_OF_A_WAIT_IS_A_SECOND: bool = true;
+
     fn lock_row(&mut self, key: &str) -> String {
         diesel::sql_query("SELECT 1 AS n FROM dlock_leases WHERE lock_key = ? FOR UPDATE")
             .bind::<Text, _>(key)
@@ -118,13 +122,19 @@ struct Blocker {
 
 impl Blocker {
     fn start<C: Server>(url: &str, key: &str, max: Duration) -> Blocker {
-        let (url, key) = (url.to_owned(), key.to_owned());
+        Self::start_many::<C>(url, &[key.to_owned()], max)
+    }
+
+    /// One session holding the lease rows of all `keys` locked.
+    fn start_many<C: Server>(url: &str, keys: &[String], max: Duration) -> Blocker {
+        let (url, keys) = (url.to_owned(), keys.to_vec());
         let (id_tx, id_rx) = mpsc::channel();
         let (end, end_rx) = mpsc::channel::<()>();
         let thread = std::thread::spawn(move || {
             let mut c = C::establish(&url).unwrap();
             c.transaction::<_, diesel::result::Error, _>(|c| {
-                id_tx.send(c.lock_row(&key)).unwrap();
+                let ids: Vec<String> = keys.iter().map(|k| c.lock_row(k)).collect();
+                id_tx.send(ids[0].clone()).unwrap();
                 // True if told to end, false if `max` ran out first.
                 Ok(end_rx.recv_timeout(max).is_ok())
             })
@@ -195,6 +205,53 @@ fn a_stuck_renewal_holds_up_only_its_own_key<C: Server>(
     assert!(blocker.end(), "the blocker ran out of time");
     drop(g1);
     g2.release().unwrap();
+}
+
+/// Found by the adversary run: renewals were capped at the pool's size in threads, and a
+/// failing key was retried a quarter interval later, always ahead of the healthy keys due a
+/// whole interval later. With more stuck keys than threads, the stuck renewals took every
+/// thread and connection and the healthy leases ran out (before: 12 stuck of 200 on a pool
+/// of 2 lost all 188 others; here 32 of 32). Now healthy renewals go first, and a stuck
+/// renewal holds its connection a quarter interval at most (on MySQL at least 1 s).
+fn many_stuck_keys_do_not_starve_the_others<C: Server>(url: &str) {
+    let pool = Pool::builder()
+        .max_size(2)
+        .min_idle(Some(0))
+        .build(ConnectionManager::<C>::new(url))
+        .unwrap();
+    // Each stuck renewal holds a connection a quarter interval (on MySQL at least 1 s):
+    // 8 stuck keys on 2 connections delay the first round of the others by 4 such waits,
+    // which the ttl leaves room for.
+    let ttl = Duration::from_secs(if C::FLOOR_OF_A_WAIT_IS_A_SECOND { 9 } else { 3 });
+    let a = Locker::builder(pool.clone())
+        .strategy(lease(ttl))
+        .build()
+        .unwrap();
+    a.migrate().unwrap();
+    let keys: Vec<String> = (0..40)
+        .map(|i| unique_key(&format!("starve-{i}")))
+        .collect();
+    let guards: Vec<_> = keys.iter().map(|k| a.lock(k).unwrap()).collect();
+    let (stuck, healthy) = keys.split_at(8);
+    let blocker = Blocker::start_many::<C>(url, stuck, Duration::from_secs(60));
+    let mut watcher = C::establish(url).unwrap();
+    blocker.wait_for_waiters(&mut watcher, None);
+    // Longer than a ttl with 8 keys stuck: a healthy lease not renewed meanwhile is lost.
+    std::thread::sleep(ttl * 3 / 2);
+    let lost: Vec<&String> = healthy
+        .iter()
+        .zip(&guards[stuck.len()..])
+        .filter(|(_, g)| g.check().is_err())
+        .map(|(k, _)| k)
+        .collect();
+    assert!(blocker.end(), "the blocker ran out of time");
+    assert!(
+        lost.is_empty(),
+        "{} of {} healthy leases were lost while {} keys were stuck",
+        lost.len(),
+        healthy.len(),
+        stuck.len()
+    );
 }
 
 /// Before (PostgreSQL): `lock_info` read the rows `FOR UPDATE`, so inside a transaction it
@@ -298,6 +355,12 @@ mod pg {
     }
 
     #[test]
+    fn many_stuck_keys_do_not_starve_the_others() {
+        let Some((_, url)) = setup() else { return };
+        super::many_stuck_keys_do_not_starve_the_others::<diesel::PgConnection>(&url);
+    }
+
+    #[test]
     fn dropping_the_locker_does_not_wait_for_a_stuck_renewal() {
         let Some((_, url)) = setup() else { return };
         super::dropping_the_locker_does_not_wait_for_a_stuck_renewal::<diesel::PgConnection>(&url);
@@ -323,6 +386,12 @@ mod mysql {
     fn lock_info_is_a_plain_read() {
         let Some((pool, url)) = setup() else { return };
         super::lock_info_is_a_plain_read(pool, &url);
+    }
+
+    #[test]
+    fn many_stuck_keys_do_not_starve_the_others() {
+        let Some((_, url)) = setup() else { return };
+        super::many_stuck_keys_do_not_starve_the_others::<diesel::MysqlConnection>(&url);
     }
 
     #[test]

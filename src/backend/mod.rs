@@ -289,6 +289,7 @@ pub(crate) mod sealed {
         /// never locks a row, so it cannot hold up a holder's renewal or release.
         fn admin_rows(&mut self, key: Option<&str>) -> QueryResult<Vec<Held>>;
         /// The unexpired leases, of every key or of one, ordered by key; a plain read too.
+        /// Rows a purge has marked (`holder = ''`) are held by nobody and not listed.
         fn admin_leases(&mut self, key: Option<&str>) -> QueryResult<Vec<Held>>;
         /// Removes the key's row and clears its lease if held, reading and removing in one
         /// transaction (see [`force_release_in`]); returns what was removed.

@@ -582,7 +582,7 @@ impl Dialect for MysqlConnection {
                         COALESCE(owner, '') AS owner, token, acquired_at, expires_at, \
                         UTC_TIMESTAMP(6) AS observed_at \
                  FROM dlock_leases \
-                 WHERE holder IS NOT NULL AND acquired_at IS NOT NULL \
+                 WHERE holder IS NOT NULL AND holder <> '' AND acquired_at IS NOT NULL \
                    AND expires_at > UTC_TIMESTAMP(6) \
                  ORDER BY lock_key",
             )
@@ -592,7 +592,7 @@ impl Dialect for MysqlConnection {
                         COALESCE(owner, '') AS owner, token, acquired_at, expires_at, \
                         UTC_TIMESTAMP(6) AS observed_at \
                  FROM dlock_leases \
-                 WHERE lock_key = ? AND holder IS NOT NULL AND acquired_at IS NOT NULL \
+                 WHERE lock_key = ? AND holder IS NOT NULL AND holder <> '' AND acquired_at IS NOT NULL \
                    AND expires_at > UTC_TIMESTAMP(6)",
             )
             .bind::<Text, _>(key)

@@ -490,7 +490,7 @@ impl Dialect for PgConnection {
                 "SELECT 0::int8 AS id, holder, lock_key, COALESCE(owner, '') AS owner, token, \
                         acquired_at, expires_at, now() AS observed_at \
                  FROM dlock_leases \
-                 WHERE holder IS NOT NULL AND expires_at > now() AND acquired_at IS NOT NULL \
+                 WHERE holder IS NOT NULL AND holder <> '' AND expires_at > now() AND acquired_at IS NOT NULL \
                  ORDER BY lock_key",
             )
             .load(self),
@@ -498,7 +498,7 @@ impl Dialect for PgConnection {
                 "SELECT 0::int8 AS id, holder, lock_key, COALESCE(owner, '') AS owner, token, \
                         acquired_at, expires_at, now() AS observed_at \
                  FROM dlock_leases \
-                 WHERE lock_key = ? AND holder IS NOT NULL AND expires_at > now() \
+                 WHERE lock_key = ? AND holder IS NOT NULL AND holder <> '' AND expires_at > now() \
                    AND acquired_at IS NOT NULL",
             )
             .bind::<Text, _>(key)

@@ -354,7 +354,7 @@ impl Dialect for SqliteConnection {
                         acquired_at, expires_at, \
                         strftime('%Y-%m-%d %H:%M:%f', 'now') AS observed_at \
                  FROM dlock_leases \
-                 WHERE holder IS NOT NULL AND acquired_at IS NOT NULL \
+                 WHERE holder IS NOT NULL AND holder <> '' AND acquired_at IS NOT NULL \
                    AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
                  ORDER BY lock_key",
             )
@@ -364,7 +364,7 @@ impl Dialect for SqliteConnection {
                         acquired_at, expires_at, \
                         strftime('%Y-%m-%d %H:%M:%f', 'now') AS observed_at \
                  FROM dlock_leases \
-                 WHERE lock_key = ? AND holder IS NOT NULL AND acquired_at IS NOT NULL \
+                 WHERE lock_key = ? AND holder IS NOT NULL AND holder <> '' AND acquired_at IS NOT NULL \
                    AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')",
             )
             .bind::<Text, _>(key)

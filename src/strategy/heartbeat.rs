@@ -4,8 +4,11 @@
 //!
 //! Renewals run side by side: a thread that takes a due renewal while no other thread is
 //! idle starts one more (up to the pool's size), so a renewal stuck behind another session's
-//! row lock holds up only its own key. Each renewal also waits for a row lock at most about
-//! one interval (`Dialect::lease_renew`), then is retried. A thread idle for two intervals
+//! row lock holds up only its own key. Each renewal also waits for a row lock at most a
+//! quarter interval (`Dialect::lease_renew`; on MySQL whole seconds, at least 1), then is
+//! retried, and due renewals of keys whose last renewal worked go before those of failing
+//! keys. So S stuck keys on a pool of P connections delay the healthy renewals once, by about
+//! S/P such waits, and not again. A thread idle for two intervals
 //! ends while another is idle too. Dropping the `Locker` ends and joins the idle threads; one
 //! still inside a renewal is not waited for: it ends once that statement returns.
 //!
@@ -48,6 +51,10 @@ struct Entry {
     due: Instant,
     /// A thread is renewing it now: no other may start.
     renewing: bool,
+    /// Its last renewal failed (perhaps stuck behind another session's row lock): due
+    /// renewals of other keys go first, so that stuck keys, however many, cannot take every
+    /// thread and connection while the healthy leases run out.
+    failing: bool,
     lease: Arc<Lease>,
 }
 
@@ -156,6 +163,7 @@ impl<C: LockConnection> Heartbeat<C> {
                     holder: holder.to_owned(),
                     due: Instant::now() + self.interval,
                     renewing: false,
+                    failing: false,
                     lease: lease.clone(),
                 },
             );
@@ -270,11 +278,12 @@ impl<C: LockConnection> Worker<C> {
                 st.threads.remove(&me);
                 return None;
             }
+            // Due renewals of healthy leases first, then failing ones; else the earliest.
             let next = st
                 .entries
                 .iter_mut()
                 .filter(|(_, e)| !e.renewing)
-                .min_by_key(|(_, e)| e.due);
+                .min_by_key(|(_, e)| (e.due > now, e.failing, e.due));
             let wait = match next {
                 Some((&id, e)) if e.due <= now => {
                     e.due = now + self.interval;
@@ -340,12 +349,16 @@ impl<C: LockConnection> Worker<C> {
             .get_timeout(interval.min(left).max(Duration::from_millis(1)))
             .map_err(crate::Error::from)
             .and_then(|mut c| {
-                c.lease_renew(key, holder, ttl_us, interval)
+                // At most a quarter interval behind another session's row lock.
+                c.lease_renew(key, holder, ttl_us, interval / 4)
                     .map_err(Into::into)
             });
         match renewed {
             Ok(true) => {
                 *lease.valid_until.lock().unwrap_or_else(|p| p.into_inner()) = started + ttl;
+                if let Some(entry) = shared.lock().entries.get_mut(&id) {
+                    entry.failing = false;
+                }
                 log::trace!("lock {key:?}: lease renewed");
             }
             Ok(false) => {
@@ -365,6 +378,7 @@ impl<C: LockConnection> Worker<C> {
                 log::warn!("lock {key:?}: lease renewal failed: {e}; retrying");
                 if let Some(entry) = shared.lock().entries.get_mut(&id) {
                     entry.due = Instant::now() + (interval / 4).max(Duration::from_millis(1));
+                    entry.failing = true;
                 }
             }
         }

@@ -52,6 +52,14 @@
 //! for the details of each. SQLite has neither, and refuses them with
 //! [`Error::Unsupported`].
 //!
+//! A session lock lives as long as its connection is open in *any* process. The MySQL/MariaDB
+//! client library opens its sockets without close-on-exec (libpq and SQLite set it), so a
+//! process spawned while a MySQL guard is held inherits the socket, and it, or a background
+//! job of it, keeps the lock after your process has died (until they end, or the server's
+//! `wait_timeout`). Before spawning, mark descriptors above 2 close-on-exec in
+//! `std::os::unix::process::CommandExt::pre_exec` (Linux 5.11+: `close_range(3, !0,
+//! CLOSE_RANGE_CLOEXEC)`; else `fcntl(fd, F_SETFD, FD_CLOEXEC)` on each), as `dlock run` does.
+//!
 //! Without any lock, [`optimistic::transaction`] runs read-modify-write work in a
 //! transaction that commits only if the key's version did not change meanwhile.
 //!

@@ -451,6 +451,222 @@ fn sigkill_of_dlock_frees_the_lease_after_ttl(db: &Db) {
     );
 }
 
+/// Whether process `pid` is gone: no longer in /proc, or a zombie (dead, not yet reaped).
+fn gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        // "pid (comm) S ...": the state follows the last ')'.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| matches!(rest.trim_start().chars().next(), Some('Z' | 'X'))),
+    }
+}
+
+/// Waits (a generous while) for process `pid` to be gone; false if it is still running.
+fn ends(pid: i32) -> bool {
+    let deadline = Instant::now() + PATIENCE;
+    while !gone(pid) {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
+/// Sends SIGKILL to `pid` if it still runs (cleaning up after a failed assertion).
+fn kill_leftover(pid: i32) {
+    if !gone(pid) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
+/// Session strategies need a server; SQLite refuses them.
+fn strategy_args<'a>(db: &Db, strategy: &'a str) -> Option<Vec<&'a str>> {
+    match strategy {
+        "lease" => Some(vec!["--strategy", "lease", "--ttl", "2s"]),
+        _ if db.name == "sqlite" => None,
+        _ => Some(vec!["--strategy", strategy]),
+    }
+}
+
+/// A SIGKILLed dlock takes its command with it, and the next dlock then runs alone.
+fn sigkill_of_dlock_ends_the_command(db: &Db, strategy: &str) {
+    let Some(strategy_args) = strategy_args(db, strategy) else {
+        return;
+    };
+    let k = key("sigkill-cmd");
+    let mut args = vec!["run", "--key", &k];
+    args.extend(&strategy_args);
+    args.extend(["--", "sh", "-c", "echo $$; exec sleep 60"]);
+    let mut a = db.spawn(&args);
+    let command: i32 = a.line().parse().unwrap();
+    nix::sys::signal::kill(a.pid(), nix::sys::signal::Signal::SIGKILL).unwrap();
+    let _ = a.child.wait();
+    let ended = ends(command);
+    kill_leftover(command);
+    assert!(
+        ended,
+        "the command (pid {command}) outlived the SIGKILLed dlock"
+    );
+    let mut args = vec!["run", "--key", &k];
+    args.extend(&strategy_args);
+    args.extend(["--wait", "20s", "--", "echo", "ran"]);
+    let out = db.output(&args);
+    assert_eq!(code(&out.status), 0);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ran\n");
+}
+
+fn sigkill_of_dlock_ends_the_command_lease(db: &Db) {
+    sigkill_of_dlock_ends_the_command(db, "lease");
+}
+
+fn sigkill_of_dlock_ends_the_command_for_update(db: &Db) {
+    sigkill_of_dlock_ends_the_command(db, "for-update");
+}
+
+fn sigkill_of_dlock_ends_the_command_advisory(db: &Db) {
+    sigkill_of_dlock_ends_the_command(db, "advisory");
+}
+
+/// A SIGKILLed dlock cannot stop its command's background jobs, but they hold no database
+/// connection of dlock's: the session, and the lock with it, ends with dlock.
+fn sigkill_of_dlock_with_a_background_job(db: &Db, strategy: &str) {
+    let Some(strategy_args) = strategy_args(db, strategy) else {
+        return;
+    };
+    let k = key("sigkill-bg");
+    let mut args = vec!["run", "--key", &k];
+    args.extend(&strategy_args);
+    args.extend([
+        "--",
+        "sh",
+        "-c",
+        "sleep 60 </dev/null >/dev/null 2>&1 & echo $!; echo $$; exec sleep 60",
+    ]);
+    let mut a = db.spawn(&args);
+    let job: i32 = a.line().parse().unwrap();
+    let command: i32 = a.line().parse().unwrap();
+    nix::sys::signal::kill(a.pid(), nix::sys::signal::Signal::SIGKILL).unwrap();
+    let _ = a.child.wait();
+    let ended = ends(command);
+    let mut args = vec!["run", "--key", &k];
+    args.extend(&strategy_args);
+    args.extend(["--wait", "10s", "--", "echo", "ran"]);
+    let out = db.output(&args);
+    let job_alive = !gone(job);
+    kill_leftover(command);
+    kill_leftover(job);
+    assert!(
+        ended,
+        "the command (pid {command}) outlived the SIGKILLed dlock"
+    );
+    assert!(
+        job_alive,
+        "the background job was expected to outlive dlock"
+    );
+    assert_eq!(
+        code(&out.status),
+        0,
+        "the lock stayed with the background job"
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ran\n");
+}
+
+fn sigkill_of_dlock_with_a_background_job_lease(db: &Db) {
+    sigkill_of_dlock_with_a_background_job(db, "lease");
+}
+
+fn sigkill_of_dlock_with_a_background_job_for_update(db: &Db) {
+    sigkill_of_dlock_with_a_background_job(db, "for-update");
+}
+
+fn sigkill_of_dlock_with_a_background_job_advisory(db: &Db) {
+    sigkill_of_dlock_with_a_background_job(db, "advisory");
+}
+
+/// No descriptor of dlock's own reaches the command (a database socket would keep the session,
+/// and a session lock, alive after dlock): it sees exactly what it would see without dlock.
+fn no_descriptor_of_dlocks_reaches_the_command(db: &Db) {
+    // The shell's own descriptors, each with what it points to.
+    const LIST: &str = r#"for f in /proc/$$/fd/*; do echo "${f##*/} $(readlink "$f")"; done"#;
+    let numbers = |listing: &str| -> Vec<String> {
+        listing
+            .lines()
+            .filter_map(|l| Some(l.split_whitespace().next()?.to_owned()))
+            .collect()
+    };
+    // The same shell started without dlock, with the same stdio: what this test process
+    // passes on to anything it starts (a jobserver's pipe, say) is in both.
+    let alone = Command::new("sh")
+        .args(["-c", LIST])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let expected = numbers(&String::from_utf8_lossy(&alone.stdout));
+    assert!(
+        expected.starts_with(&["0".to_owned(), "1".to_owned()]),
+        "{expected:?}"
+    );
+    for strategy in ["lease", "row", "for-update", "advisory"] {
+        let Some(strategy_args) = strategy_args(db, strategy) else {
+            continue;
+        };
+        let k = key("fds");
+        let mut args = vec!["run", "--key", &k];
+        args.extend(&strategy_args);
+        args.extend(["--", "sh", "-c", LIST]);
+        let out = db.output(&args);
+        assert_eq!(code(&out.status), 0);
+        let listing = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert_eq!(numbers(&listing), expected, "{strategy}: {listing}");
+    }
+}
+
+/// dlock's signals reach the command's background jobs too (its whole process group), and
+/// jobs left behind when the command exits are stopped.
+fn signals_reach_the_commands_background_jobs(db: &Db) {
+    let k = key("bg-signal");
+    let mut a = db.spawn(&[
+        "run",
+        "--key",
+        &k,
+        "--",
+        "sh",
+        "-c",
+        "sleep 60 </dev/null >/dev/null 2>&1 & echo $!; wait",
+    ]);
+    let job: i32 = a.line().parse().unwrap();
+    nix::sys::signal::kill(a.pid(), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let (status, _) = a.finish();
+    let ended = ends(job);
+    kill_leftover(job);
+    assert_eq!(status, 128 + 15);
+    assert!(
+        ended,
+        "the background job (pid {job}) did not get the SIGTERM"
+    );
+
+    let k = key("bg-exit");
+    let out = db.output(&[
+        "run",
+        "--key",
+        &k,
+        "--",
+        "sh",
+        "-c",
+        "sleep 60 </dev/null >/dev/null 2>&1 & echo $!",
+    ]);
+    assert_eq!(code(&out.status), 0);
+    let job: i32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    let ended = ends(job);
+    kill_leftover(job);
+    assert!(ended, "the background job (pid {job}) outlived the command");
+}
+
 fn sigterm_reaches_the_child_and_the_lock_is_released(db: &Db) {
     let k = key("sigterm");
     let mut a = db.spawn(&[
@@ -750,6 +966,14 @@ for_each_backend!(
     exit_status_passes_through,
     environment_and_increasing_tokens,
     sigkill_of_dlock_frees_the_lease_after_ttl,
+    sigkill_of_dlock_ends_the_command_lease,
+    sigkill_of_dlock_ends_the_command_for_update,
+    sigkill_of_dlock_ends_the_command_advisory,
+    sigkill_of_dlock_with_a_background_job_lease,
+    sigkill_of_dlock_with_a_background_job_for_update,
+    sigkill_of_dlock_with_a_background_job_advisory,
+    no_descriptor_of_dlocks_reaches_the_command,
+    signals_reach_the_commands_background_jobs,
     sigterm_reaches_the_child_and_the_lock_is_released,
     sigint_while_waiting_ends_the_wait,
     lost_lease_stops_the_child,
@@ -767,13 +991,12 @@ for_each_backend!(
 
 fn usage_error(args: &[&str]) -> String {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(DLOCK)
-        .args(args)
+    let mut cmd = Command::new(DLOCK);
+    cmd.args(args)
         .current_dir(dir.path())
         .env_remove("DLOCK_URL")
-        .env("RUST_BACKTRACE", "1")
-        .output()
-        .unwrap();
+        .env("RUST_BACKTRACE", "1");
+    let out = output_within_patience(cmd);
     let err = String::from_utf8(out.stderr.clone()).unwrap();
     assert_eq!(code(&out.status), 2, "{args:?}: {err}");
     assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
@@ -781,6 +1004,59 @@ fn usage_error(args: &[&str]) -> String {
     assert_clean(&out.stderr);
     assert!(out.stdout.is_empty());
     err
+}
+
+/// `cmd`'s output; panics (after killing it) if it has not exited within PATIENCE.
+fn output_within_patience(mut cmd: Command) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut stdout = Vec::new();
+        let mut stderr = Vec::new();
+        let mut err = child.stderr.take().unwrap();
+        let err_reader = std::thread::spawn(move || {
+            let _ = std::io::Read::read_to_end(&mut err, &mut stderr);
+            stderr
+        });
+        let _ = std::io::Read::read_to_end(&mut child.stdout.take().unwrap(), &mut stdout);
+        let stderr = err_reader.join().unwrap();
+        let status = child.wait().unwrap();
+        let _ = tx.send(Output {
+            status,
+            stdout,
+            stderr,
+        });
+    });
+    rx.recv_timeout(PATIENCE).unwrap_or_else(|_| {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        panic!("dlock did not exit within {PATIENCE:?}")
+    })
+}
+
+#[test]
+fn durations_past_100_years_are_usage_errors() {
+    for option in [
+        "--ttl",
+        "--stale-after",
+        "--min-hold",
+        "--kill-after",
+        "--wait",
+    ] {
+        for value in ["300000000000y", "101y", "36501days"] {
+            let err = usage_error(&["run", "--key", "k", option, value, "--", "echo", "ran"]);
+            assert!(err.contains(option), "{err}");
+            assert!(err.contains("100 years"), "{err}");
+        }
+    }
 }
 
 #[test]

@@ -12,6 +12,7 @@ use signal_hook::iterator::SignalsInfo;
 use signal_hook::low_level::siginfo::{Cause, Origin};
 use std::ffi::OsString;
 use std::io::{self, Write};
+use std::os::fd::RawFd;
 use std::process::{Child, Command as ProcessCommand, ExitCode, ExitStatus};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
@@ -69,10 +70,14 @@ enum Command {
     /// and exit with the command's status.
     ///
     /// The command gets DLOCK_KEY, DLOCK_TOKEN (the fencing token, larger than any earlier
-    /// one for the key) and DLOCK_OWNER in its environment. SIGINT, SIGTERM and SIGHUP are
-    /// passed on to it, and the lock is released after it exits. If the lock is lost while
-    /// it runs (a lease that could not be renewed, a row removed by `release --force`), the
-    /// command gets SIGTERM (SIGKILL after --kill-after) and dlock exits 1.
+    /// one for the key) and DLOCK_OWNER in its environment, and none of dlock's own
+    /// descriptors (no database connection). SIGINT, SIGTERM and SIGHUP are passed on to it
+    /// (to its whole process group unless dlock runs in a terminal's foreground), and the
+    /// lock is released once it, and whatever it left in its process group, has exited. If
+    /// the lock is lost while it runs
+    /// (a lease that could not be renewed, a row removed by `release --force`), the command
+    /// gets SIGTERM (SIGKILL after --kill-after) and dlock exits 1. If dlock dies, even by
+    /// SIGKILL, the command gets SIGKILL (Linux).
     #[command(after_help = EXIT_CODES)]
     Run(RunArgs),
     /// List every held lock: key, strategy, owner, token, acquired, expires, age.
@@ -149,7 +154,8 @@ struct RunArgs {
     #[arg(long)]
     owner: Option<String>,
 
-    /// After the lock is lost and the command was sent SIGTERM, send SIGKILL this much later.
+    /// After the lock is lost and the command was sent SIGTERM, send SIGKILL this much later
+    /// (likewise to background jobs still running after the command exited).
     #[arg(long, value_parser = parse_duration, default_value = "10s", value_name = "DURATION")]
     kill_after: Duration,
 
@@ -176,8 +182,18 @@ enum Wait {
     Forever,
 }
 
+/// The longest duration any option takes: 100 years of 365 days, as the library's own limit
+/// on a ttl or `stale_after`. Longer ones are refused when the options are read, so that no
+/// deadline computed from them can overflow.
+const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{e} (write durations like 500ms, 30s, 5m)"))
+    let d = humantime::parse_duration(s)
+        .map_err(|e| format!("{e} (write durations like 500ms, 30s, 5m)"))?;
+    if d > MAX_DURATION {
+        return Err("durations longer than 100 years (36500 days) are not supported".to_owned());
+    }
+    Ok(d)
 }
 
 fn parse_wait(s: &str) -> Result<Wait, String> {
@@ -358,6 +374,8 @@ fn main() -> ExitCode {
 }
 
 fn main_code() -> u8 {
+    // Before anything of dlock's is opened.
+    let inherited_fds = inherited_fds();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -385,13 +403,21 @@ fn main_code() -> u8 {
     .format_timestamp_millis()
     .init();
     let db = Database::new(cli.url.clone());
-    let result = match cli.command {
-        Command::Run(args) => run(&db, args, cli.verbose),
+    // A panic (a bug) unwinds through `run`, which kills the command and releases the lock on
+    // the way, and ends dlock here; the panic message has been printed already.
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match cli.command {
+        Command::Run(args) => run(&db, args, cli.verbose, inherited_fds),
         Command::List { json } => list(&db, json),
         Command::Status { key } => status(&db, &key),
         Command::Release { force, key } => release(&db, &key, force),
         Command::Migrate => migrate(&db),
-    };
+    }))
+    .unwrap_or_else(|_| {
+        Err(Failure::new(
+            EXIT_RUNTIME,
+            "internal error (a bug, described above); the command was stopped and the lock released",
+        ))
+    });
     let code = match result {
         Ok(code) => code,
         Err(f) => {
@@ -464,7 +490,12 @@ enum Event {
     Lost(String),
 }
 
-fn run(db: &Database, args: RunArgs, verbose: bool) -> Result<u8, Failure> {
+fn run(
+    db: &Database,
+    args: RunArgs,
+    verbose: bool,
+    inherited_fds: Vec<RawFd>,
+) -> Result<u8, Failure> {
     let (locker, pool) = locker(db, &args)?;
     // From here on SIGINT/SIGTERM no longer end dlock by themselves: they are read from this
     // channel, so a lock taken at that moment is still released.
@@ -498,14 +529,21 @@ fn run(db: &Database, args: RunArgs, verbose: bool) -> Result<u8, Failure> {
         guard.owner()
     );
 
+    // The command's background jobs whose parent exits become dlock's children rather than
+    // init's, so that dlock can tell when they have all ended (`Job::stop_leftovers`).
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    // SAFETY: a plain system call with integer arguments.
+    unsafe {
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    }
     let mut command = ProcessCommand::new(&args.command[0]);
     command
         .args(&args.command[1..])
         .env("DLOCK_KEY", guard.key())
         .env("DLOCK_TOKEN", guard.token().to_string())
         .env("DLOCK_OWNER", guard.owner());
-    let child = match command.spawn() {
-        Ok(child) => child,
+    let job = match Job::spawn(command, inherited_fds) {
+        Ok(job) => job,
         Err(e) => {
             let code = match e.kind() {
                 io::ErrorKind::NotFound => EXIT_NOT_FOUND,
@@ -517,7 +555,15 @@ fn run(db: &Database, args: RunArgs, verbose: bool) -> Result<u8, Failure> {
             return Err(Failure::new(code, format!("cannot run {name:?}: {e}")));
         }
     };
-    log::debug!("command started, pid {}", child.id());
+    log::debug!(
+        "command started, pid {}{}",
+        job.child.id(),
+        if job.own_group {
+            " (in a process group of its own)"
+        } else {
+            " (in dlock's process group, which has the terminal)"
+        }
+    );
 
     let (check_every, give_up_after) = match locker.strategy() {
         // Renewals also happen every ttl/3; a watcher that cannot reach the database for a
@@ -528,12 +574,15 @@ fn run(db: &Database, args: RunArgs, verbose: bool) -> Result<u8, Failure> {
         } => ((s / 3).min(Duration::from_secs(5)), None),
         _ => (Duration::from_secs(5), None),
     };
-    let (stop_tx, stop_rx) = mpsc::channel::<()>();
     let outcome = std::thread::scope(|scope| {
+        // Owned by this closure, so that a panic below drops it while unwinding: the watcher
+        // then stops, the scope ends, and the panic reaches main instead of waiting here for
+        // ever (with the lease renewed all the while).
+        let (stop_tx, stop_rx) = mpsc::channel::<()>();
         let guard = &guard;
         let lost_tx = tx.clone();
         scope.spawn(move || watch(guard, check_every, give_up_after, &stop_rx, &lost_tx));
-        let outcome = supervise(child, &events, args.kill_after);
+        let outcome = supervise(job, &events, args.kill_after);
         let outcome = match outcome {
             Ok(o) if o.lost.is_none() => hold_at_least(o, acquired, args.min_hold, &events),
             other => other,
@@ -585,7 +634,7 @@ fn acquire(
 ) -> Result<Option<LockGuard<AnyConnection>>, Failure> {
     const SLICE: Duration = Duration::from_millis(200);
     let deadline = match wait {
-        Wait::For(d) => Some(Instant::now().checked_add(d).unwrap_or_else(far_future)),
+        Wait::For(d) => Some(deadline_after(Instant::now(), d)),
         Wait::Forever => None,
     };
     let mut migrated = false;
@@ -632,8 +681,11 @@ fn acquire(
     }
 }
 
-fn far_future() -> Instant {
-    Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600)
+/// `now + d`, or as far as the clock goes if that cannot be represented: never a panic.
+fn deadline_after(now: Instant, d: Duration) -> Instant {
+    now.checked_add(d)
+        .or_else(|| now.checked_add(MAX_DURATION))
+        .unwrap_or(now)
 }
 
 /// The one line printed when the lock is held elsewhere, and the exit code.
@@ -714,15 +766,15 @@ struct Outcome {
     lost_after_command: bool,
 }
 
-/// Waits for the child, passing on signals and stopping it if the lock is lost.
+/// Waits for the command, passing on signals and stopping it if the lock is lost; then
+/// stops whatever it left running in its process group.
 fn supervise(
-    mut child: Child,
+    mut job: Job,
     events: &Receiver<Event>,
     kill_after: Duration,
 ) -> Result<Outcome, Failure> {
     // SIGCHLD wakes us when the child exits; the timeout is only a safety net.
     const POLL: Duration = Duration::from_secs(1);
-    let pid = Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
     let mut lost: Option<String> = None;
     let mut interrupted = false;
     let mut kill_at: Option<Instant> = None;
@@ -734,28 +786,30 @@ fn supervise(
             Ok(Event::Signal(origin)) if origin.signal == SIGCHLD => {}
             Ok(Event::Signal(origin)) => {
                 interrupted = true;
-                // A terminal's Ctrl-C (sent by the kernel to the whole foreground process
-                // group) has reached the child already; anything sent to dlock alone is
-                // passed on. The child is not reaped before this point, so its pid is ours.
-                if origin.cause != Cause::Kernel {
+                // In dlock's own process group, the command has had a terminal's Ctrl-C
+                // (sent by the kernel to the whole foreground process group) already; anything
+                // else is passed on, to its whole process group when it has one.
+                if job.own_group || origin.cause != Cause::Kernel {
                     if let Ok(sig) = Signal::try_from(origin.signal) {
                         log::debug!("passing {sig} on to the command");
-                        let _ = kill(pid, sig);
+                        job.signal(sig);
                     }
                 }
             }
             Ok(Event::Lost(why)) => {
                 if lost.is_none() {
                     eprintln!("dlock: {why}; sending SIGTERM to the command");
-                    let _ = kill(pid, Signal::SIGTERM);
-                    kill_at = Some(Instant::now() + kill_after);
+                    job.signal(Signal::SIGTERM);
+                    kill_at = Some(deadline_after(Instant::now(), kill_after));
                     lost = Some(why);
                 }
             }
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => {}
         }
-        if let Some(status) = child.try_wait()? {
+        if let Some(status) = job.child.try_wait()? {
+            job.reaped = true;
+            job.stop_leftovers(kill_after);
             return Ok(Outcome {
                 status,
                 lost,
@@ -765,9 +819,210 @@ fn supervise(
         }
         if kill_at.is_some_and(|t| Instant::now() >= t) {
             eprintln!("dlock: the command did not stop after SIGTERM; sending SIGKILL");
-            let _ = child.kill();
+            job.signal(Signal::SIGKILL);
             kill_at = None;
         }
+    }
+}
+
+/// The running command. Dropped before it was reaped (an error or a panic in dlock), it is
+/// killed, with its process group.
+struct Job {
+    child: Child,
+    /// The command leads a process group of its own (pgid = its pid).
+    own_group: bool,
+    reaped: bool,
+}
+
+impl Job {
+    /// Starts the command so that it cannot outlive dlock and holds nothing of dlock's:
+    ///
+    /// - it gets SIGKILL when dlock dies, however dlock dies (Linux: `PR_SET_PDEATHSIG`;
+    ///   it is tied to the thread that forks, so this must be the main thread, which lives
+    ///   as long as dlock);
+    /// - unless dlock has the terminal (then the command must share its process group to
+    ///   read the terminal and get its Ctrl-C and Ctrl-Z), it leads a process group of its
+    ///   own, so that the signals dlock passes on, and the SIGTERM/SIGKILL of a lost lock,
+    ///   reach its children too;
+    /// - no descriptor of dlock's reaches it: every descriptor above stderr is made
+    ///   close-on-exec, except those dlock itself inherited (a make jobserver, sockets
+    ///   passed by systemd), which pass through as they would without dlock. A database
+    ///   socket left open in the command (libmariadb opens its sockets without
+    ///   close-on-exec) would keep dlock's session, and a session lock with it, alive for
+    ///   as long as the command or any background job of it runs.
+    fn spawn(mut command: ProcessCommand, inherited_fds: Vec<RawFd>) -> io::Result<Job> {
+        use std::os::unix::process::CommandExt;
+        let own_group = !has_the_terminal();
+        if own_group {
+            command.process_group(0);
+        }
+        let parent = libc_pid(std::process::id());
+        let mut keep = inherited_fds;
+        keep.retain(|&fd| fd > 2);
+        keep.sort_unstable();
+        keep.dedup();
+        // SAFETY: the closure runs in the child between fork and exec, and only makes
+        // async-signal-safe system calls (prctl, getppid, close_range or fcntl, getrlimit,
+        // _exit) on memory allocated before the fork; it allocates nothing, takes no lock.
+        unsafe {
+            command.pre_exec(move || {
+                #[cfg(any(target_os = "linux", target_os = "android"))]
+                {
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+                // dlock may have died before the line above: then nobody would ever send
+                // the signal.
+                if libc::getppid() != parent {
+                    libc::_exit(i32::from(EXIT_RUNTIME));
+                }
+                let mut from: libc::c_int = 3;
+                for &fd in &keep {
+                    if fd > from {
+                        set_cloexec(from, fd - 1);
+                    }
+                    from = fd.saturating_add(1);
+                }
+                set_cloexec(from, libc::c_int::MAX);
+                Ok(())
+            });
+        }
+        let child = command.spawn()?;
+        Ok(Job {
+            child,
+            own_group,
+            reaped: false,
+        })
+    }
+
+    /// Sends `sig` to the command, and to its whole process group when it has its own.
+    fn signal(&self, sig: Signal) {
+        if self.reaped && !self.own_group {
+            return; // its pid may belong to another process by now
+        }
+        let pid = Pid::from_raw(libc_pid(self.child.id()));
+        let target = if self.own_group {
+            Pid::from_raw(-pid.as_raw())
+        } else {
+            pid
+        };
+        let _ = kill(target, sig);
+    }
+
+    /// After the command exited: its background jobs left in its process group would run on
+    /// without the lock, so they get SIGTERM, and SIGKILL if still there after `kill_after`.
+    /// (A job that left the group, with `setsid` for instance, is not followed.)
+    fn stop_leftovers(&self, kill_after: Duration) {
+        if !self.own_group {
+            return;
+        }
+        let group = Pid::from_raw(-libc_pid(self.child.id()));
+        if kill(group, Signal::SIGTERM).is_err() {
+            return; // nothing left
+        }
+        log::info!("the command exited; sent SIGTERM to what it left in its process group");
+        let deadline = deadline_after(Instant::now(), kill_after);
+        let mut pause = Duration::from_millis(1);
+        // dlock is their subreaper (see `run`): those whose parent has exited are its
+        // children now, and reaped here, so that no zombie keeps the group in existence.
+        // Nothing else tells when the group is empty.
+        while {
+            reap_group(group);
+            kill(group, None).is_ok()
+        } {
+            if Instant::now() >= deadline {
+                eprintln!("dlock: the command's background jobs did not stop after SIGTERM; sending SIGKILL");
+                let _ = kill(group, Signal::SIGKILL);
+                return;
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        if !self.reaped {
+            self.signal(Signal::SIGKILL);
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Reaps the children of dlock's in process group `-group` that have exited (never the
+/// command itself, reaped already).
+fn reap_group(group: Pid) {
+    let mut status = 0;
+    // SAFETY: waitpid writes only to `status`.
+    while unsafe { libc::waitpid(group.as_raw(), &mut status, libc::WNOHANG) } > 0 {}
+}
+
+/// Whether dlock's process group is the foreground group of the terminal on its stdin
+/// (dlock was started from a shell prompt, not in the background, not by cron).
+fn has_the_terminal() -> bool {
+    // SAFETY: plain system calls on a descriptor number; no memory is passed.
+    unsafe { libc::isatty(0) == 1 && libc::tcgetpgrp(0) == libc::getpgrp() }
+}
+
+fn libc_pid(pid: u32) -> libc::pid_t {
+    libc::pid_t::try_from(pid).unwrap_or(libc::pid_t::MAX)
+}
+
+/// The descriptors above stderr open when dlock started, before it opened any of its own:
+/// those pass through to the command.
+fn inherited_fds() -> Vec<RawFd> {
+    let listed: Vec<RawFd> = std::fs::read_dir("/dev/fd")
+        .or_else(|_| std::fs::read_dir("/proc/self/fd"))
+        .map(|dir| {
+            dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    // The listing saw its own directory's descriptor, closed by now; and descriptors that are
+    // close-on-exec already would not reach the command anyway.
+    listed
+        .into_iter()
+        .filter(|&fd| {
+            // SAFETY: F_GETFD only reads the flags of a descriptor number.
+            let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+            fd > 2 && flags >= 0 && flags & libc::FD_CLOEXEC == 0
+        })
+        .collect()
+}
+
+/// Marks descriptors `from..=to` close-on-exec. Runs between fork and exec: system calls only.
+unsafe fn set_cloexec(from: libc::c_int, to: libc::c_int) {
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    {
+        // Linux 5.11 and later do it in one call.
+        let done = libc::syscall(
+            libc::SYS_close_range,
+            from as libc::c_uint,
+            to as libc::c_uint,
+            libc::CLOSE_RANGE_CLOEXEC,
+        ) == 0;
+        if done {
+            return;
+        }
+    }
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    let last = if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+        libc::c_int::try_from(limit.rlim_cur.saturating_sub(1)).unwrap_or(libc::c_int::MAX)
+    } else {
+        1023
+    };
+    let mut fd = from;
+    while fd <= to.min(last) {
+        let flags = libc::fcntl(fd, libc::F_GETFD);
+        if flags >= 0 && flags & libc::FD_CLOEXEC == 0 {
+            libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
+        }
+        fd += 1;
     }
 }
 
@@ -779,13 +1034,13 @@ fn hold_at_least(
     min_hold: Duration,
     events: &Receiver<Event>,
 ) -> Result<Outcome, Failure> {
-    let until = acquired + min_hold;
+    let until = deadline_after(acquired, min_hold);
     if outcome.interrupted || Instant::now() >= until {
         return Ok(outcome);
     }
     log::info!(
         "holding the lock for {} more (--min-hold)",
-        humantime::format_duration(round_ms(until - Instant::now()))
+        humantime::format_duration(round_ms(until.saturating_duration_since(Instant::now())))
     );
     loop {
         let left = until.saturating_duration_since(Instant::now());

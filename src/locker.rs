@@ -331,7 +331,8 @@ impl<C: LockConnection> Locker<C> {
         }
     }
 
-    /// One attempt: `Ok(None)` when someone else holds the key.
+    /// One attempt: `Ok(None)` when someone else holds the key. It never waits for the lock;
+    /// it does wait for a pooled connection, as long as the pool's `connection_timeout`.
     ///
     /// ```
     /// # fn main() -> diesel_lock::Result<()> {
@@ -522,13 +523,18 @@ impl<C: LockConnection> Locker<C> {
     }
 
     fn attempt(&self, key: &str, retry: bool, deadline: Deadline) -> Result<Option<Taken<C>>> {
-        let conn = match deadline.remaining() {
+        let conn = match deadline {
+            // One attempt does not wait for the lock, but may wait for a connection as the
+            // pool allows (a new one can take longer than a few ms to open: seen once, a
+            // `try_lock` failing with `Error::Pool` on a loaded machine after 20 ms).
+            Deadline::Once | Deadline::Never => self.inner.pool.get()?,
             // A short deadline still gets a fair chance at a momentarily busy pool.
-            Some(left) => self
-                .inner
-                .pool
-                .get_timeout(left.max(Duration::from_millis(20)))?,
-            None => self.inner.pool.get()?,
+            Deadline::At(_) => {
+                let left = deadline.remaining().unwrap_or_default();
+                self.inner
+                    .pool
+                    .get_timeout(left.max(Duration::from_millis(20)))?
+            }
         };
         // Strategies that wait on the server may use what is left of the deadline.
         let left = deadline.remaining();

@@ -244,20 +244,22 @@ fn urls_are_checked() {
 fn an_exhausted_pool_is_an_error_not_a_hang() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("l.db");
+    // The tables first, through a pool of no hurry: on a loaded machine opening the file
+    // can itself take longer than the 300 ms this test is about (seen once: `build` failed).
+    let setup = common::sqlite_at(path.to_str().unwrap(), 1);
+    setup.locker(LEASE);
     let pool = Pool::builder()
         .max_size(1)
         .connection_timeout(Duration::from_millis(300))
         .connection_customizer(Box::new(diesel_lock::SqliteTuning::default()))
-        .build(ConnectionManager::<diesel::SqliteConnection>::new(
+        .build_unchecked(ConnectionManager::<diesel::SqliteConnection>::new(
             path.to_str().unwrap(),
-        ))
-        .unwrap();
+        ));
     let l = Locker::builder(pool.clone())
         .strategy(LEASE)
         .build()
         .unwrap();
-    l.migrate().unwrap();
-    let _all = pool.get().unwrap();
+    let _all = pool.get_timeout(Duration::from_secs(30)).unwrap();
     let start = Instant::now();
     let err = l.try_lock_for("k", Duration::from_millis(100)).unwrap_err();
     assert!(matches!(err, Error::Pool(_)), "{err:?}");

@@ -144,7 +144,9 @@ impl Dialect for PgConnection {
         // key's row, so tokens are handed out in the order the rows are inserted and a later
         // holder always has a larger token (an id from a sequence would not: nextval runs
         // before the unique check, so a slow inserter can win with an older id).
-        // While the row is visibly held, the counter is not touched at all.
+        // While the row is visibly held, the counter is not touched at all. The times are
+        // clock_timestamp(): now() is when the statement began, before any wait for the
+        // counter's row lock.
         stmt(
             "WITH t AS ( \
                INSERT INTO dlock_tokens AS t (lock_key, token) \
@@ -152,7 +154,7 @@ impl Dialect for PgConnection {
                ON CONFLICT (lock_key) DO UPDATE SET token = t.token + 1 \
                RETURNING token) \
              INSERT INTO dlock_rows (lock_key, owner, holder, token, acquired_at, stale_at) \
-             SELECT ?, ?, ?, t.token, now(), now() + ? * interval '1 microsecond' FROM t \
+             SELECT ?, ?, ?, t.token, clock_timestamp(), clock_timestamp() + ? * interval '1 microsecond' FROM t \
              ON CONFLICT (lock_key) DO NOTHING \
              RETURNING id, token, acquired_at",
         )
@@ -222,10 +224,14 @@ impl Dialect for PgConnection {
         // inserts the row with that token. A row deleted by `purge` after the snapshot makes
         // `u` find nothing and `t` not run: the attempt fails and is retried with a fresh
         // snapshot, never with a token read before the purge saved the row's last one.
+        // The new times are clock_timestamp(), not now() (the statement's start): `u` may
+        // wait for another transaction's update of the row, `t` for the counter's row lock.
+        // An expiry a little later than the caller's own count (from before it sent the
+        // statement) is on the safe side.
         stmt(
             "WITH u AS ( \
                UPDATE dlock_leases SET owner = ?, holder = ?, token = token + 1, \
-                 acquired_at = now(), expires_at = now() + ? * interval '1 microsecond' \
+                 acquired_at = clock_timestamp(), expires_at = clock_timestamp() + ? * interval '1 microsecond' \
                WHERE lock_key = ? AND (holder IS NULL OR expires_at <= now()) \
                RETURNING token, acquired_at), \
              t AS ( \
@@ -235,7 +241,7 @@ impl Dialect for PgConnection {
                RETURNING token), \
              i AS ( \
                INSERT INTO dlock_leases (lock_key, owner, holder, token, acquired_at, expires_at) \
-               SELECT ?, ?, ?, t.token, now(), now() + ? * interval '1 microsecond' FROM t \
+               SELECT ?, ?, ?, t.token, clock_timestamp(), clock_timestamp() + ? * interval '1 microsecond' FROM t \
                ON CONFLICT (lock_key) DO NOTHING \
                RETURNING token, acquired_at) \
              SELECT 0::int8 AS id, token, acquired_at FROM u \

@@ -520,6 +520,51 @@ fn sigkill_of_dlock_ends_the_command(db: &Db, strategy: &str) {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "ran\n");
 }
 
+/// Found by the adversary: the parent-death signal reaches only the command itself, so
+/// what a shell command runs in its foreground lived on after a SIGKILLed dlock, beside the
+/// next dlock's command (PostgreSQL advisory: 14 overlaps in 30 s, worst 213 ms). Before:
+/// `the command's foreground work (pid N) outlived the SIGKILLed dlock`.
+fn sigkill_of_dlock_ends_the_commands_foreground_work(db: &Db, strategy: &str) {
+    let Some(strategy_args) = strategy_args(db, strategy) else {
+        return;
+    };
+    let k = key("sigkill-fg");
+    let mut args = vec!["run", "--key", &k];
+    args.extend(&strategy_args);
+    // A background job, then an inner shell that prints its pid and becomes `sleep`, in the
+    // outer shell's foreground: all in the command's process group.
+    args.extend([
+        "--",
+        "sh",
+        "-c",
+        "sleep 60 </dev/null >/dev/null 2>&1 & echo $!; sh -c 'echo $$; exec sleep 60'; true",
+    ]);
+    let mut a = db.spawn(&args);
+    let job: i32 = a.line().parse().unwrap();
+    let work: i32 = a.line().parse().unwrap();
+    nix::sys::signal::kill(a.pid(), nix::sys::signal::Signal::SIGKILL).unwrap();
+    let _ = a.child.wait();
+    let (work_ended, job_ended) = (ends(work), ends(job));
+    kill_leftover(work);
+    kill_leftover(job);
+    assert!(
+        work_ended,
+        "the command's foreground work (pid {work}) outlived the SIGKILLed dlock"
+    );
+    assert!(
+        job_ended,
+        "the command's background job (pid {job}) outlived the SIGKILLed dlock"
+    );
+}
+
+fn sigkill_of_dlock_ends_the_commands_foreground_work_lease(db: &Db) {
+    sigkill_of_dlock_ends_the_commands_foreground_work(db, "lease");
+}
+
+fn sigkill_of_dlock_ends_the_commands_foreground_work_advisory(db: &Db) {
+    sigkill_of_dlock_ends_the_commands_foreground_work(db, "advisory");
+}
+
 fn sigkill_of_dlock_ends_the_command_lease(db: &Db) {
     sigkill_of_dlock_ends_the_command(db, "lease");
 }
@@ -532,8 +577,10 @@ fn sigkill_of_dlock_ends_the_command_advisory(db: &Db) {
     sigkill_of_dlock_ends_the_command(db, "advisory");
 }
 
-/// A SIGKILLed dlock cannot stop its command's background jobs, but they hold no database
-/// connection of dlock's: the session, and the lock with it, ends with dlock.
+/// A SIGKILLed dlock cannot stop a background job that left the command's process group
+/// (`setsid`), but such a job holds no database connection of dlock's: the session, and the
+/// lock with it, ends with dlock. (Jobs still in the group are killed with it: see
+/// `sigkill_of_dlock_ends_the_commands_foreground_work`.)
 fn sigkill_of_dlock_with_a_background_job(db: &Db, strategy: &str) {
     let Some(strategy_args) = strategy_args(db, strategy) else {
         return;
@@ -545,11 +592,22 @@ fn sigkill_of_dlock_with_a_background_job(db: &Db, strategy: &str) {
         "--",
         "sh",
         "-c",
-        "sleep 60 </dev/null >/dev/null 2>&1 & echo $!; echo $$; exec sleep 60",
+        "setsid sh -c 'echo job $$; exec sleep 60' </dev/null 2>/dev/null & \
+         echo command $$; exec sleep 60",
     ]);
     let mut a = db.spawn(&args);
-    let job: i32 = a.line().parse().unwrap();
-    let command: i32 = a.line().parse().unwrap();
+    // The job says its pid once it has left the group; the two lines come in either order.
+    let (mut job, mut command) = (0, 0);
+    for _ in 0..2 {
+        let line = a.line();
+        let (who, pid) = line.split_once(' ').unwrap();
+        let pid: i32 = pid.parse().unwrap();
+        if who == "job" {
+            job = pid;
+        } else {
+            command = pid;
+        }
+    }
     nix::sys::signal::kill(a.pid(), nix::sys::signal::Signal::SIGKILL).unwrap();
     let _ = a.child.wait();
     let ended = ends(command);
@@ -566,7 +624,7 @@ fn sigkill_of_dlock_with_a_background_job(db: &Db, strategy: &str) {
     );
     assert!(
         job_alive,
-        "the background job was expected to outlive dlock"
+        "the job that left the group was expected to outlive dlock"
     );
     assert_eq!(
         code(&out.status),
@@ -967,6 +1025,8 @@ for_each_backend!(
     environment_and_increasing_tokens,
     sigkill_of_dlock_frees_the_lease_after_ttl,
     sigkill_of_dlock_ends_the_command_lease,
+    sigkill_of_dlock_ends_the_commands_foreground_work_lease,
+    sigkill_of_dlock_ends_the_commands_foreground_work_advisory,
     sigkill_of_dlock_ends_the_command_for_update,
     sigkill_of_dlock_ends_the_command_advisory,
     sigkill_of_dlock_with_a_background_job_lease,

@@ -572,6 +572,9 @@ fn run(
         Strategy::Row {
             stale_after: Some(s),
         } => ((s / 3).min(Duration::from_secs(5)), None),
+        // Session strategies: a cheap query on the session that holds the lock; a session
+        // ended by the server is noticed within a second.
+        Strategy::ForUpdate | Strategy::Advisory => (Duration::from_secs(1), None),
         _ => (Duration::from_secs(5), None),
     };
     let outcome = std::thread::scope(|scope| {
@@ -735,7 +738,7 @@ fn watch(
             Ok(()) => confirmed = Instant::now(),
             Err(Error::LockLost { key }) => {
                 let _ = tx.send(Event::Lost(format!(
-                    "the lock on {key:?} was lost while the command ran (expired, or removed by `dlock release --force`)"
+                    "the lock on {key:?} was lost while the command ran (a lease that expired, a row past --stale-after, a session ended by the server, or `dlock release --force`)"
                 )));
                 return;
             }
@@ -810,6 +813,7 @@ fn supervise(
         if let Some(status) = job.child.try_wait()? {
             job.reaped = true;
             job.stop_leftovers(kill_after);
+            job.disarm();
             return Ok(Outcome {
                 status,
                 lost,
@@ -832,6 +836,62 @@ struct Job {
     /// The command leads a process group of its own (pgid = its pid).
     own_group: bool,
     reaped: bool,
+    /// With a group of its own: the process that kills the group should dlock die.
+    guardian: Option<Guardian>,
+}
+
+/// A small `sh` in a process group of its own that kills the command's process group when
+/// dlock dies, however it dies: it reads the group's id, then waits on a pipe whose only
+/// writer is dlock. End of file (dlock gone) means SIGKILL to the whole group: the parent-
+/// death signal reaches only the command itself, not what a shell command runs in its
+/// foreground. dlock says "done" once the group is empty, and the guardian just exits.
+struct Guardian {
+    child: Child,
+    pipe: std::process::ChildStdin,
+}
+
+/// The guardian's script (POSIX sh: dash's `kill` takes a negative pid only after `-s` and
+/// `--`). The group's id comes through the pipe, never through the text.
+const GUARDIAN: &str = "trap '' INT HUP TERM QUIT; \
+    read g || exit 0; \
+    read _ && exit 0; \
+    kill -s KILL -- \"-$g\" 2>/dev/null";
+
+impl Guardian {
+    /// Starts the guardian, with no descriptor of dlock's but its pipe (as for the command).
+    fn start(keep: &[RawFd]) -> io::Result<Guardian> {
+        use std::os::unix::process::CommandExt;
+        use std::process::Stdio;
+        let mut sh = ProcessCommand::new("/bin/sh");
+        sh.args(["-c", GUARDIAN])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0);
+        let keep = keep.to_vec();
+        // SAFETY: as for the command's pre_exec below: async-signal-safe system calls only.
+        unsafe {
+            sh.pre_exec(move || {
+                cloexec_all_but(&keep);
+                Ok(())
+            });
+        }
+        let mut child = sh.spawn()?;
+        let pipe = child.stdin.take().expect("piped stdin");
+        Ok(Guardian { child, pipe })
+    }
+
+    /// Tells it which group to kill should dlock die.
+    fn watch(&mut self, group: u32) -> io::Result<()> {
+        writeln!(self.pipe, "{group}")
+    }
+
+    /// The group is empty: the guardian exits without killing anything.
+    fn disarm(mut self) {
+        let _ = writeln!(self.pipe, "done");
+        drop(self.pipe);
+        let _ = self.child.wait();
+    }
 }
 
 impl Job {
@@ -861,6 +921,12 @@ impl Job {
         keep.retain(|&fd| fd > 2);
         keep.sort_unstable();
         keep.dedup();
+        // Started first, so that no moment of the command's life goes unguarded.
+        let mut guardian = if own_group {
+            Some(Guardian::start(&keep)?)
+        } else {
+            None
+        };
         // SAFETY: the closure runs in the child between fork and exec, and only makes
         // async-signal-safe system calls (prctl, getppid, close_range or fcntl, getrlimit,
         // _exit) on memory allocated before the fork; it allocates nothing, takes no lock.
@@ -877,23 +943,29 @@ impl Job {
                 if libc::getppid() != parent {
                     libc::_exit(i32::from(EXIT_RUNTIME));
                 }
-                let mut from: libc::c_int = 3;
-                for &fd in &keep {
-                    if fd > from {
-                        set_cloexec(from, fd - 1);
-                    }
-                    from = fd.saturating_add(1);
-                }
-                set_cloexec(from, libc::c_int::MAX);
+                cloexec_all_but(&keep);
                 Ok(())
             });
         }
         let child = command.spawn()?;
+        if let Some(g) = &mut guardian {
+            if let Err(e) = g.watch(child.id()) {
+                log::warn!("the guardian of the command's process group is gone: {e}");
+            }
+        }
         Ok(Job {
             child,
             own_group,
             reaped: false,
+            guardian,
         })
+    }
+
+    /// The command's group is empty: its guardian may go.
+    fn disarm(&mut self) {
+        if let Some(g) = self.guardian.take() {
+            g.disarm();
+        }
     }
 
     /// Sends `sig` to the command, and to its whole process group when it has its own.
@@ -948,7 +1020,21 @@ impl Drop for Job {
             self.signal(Signal::SIGKILL);
             let _ = self.child.wait();
         }
+        self.disarm();
     }
+}
+
+/// Marks every descriptor above stderr close-on-exec but those in `keep` (sorted). Runs
+/// between fork and exec: system calls only.
+unsafe fn cloexec_all_but(keep: &[RawFd]) {
+    let mut from: libc::c_int = 3;
+    for &fd in keep {
+        if fd > from {
+            set_cloexec(from, fd - 1);
+        }
+        from = fd.saturating_add(1);
+    }
+    set_cloexec(from, libc::c_int::MAX);
 }
 
 /// Reaps the children of dlock's in process group `-group` that have exited (never the

@@ -26,6 +26,7 @@
 //! ```
 
 use crate::backend::LockConnection;
+use crate::backend::Sql;
 use crate::{key, Result};
 use chrono::{DateTime, Utc};
 use std::time::Duration;
@@ -77,9 +78,10 @@ impl LockInfo {
 /// can be held then); [`Error::Database`](crate::Error::Database) for other failures.
 pub fn held_locks<C: LockConnection>(conn: &mut C) -> Result<Vec<LockInfo>> {
     let mut all: Vec<LockInfo> = conn
+        .sql()
         .admin_rows(None)?
         .into_iter()
-        .chain(conn.admin_leases(None)?)
+        .chain(conn.sql().admin_leases(None)?)
         .map(|h| h.info)
         .collect();
     all.sort_by(|a, b| (&a.key, a.strategy).cmp(&(&b.key, b.strategy)));
@@ -110,9 +112,10 @@ pub fn held_locks<C: LockConnection>(conn: &mut C) -> Result<Vec<LockInfo>> {
 pub fn lock_info<C: LockConnection>(conn: &mut C, key: &str) -> Result<Vec<LockInfo>> {
     key::validate(key)?;
     let mut held: Vec<LockInfo> = conn
+        .sql()
         .admin_rows(Some(key))?
         .into_iter()
-        .chain(conn.admin_leases(Some(key))?)
+        .chain(conn.sql().admin_leases(Some(key))?)
         .map(|h| h.info)
         .collect();
     held.sort_by_key(|i| i.strategy);
@@ -146,7 +149,7 @@ pub fn lock_info<C: LockConnection>(conn: &mut C, key: &str) -> Result<Vec<LockI
 /// [`held_locks`].
 pub fn force_release<C: LockConnection>(conn: &mut C, key: &str) -> Result<Vec<LockInfo>> {
     key::validate(key)?;
-    let mut removed = conn.admin_force_release(key)?;
+    let mut removed = conn.sql().admin_force_release(key)?;
     removed.sort_by_key(|i| i.strategy);
     for info in &removed {
         log::warn!(

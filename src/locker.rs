@@ -1,6 +1,7 @@
 //! `Locker` and `LockerBuilder`: the waiting loop (deadlines, backoff, the in-process queue)
 //! written once for every strategy.
 
+use crate::backend::Sql;
 use crate::backend::{Backend, LockConnection};
 use crate::guard::LockGuard;
 use crate::strategy::heartbeat::Heartbeat;
@@ -185,12 +186,12 @@ impl<C: LockConnection> LockerBuilder<C> {
         if self.max_backoff.is_zero() {
             return Err(Error::InvalidConfig("max_backoff must not be zero".into()));
         }
-        let backend = match C::static_backend() {
+        let backend = match crate::backend::static_backend::<C>() {
             Some(b) => b,
-            None => self.pool.get()?.backend(),
+            None => self.pool.get()?.sql().backend(),
         };
         self.strategy.validate(backend)?;
-        if backend == Backend::Mysql && !self.pool.get()?.autocommits()? {
+        if backend == Backend::Mysql && !self.pool.get()?.sql().autocommits()? {
             return Err(Error::InvalidConfig(
                 "the pool's MySQL connections have autocommit off, so no lock would ever be \
                  committed: run `SET SESSION autocommit = 1` in the pool's connection \
@@ -304,7 +305,7 @@ impl<C: LockConnection> Locker<C> {
     /// [`Error::Pool`] without a connection, [`Error::Migration`] if the DDL fails (for
     /// example, missing privileges).
     pub fn migrate(&self) -> Result<()> {
-        self.inner.pool.get()?.run_migrations()
+        self.inner.pool.get()?.sql().run_migrations()
     }
 
     /// Waits as long as it takes, then returns the guard.
@@ -427,11 +428,11 @@ impl<C: LockConnection> Locker<C> {
             // Each step is one statement or transaction; a deadlock victim's was rolled back
             // and is run again.
             Strategy::Lease { .. } => {
-                strategy::with_conn(&self.inner.pool, |c| c.purge_mark_leases(idle_us))?;
-                strategy::with_conn(&self.inner.pool, |c| c.purge_delete_leases())?
+                strategy::with_conn(&self.inner.pool, |c| c.sql().purge_mark_leases(idle_us))?;
+                strategy::with_conn(&self.inner.pool, |c| c.sql().purge_delete_leases())?
             }
             Strategy::Row { .. } => {
-                strategy::with_conn(&self.inner.pool, |c| c.purge_stale_rows())?
+                strategy::with_conn(&self.inner.pool, |c| c.sql().purge_stale_rows())?
             }
             _ => 0,
         };

@@ -12,6 +12,7 @@
 //! through `transaction` with the same key: the version is what makes writes conflict.
 
 use crate::backend::LockConnection;
+use crate::backend::Sql;
 use crate::{key, random, Error, Result};
 use std::time::Duration;
 
@@ -73,7 +74,7 @@ where
         match once(conn, key, &mut f) {
             Ok(Some(value)) => return Ok(value),
             Ok(None) => log::debug!("optimistic {key:?}: version changed (attempt {attempt})"),
-            Err(Error::Database(e)) if conn.is_contention(&e) => {
+            Err(Error::Database(e)) if conn.sql().is_contention(&e) => {
                 log::debug!("optimistic {key:?}: contention ({e}) (attempt {attempt})");
             }
             Err(e) => return Err(e),
@@ -116,9 +117,9 @@ where
 {
     for _ in 0..2 {
         let outcome = conn.transaction::<T, Abort, _>(|c| {
-            let seen = c.version_read(key)?.ok_or(Abort::Missing)?;
+            let seen = c.sql().version_read(key)?.ok_or(Abort::Missing)?;
             let value = f(c, seen).map_err(|e| Abort::Failed(e.into()))?;
-            if c.version_bump(key, seen)? {
+            if c.sql().version_bump(key, seen)? {
                 Ok(value)
             } else {
                 Err(Abort::Conflict)
@@ -130,7 +131,7 @@ where
             Err(Abort::Failed(e)) => return Err(e),
             // Created outside the transaction and committed at once: an uncommitted row
             // would make every other first user of the key wait for this transaction.
-            Err(Abort::Missing) => conn.version_create(key)?,
+            Err(Abort::Missing) => conn.sql().version_create(key)?,
         }
     }
     // The row vanished right after its creation (deleted by hand): try again later.

@@ -1,12 +1,11 @@
 //! `AnyConnection`: one connection type over every enabled backend, for programs that pick
 //! the database at run time (the `dlock` CLI does), and `connect(url)` to build its pool.
 
-use super::sealed::Dialect;
-use super::{Acquired, Backend, Held, Wait};
-use crate::admin::LockInfo;
+use super::sealed::{Dialect, Seal, Sealed};
+use super::Backend;
 use crate::{Error, Result};
 use diesel::r2d2::{ConnectionManager, CustomizeConnection, Pool};
-use diesel::{Connection, QueryResult};
+use diesel::Connection;
 use std::time::Duration;
 
 #[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
@@ -89,119 +88,13 @@ macro_rules! each {
     };
 }
 
-impl Dialect for AnyConnection {
-    fn backend(&self) -> Backend {
-        each!(self, c => c.backend())
+impl Sealed for AnyConnection {
+    fn dialect(&mut self, seal: Seal) -> &mut dyn Dialect {
+        each!(self, c => c.dialect(seal))
     }
-    fn static_backend() -> Option<Backend> {
+
+    fn static_backend(_: Seal) -> Option<Backend> {
         None
-    }
-    fn run_migrations(&mut self) -> Result<()> {
-        each!(self, c => c.run_migrations())
-    }
-    fn is_contention(&self, e: &diesel::result::Error) -> bool {
-        each!(self, c => c.is_contention(e))
-    }
-    fn autocommits(&mut self) -> QueryResult<bool> {
-        each!(self, c => c.autocommits())
-    }
-    fn row_acquire(
-        &mut self,
-        key: &str,
-        owner: &str,
-        holder: &str,
-        stale_us: Option<i64>,
-        retry: bool,
-    ) -> QueryResult<Option<Acquired>> {
-        each!(self, c => c.row_acquire(key, owner, holder, stale_us, retry))
-    }
-    fn row_forget(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
-        each!(self, c => c.row_forget(key, holder))
-    }
-    fn row_delete_stale(&mut self, key: &str) -> QueryResult<bool> {
-        each!(self, c => c.row_delete_stale(key))
-    }
-    fn row_release(&mut self, id: i64) -> QueryResult<bool> {
-        each!(self, c => c.row_release(id))
-    }
-    fn row_held(&mut self, id: i64) -> QueryResult<bool> {
-        each!(self, c => c.row_held(id))
-    }
-    fn lease_acquire(
-        &mut self,
-        key: &str,
-        owner: &str,
-        holder: &str,
-        ttl_us: i64,
-        retry: bool,
-    ) -> QueryResult<Option<Acquired>> {
-        each!(self, c => c.lease_acquire(key, owner, holder, ttl_us, retry))
-    }
-    fn lease_renew(
-        &mut self,
-        key: &str,
-        holder: &str,
-        ttl_us: i64,
-        bound: std::time::Duration,
-    ) -> QueryResult<bool> {
-        each!(self, c => c.lease_renew(key, holder, ttl_us, bound))
-    }
-    fn lease_release(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
-        each!(self, c => c.lease_release(key, holder))
-    }
-    fn lease_held(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
-        each!(self, c => c.lease_held(key, holder))
-    }
-    fn is_lock_unavailable(&self, e: &diesel::result::Error) -> bool {
-        each!(self, c => c.is_lock_unavailable(e))
-    }
-    fn for_update_create(&mut self, key: &str) -> QueryResult<()> {
-        each!(self, c => c.for_update_create(key))
-    }
-    fn for_update_lock(&mut self, key: &str, wait: Wait) -> QueryResult<Option<Acquired>> {
-        each!(self, c => c.for_update_lock(key, wait))
-    }
-    fn for_update_held(&mut self, key: &str, proof: i64) -> QueryResult<bool> {
-        each!(self, c => c.for_update_held(key, proof))
-    }
-    fn for_update_finish(&mut self, proof: i64) -> QueryResult<bool> {
-        each!(self, c => c.for_update_finish(proof))
-    }
-    fn advisory_lock(&mut self, key: &str, wait: Wait) -> QueryResult<Option<Acquired>> {
-        each!(self, c => c.advisory_lock(key, wait))
-    }
-    fn advisory_unlock(&mut self, key: &str) -> QueryResult<bool> {
-        each!(self, c => c.advisory_unlock(key))
-    }
-    fn advisory_held(&mut self, key: &str) -> QueryResult<bool> {
-        each!(self, c => c.advisory_held(key))
-    }
-    fn version_read(&mut self, key: &str) -> QueryResult<Option<i64>> {
-        each!(self, c => c.version_read(key))
-    }
-    fn version_create(&mut self, key: &str) -> QueryResult<()> {
-        each!(self, c => c.version_create(key))
-    }
-    fn version_bump(&mut self, key: &str, seen: i64) -> QueryResult<bool> {
-        each!(self, c => c.version_bump(key, seen))
-    }
-    fn admin_rows(&mut self, key: Option<&str>) -> QueryResult<Vec<Held>> {
-        each!(self, c => c.admin_rows(key))
-    }
-    fn admin_leases(&mut self, key: Option<&str>) -> QueryResult<Vec<Held>> {
-        each!(self, c => c.admin_leases(key))
-    }
-    fn admin_force_release(&mut self, key: &str) -> QueryResult<Vec<LockInfo>> {
-        each!(self, c => c.admin_force_release(key))
-    }
-    fn purge_stale_rows(&mut self) -> QueryResult<usize> {
-        each!(self, c => c.purge_stale_rows())
-    }
-    fn purge_mark_leases(&mut self, idle_us: i64) -> QueryResult<usize> {
-        each!(self, c => c.purge_mark_leases(idle_us))
-    }
-    fn purge_delete_leases(&mut self) -> QueryResult<usize> {
-        each!(self, c => c.purge_delete_leases())
     }
 }
 

@@ -131,18 +131,92 @@ impl Backend {
 ///
 /// Implemented (sealed) for diesel's `PgConnection`, `MysqlConnection`, `SqliteConnection`
 /// (each behind its feature) and for [`AnyConnection`], which picks the backend at run time.
-pub trait LockConnection: sealed::Dialect + diesel::r2d2::R2D2Connection + Send + 'static {}
+/// It is only a bound: the statements behind it belong to the crate, and no other crate can
+/// implement it or run them (so changing them is never a breaking change).
+///
+/// ```
+/// fn takes_any_lock_connection<C: diesel_lock::LockConnection>() {}
+/// takes_any_lock_connection::<diesel::SqliteConnection>();
+/// takes_any_lock_connection::<diesel_lock::AnyConnection>();
+/// ```
+///
+/// The library's statements cannot be called from outside it, not even through the bound
+/// (they are not methods of `LockConnection` or of any trait it extends):
+///
+/// ```compile_fail
+/// fn delete_someones_row<C: diesel_lock::LockConnection>(c: &mut C) {
+///     let _ = c.row_release(7); // error: no method named `row_release`
+/// }
+/// ```
+///
+/// nor, from safe code, can the way to them be opened: it takes a key that only this crate
+/// can make.
+///
+/// ```compile_fail
+/// fn open<C: diesel_lock::LockConnection>(c: &mut C) {
+///     let _ = c.dialect(Default::default()); // error: the key cannot be made here
+/// }
+/// ```
+///
+/// nor can another crate implement it:
+///
+/// ```compile_fail
+/// struct Mine;
+/// impl diesel_lock::LockConnection for Mine {}
+/// ```
+pub trait LockConnection: sealed::Sealed + diesel::r2d2::R2D2Connection + Send + 'static {}
 
-impl<T> LockConnection for T where T: sealed::Dialect + diesel::r2d2::R2D2Connection + Send + 'static
-{}
+impl<T> LockConnection for T where T: sealed::Sealed + diesel::r2d2::R2D2Connection + Send + 'static {}
 
-pub(crate) use sealed::{Acquired, Wait};
+pub(crate) use sealed::{Acquired, Dialect, SessionLocks, Wait};
+
+/// How the crate reaches the statements of a connection: `conn.sql()`.
+pub(crate) trait Sql {
+    /// This connection's statements.
+    fn sql(&mut self) -> &mut dyn Dialect;
+    /// The statements of the session strategies; an error on a backend without them (never
+    /// reached: `build` refuses those strategies there).
+    fn session_sql(&mut self) -> QueryResult<&mut dyn SessionLocks> {
+        self.sql().sessions().ok_or_else(|| {
+            diesel::result::Error::QueryBuilderError(
+                "this backend has no row or session locks".into(),
+            )
+        })
+    }
+}
+
+impl<C: LockConnection> Sql for C {
+    fn sql(&mut self) -> &mut dyn Dialect {
+        self.dialect(sealed::Seal(()))
+    }
+}
+
+/// The backend of every connection of type `C`, when the type fixes it.
+pub(crate) fn static_backend<C: LockConnection>() -> Option<Backend> {
+    C::static_backend(sealed::Seal(()))
+}
 
 pub(crate) mod sealed {
     use super::*;
 
-    /// What a successful acquisition returns from the database. (Public only inside this
-    /// unnameable module, as the sealed trait's signatures need.)
+    /// The key to a connection's statements. Its field is private to this crate, so only the
+    /// crate can make one, and only the crate can call [`Sealed`]'s methods.
+    #[derive(Debug)]
+    pub struct Seal(pub(crate) ());
+
+    /// The supertrait that seals [`LockConnection`](super::LockConnection): public only in
+    /// this unnameable module, so no other crate can implement it, and its methods take a
+    /// [`Seal`], which no other crate can make.
+    pub trait Sealed {
+        /// This connection's statements.
+        #[doc(hidden)]
+        fn dialect(&mut self, seal: Seal) -> &mut dyn Dialect;
+        /// The backend of every connection of this type, when it is fixed by the type.
+        #[doc(hidden)]
+        fn static_backend(seal: Seal) -> Option<Backend>;
+    }
+
+    /// What a successful acquisition returns from the database.
     #[derive(Debug, Clone, Copy)]
     pub struct Acquired {
         /// Row strategy: the row's id (release deletes by it). Lease: unused (0).
@@ -169,11 +243,9 @@ pub(crate) mod sealed {
     /// `retry` is true when the caller already failed an attempt on this key: backends where
     /// a failed write attempt is costly (MySQL's insert locks, SQLite's single writer) then
     /// look first with a plain read and skip the write while the key is visibly held.
-    pub trait Dialect: diesel::Connection {
+    pub trait Dialect {
         /// The backend of this connection.
         fn backend(&self) -> Backend;
-        /// The backend of every connection of this type, when it is fixed by the type.
-        fn static_backend() -> Option<Backend>;
         /// Creates or upgrades the tables; safe to run from many processes at once.
         fn run_migrations(&mut self) -> Result<()>;
         /// False if this session does not commit each statement on its own (MySQL with
@@ -185,7 +257,11 @@ pub(crate) mod sealed {
         /// True if `e` means "someone else is competing for this lock right now" (deadlock,
         /// lock-wait timeout, busy database) rather than a real failure.
         fn is_contention(&self, e: &diesel::result::Error) -> bool;
-
+        /// The row locks and session locks of the session strategies (`ForUpdate`,
+        /// `Advisory`), or `None` on a backend that has neither (SQLite).
+        fn sessions(&mut self) -> Option<&mut dyn SessionLocks> {
+            None
+        }
         /// Inserts the key's row stamped with `holder` (unique per acquisition), if absent.
         /// `stale_us`: the row goes stale that long after it is inserted (stored with it as
         /// `stale_at`, database clock); `None`: never.
@@ -229,54 +305,6 @@ pub(crate) mod sealed {
         fn lease_release(&mut self, key: &str, holder: &str) -> QueryResult<bool>;
         fn lease_held(&mut self, key: &str, holder: &str) -> QueryResult<bool>;
 
-        // Strategy::ForUpdate and Strategy::Advisory. Backends without row or session locks
-        // (SQLite) keep these defaults, which refuse; `Strategy::validate` refuses first.
-
-        /// True if `e` means "the lock is held by someone else", reported by a `NOWAIT` or a
-        /// bounded server-side wait, as opposed to a real failure.
-        fn is_lock_unavailable(&self, _e: &diesel::result::Error) -> bool {
-            false
-        }
-        /// ForUpdate, outside any transaction: creates the key's row if it does not exist,
-        /// committed at once (an uncommitted row would make other creators wait for us).
-        fn for_update_create(&mut self, _key: &str) -> QueryResult<()> {
-            Err(unsupported())
-        }
-        /// ForUpdate, inside the transaction the caller opened: locks the key's row, waiting
-        /// as `wait` says, and draws a token from a source that a rollback does not undo (a
-        /// token drawn by a holder that then died must never be issued again). `Acquired::id`
-        /// is the backend's proof that this transaction holds the lock, for
-        /// `for_update_held` and `for_update_finish`. `Ok(None)`: the row does not exist. A
-        /// busy row is an error that `is_lock_unavailable` recognises.
-        fn for_update_lock(&mut self, _key: &str, _wait: Wait) -> QueryResult<Option<Acquired>> {
-            Err(unsupported())
-        }
-        /// ForUpdate, inside the holder's transaction: does this transaction still hold the
-        /// lock it took with `proof`?
-        fn for_update_held(&mut self, _key: &str, _proof: i64) -> QueryResult<bool> {
-            Err(unsupported())
-        }
-        /// ForUpdate, just before COMMIT: undoes whatever only the holder needed (false if the
-        /// transaction no longer holds the lock).
-        fn for_update_finish(&mut self, _proof: i64) -> QueryResult<bool> {
-            Ok(true)
-        }
-        /// Advisory: takes the session-level lock, waiting as `wait` says, then bumps the
-        /// key's counter in `dlock_tokens`. `Ok(None)`: busy, and this session does not hold
-        /// the lock (a timeout that raced a grant has been undone). After an `Err` the
-        /// session may hold the lock: the caller must discard the connection.
-        fn advisory_lock(&mut self, _key: &str, _wait: Wait) -> QueryResult<Option<Acquired>> {
-            Err(unsupported())
-        }
-        /// Advisory: releases one hold of the lock; false if this session did not hold it.
-        fn advisory_unlock(&mut self, _key: &str) -> QueryResult<bool> {
-            Err(unsupported())
-        }
-        /// Advisory: does this session hold the lock?
-        fn advisory_held(&mut self, _key: &str) -> QueryResult<bool> {
-            Err(unsupported())
-        }
-
         // optimistic::transaction.
 
         /// The key's version, `None` if it has no row yet.
@@ -308,6 +336,42 @@ pub(crate) mod sealed {
         fn purge_mark_leases(&mut self, idle_us: i64) -> QueryResult<usize>;
         /// Purge, step two: deletes the marked lease rows whose token is saved.
         fn purge_delete_leases(&mut self) -> QueryResult<usize>;
+    }
+
+    /// The statements of the session strategies, on the backends that have them
+    /// ([`Dialect::sessions`]).
+    pub trait SessionLocks {
+        /// True if `e` means "the lock is held by someone else", reported by a `NOWAIT` or a
+        /// bounded server-side wait, as opposed to a real failure.
+        fn is_lock_unavailable(&self, e: &diesel::result::Error) -> bool;
+        /// ForUpdate, outside any transaction: creates the key's row if it does not exist,
+        /// committed at once (an uncommitted row would make other creators wait for us).
+        fn for_update_create(&mut self, key: &str) -> QueryResult<()>;
+        /// ForUpdate, inside the transaction the caller opened: locks the key's row, waiting
+        /// as `wait` says, and draws a token from a source that a rollback does not undo (a
+        /// token drawn by a holder that then died must never be issued again). `Acquired::id`
+        /// is the backend's proof that this transaction holds the lock, for
+        /// `for_update_held` and `for_update_finish`. `Ok(None)`: the row does not exist. A
+        /// busy row is an error that `is_lock_unavailable` recognises.
+        fn for_update_lock(&mut self, key: &str, wait: Wait) -> QueryResult<Option<Acquired>>;
+        /// ForUpdate, inside the holder's transaction: does this transaction still hold the
+        /// lock it took with `proof`?
+        fn for_update_held(&mut self, key: &str, proof: i64) -> QueryResult<bool>;
+        /// ForUpdate, just before COMMIT: undoes whatever only the holder needed (false if the
+        /// transaction no longer holds the lock).
+        fn for_update_finish(&mut self, proof: i64) -> QueryResult<bool> {
+            let _ = proof;
+            Ok(true)
+        }
+        /// Advisory: takes the session-level lock, waiting as `wait` says, then bumps the
+        /// key's counter in `dlock_tokens`. `Ok(None)`: busy, and this session does not hold
+        /// the lock (a timeout that raced a grant has been undone). After an `Err` the
+        /// session may hold the lock: the caller must discard the connection.
+        fn advisory_lock(&mut self, key: &str, wait: Wait) -> QueryResult<Option<Acquired>>;
+        /// Advisory: releases one hold of the lock; false if this session did not hold it.
+        fn advisory_unlock(&mut self, key: &str) -> QueryResult<bool>;
+        /// Advisory: does this session hold the lock?
+        fn advisory_held(&mut self, key: &str) -> QueryResult<bool>;
     }
 
     /// A held lock as the admin functions read it, with what it takes to remove it.
@@ -345,12 +409,6 @@ pub(crate) fn force_release_in<C: sealed::Dialect>(
         }
     }
     Ok(removed)
-}
-
-/// The error of a session-strategy statement on a backend that has none (never reached:
-/// `Strategy::validate` refuses such strategies when the `Locker` is built).
-fn unsupported() -> diesel::result::Error {
-    diesel::result::Error::QueryBuilderError("this backend has no row or session locks".into())
 }
 
 /// Runs `f` under a guard that, should `f` fail with a migration error caused by another

@@ -1,7 +1,7 @@
 //! MySQL and MariaDB. Without `RETURNING` on MySQL, an acquisition that wins reads its token
 //! back with a second statement; a failed one costs one statement.
 
-use super::sealed::Dialect;
+use super::sealed::{Dialect, Seal, Sealed, SessionLocks};
 use super::stmt::stmt;
 use super::{force_release_in, migrate_with_retry, Acquired, Backend, Held, Wait};
 use crate::admin::LockInfo;
@@ -126,10 +126,6 @@ impl Dialect for MysqlConnection {
 
     fn backend(&self) -> Backend {
         Backend::Mysql
-    }
-
-    fn static_backend() -> Option<Backend> {
-        Some(Backend::Mysql)
     }
 
     fn run_migrations(&mut self) -> Result<()> {
@@ -372,176 +368,6 @@ impl Dialect for MysqlConnection {
         )
     }
 
-    fn is_lock_unavailable(&self, e: &diesel::result::Error) -> bool {
-        lock_unavailable(e)
-    }
-
-    fn for_update_create(&mut self, key: &str) -> QueryResult<()> {
-        stmt("INSERT IGNORE INTO dlock_for_update (lock_key, version) VALUES (?, 0)")
-            .bind::<Text, _>(key)
-            .execute(self)
-            .map(drop)
-    }
-
-    fn for_update_lock(&mut self, key: &str, wait: Wait) -> QueryResult<Option<Acquired>> {
-        // innodb_lock_wait_timeout counts whole seconds (and MariaDB's `WAIT n` rounds a
-        // fraction down to 0), so a bounded wait waits the whole seconds it has server-side
-        // and leaves the rest to the locker's NOWAIT retries, never overshooting.
-        // At most 100,000,000 s, the largest the server takes; a longer wait ends there as
-        // busy and the locker waits again until its deadline.
-        let seconds = match wait {
-            Wait::For(d) => d.as_secs().min(100_000_000),
-            _ => 0,
-        };
-        let locked = match wait {
-            Wait::Forever => stmt(
-                "SELECT CAST(1 AS SIGNED) AS one FROM dlock_for_update \
-                 WHERE lock_key = ? FOR UPDATE",
-            )
-            .bind::<Text, _>(key)
-            .get_result::<One>(self)
-            .optional(),
-            Wait::For(_) if seconds > 0 => {
-                // The session's own setting is saved and put back, as the connection goes
-                // back to the pool and on to other users.
-                stmt(
-                    "SET @dlock_saved_wait = @@SESSION.innodb_lock_wait_timeout, \
-                     SESSION innodb_lock_wait_timeout = ?",
-                )
-                .bind::<BigInt, _>(i64::try_from(seconds).unwrap_or(i64::MAX))
-                .execute(self)?;
-                let locked = stmt(
-                    "SELECT CAST(1 AS SIGNED) AS one FROM dlock_for_update \
-                     WHERE lock_key = ? FOR UPDATE",
-                )
-                .bind::<Text, _>(key)
-                .get_result::<One>(self)
-                .optional();
-                stmt("SET SESSION innodb_lock_wait_timeout = @dlock_saved_wait").execute(self)?;
-                locked
-            }
-            _ => stmt(
-                "SELECT CAST(1 AS SIGNED) AS one FROM dlock_for_update \
-                 WHERE lock_key = ? FOR UPDATE NOWAIT",
-            )
-            .bind::<Text, _>(key)
-            .get_result::<One>(self)
-            .optional(),
-        }?;
-        if locked.is_none() {
-            return Ok(None);
-        }
-        // The token is an AUTO_INCREMENT id drawn now that the row is ours: a rollback
-        // does not give an id back, so a dead holder's token is never reissued. The row
-        // itself stays uncommitted, visible only to this transaction, until
-        // for_update_finish deletes it: it is the proof for for_update_held.
-        stmt("INSERT INTO dlock_fences (lock_key) VALUES (?)")
-            .bind::<Text, _>(key)
-            .execute(self)?;
-        // The time is read here, once the lock is ours: the locking statement's own clock
-        // stopped when it began, before any wait.
-        let fence = stmt(
-            "SELECT id, UTC_TIMESTAMP(6) AS acquired_at FROM dlock_fences \
-             WHERE id = LAST_INSERT_ID()",
-        )
-        .get_result::<Fence>(self)?;
-        Ok(Some(Acquired {
-            id: fence.id,
-            token: fence.id,
-            acquired_at: fence.acquired_at.and_utc(),
-        }))
-    }
-
-    fn for_update_held(&mut self, _key: &str, fence: i64) -> QueryResult<bool> {
-        // Only the holder's own open transaction can see its uncommitted fence row.
-        exists(
-            stmt("SELECT CAST(1 AS SIGNED) AS one FROM dlock_fences WHERE id = ?")
-                .bind::<BigInt, _>(fence)
-                .get_result::<One>(self)
-                .optional(),
-        )
-    }
-
-    fn for_update_finish(&mut self, fence: i64) -> QueryResult<bool> {
-        stmt("DELETE FROM dlock_fences WHERE id = ?")
-            .bind::<BigInt, _>(fence)
-            .execute(self)
-            .map(|n| n == 1)
-    }
-
-    fn advisory_lock(&mut self, key: &str, wait: Wait) -> QueryResult<Option<Acquired>> {
-        let name = lock_name(key);
-        let got = match wait {
-            Wait::No => stmt("SELECT CAST(GET_LOCK(?, 0) AS SIGNED) AS answer")
-                .bind::<Text, _>(&*name)
-                .get_result::<Answer>(self),
-            // MySQL reads a negative timeout as "forever", MariaDB refuses it (NULL and
-            // warning 1411); a year is accepted by both and ends as an ordinary timeout.
-            // (MariaDB answers a much longer one, 10^12 s, with 0 at once.)
-            Wait::Forever => stmt("SELECT CAST(GET_LOCK(?, 31536000) AS SIGNED) AS answer")
-                .bind::<Text, _>(&*name)
-                .get_result::<Answer>(self),
-            Wait::For(d) if d.as_secs() >= GET_LOCK_MAX_SECS => {
-                stmt("SELECT CAST(GET_LOCK(?, 31536000) AS SIGNED) AS answer")
-                    .bind::<Text, _>(&*name)
-                    .get_result::<Answer>(self)
-            }
-            // MariaDB honours fractions of a second; MySQL may round the timeout to whole
-            // seconds, up as well as down, so it is given only the whole seconds.
-            Wait::For(d) => stmt(
-                "SELECT CAST(GET_LOCK(?, IF(VERSION() LIKE '%MariaDB%', ?, FLOOR(?))) \
-                 AS SIGNED) AS answer",
-            )
-            .bind::<Text, _>(&*name)
-            .bind::<Double, _>(d.as_secs_f64())
-            .bind::<Double, _>(d.as_secs_f64())
-            .get_result::<Answer>(self),
-        }?;
-        match got.answer {
-            Some(1) => {}
-            Some(_) => {
-                // 0 is a timeout. GET_LOCK decides atomically, but a lock that this session
-                // holds must not stay behind whatever it said, so make sure.
-                if self.advisory_held(key)? {
-                    log::warn!("lock {key:?}: GET_LOCK timed out yet the lock is ours; releasing");
-                    self.advisory_unlock(key)?;
-                }
-                return Ok(None);
-            }
-            None => return Err(error("GET_LOCK failed (returned NULL)")),
-        }
-        // The counter is bumped only once the lock is held, and committed at once
-        // (autocommit), so a token outlives its holder. LAST_INSERT_ID(expr) hands the new
-        // value back to this session without a race, on both the insert and update paths.
-        stmt(
-            "INSERT INTO dlock_tokens (lock_key, token) VALUES (?, LAST_INSERT_ID(1)) \
-             ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1)",
-        )
-        .bind::<Text, _>(key)
-        .execute(self)?;
-        stmt(
-            "SELECT CAST(0 AS SIGNED) AS id, CAST(LAST_INSERT_ID() AS SIGNED) AS token, \
-             UTC_TIMESTAMP(6) AS acquired_at",
-        )
-        .get_result::<AcquiredRow>(self)
-        .map(|r| Some(r.into()))
-    }
-
-    fn advisory_unlock(&mut self, key: &str) -> QueryResult<bool> {
-        // 1: released; 0: held by another session; NULL: not held by anyone.
-        stmt("SELECT CAST(RELEASE_LOCK(?) AS SIGNED) AS answer")
-            .bind::<Text, _>(&*lock_name(key))
-            .get_result::<Answer>(self)
-            .map(|r| r.answer == Some(1))
-    }
-
-    fn advisory_held(&mut self, key: &str) -> QueryResult<bool> {
-        stmt("SELECT CAST(IS_USED_LOCK(?) = CONNECTION_ID() AS SIGNED) AS answer")
-            .bind::<Text, _>(&*lock_name(key))
-            .get_result::<Answer>(self)
-            .map(|r| r.answer == Some(1))
-    }
-
     fn version_create(&mut self, key: &str) -> QueryResult<()> {
         stmt("INSERT IGNORE INTO dlock_versions (lock_key, version) VALUES (?, 0)")
             .bind::<Text, _>(key)
@@ -644,6 +470,185 @@ impl Dialect for MysqlConnection {
              WHERE l.holder = '' AND l.token <= t.token",
         )
         .execute(self)
+    }
+
+    fn sessions(&mut self) -> Option<&mut dyn SessionLocks> {
+        Some(self)
+    }
+}
+
+impl SessionLocks for MysqlConnection {
+    fn is_lock_unavailable(&self, e: &diesel::result::Error) -> bool {
+        lock_unavailable(e)
+    }
+    fn for_update_create(&mut self, key: &str) -> QueryResult<()> {
+        stmt("INSERT IGNORE INTO dlock_for_update (lock_key, version) VALUES (?, 0)")
+            .bind::<Text, _>(key)
+            .execute(self)
+            .map(drop)
+    }
+    fn for_update_lock(&mut self, key: &str, wait: Wait) -> QueryResult<Option<Acquired>> {
+        // innodb_lock_wait_timeout counts whole seconds (and MariaDB's `WAIT n` rounds a
+        // fraction down to 0), so a bounded wait waits the whole seconds it has server-side
+        // and leaves the rest to the locker's NOWAIT retries, never overshooting.
+        // At most 100,000,000 s, the largest the server takes; a longer wait ends there as
+        // busy and the locker waits again until its deadline.
+        let seconds = match wait {
+            Wait::For(d) => d.as_secs().min(100_000_000),
+            _ => 0,
+        };
+        let locked = match wait {
+            Wait::Forever => stmt(
+                "SELECT CAST(1 AS SIGNED) AS one FROM dlock_for_update \
+                 WHERE lock_key = ? FOR UPDATE",
+            )
+            .bind::<Text, _>(key)
+            .get_result::<One>(self)
+            .optional(),
+            Wait::For(_) if seconds > 0 => {
+                // The session's own setting is saved and put back, as the connection goes
+                // back to the pool and on to other users.
+                stmt(
+                    "SET @dlock_saved_wait = @@SESSION.innodb_lock_wait_timeout, \
+                     SESSION innodb_lock_wait_timeout = ?",
+                )
+                .bind::<BigInt, _>(i64::try_from(seconds).unwrap_or(i64::MAX))
+                .execute(self)?;
+                let locked = stmt(
+                    "SELECT CAST(1 AS SIGNED) AS one FROM dlock_for_update \
+                     WHERE lock_key = ? FOR UPDATE",
+                )
+                .bind::<Text, _>(key)
+                .get_result::<One>(self)
+                .optional();
+                stmt("SET SESSION innodb_lock_wait_timeout = @dlock_saved_wait").execute(self)?;
+                locked
+            }
+            _ => stmt(
+                "SELECT CAST(1 AS SIGNED) AS one FROM dlock_for_update \
+                 WHERE lock_key = ? FOR UPDATE NOWAIT",
+            )
+            .bind::<Text, _>(key)
+            .get_result::<One>(self)
+            .optional(),
+        }?;
+        if locked.is_none() {
+            return Ok(None);
+        }
+        // The token is an AUTO_INCREMENT id drawn now that the row is ours: a rollback
+        // does not give an id back, so a dead holder's token is never reissued. The row
+        // itself stays uncommitted, visible only to this transaction, until
+        // for_update_finish deletes it: it is the proof for for_update_held.
+        stmt("INSERT INTO dlock_fences (lock_key) VALUES (?)")
+            .bind::<Text, _>(key)
+            .execute(self)?;
+        // The time is read here, once the lock is ours: the locking statement's own clock
+        // stopped when it began, before any wait.
+        let fence = stmt(
+            "SELECT id, UTC_TIMESTAMP(6) AS acquired_at FROM dlock_fences \
+             WHERE id = LAST_INSERT_ID()",
+        )
+        .get_result::<Fence>(self)?;
+        Ok(Some(Acquired {
+            id: fence.id,
+            token: fence.id,
+            acquired_at: fence.acquired_at.and_utc(),
+        }))
+    }
+    fn for_update_held(&mut self, _key: &str, fence: i64) -> QueryResult<bool> {
+        // Only the holder's own open transaction can see its uncommitted fence row.
+        exists(
+            stmt("SELECT CAST(1 AS SIGNED) AS one FROM dlock_fences WHERE id = ?")
+                .bind::<BigInt, _>(fence)
+                .get_result::<One>(self)
+                .optional(),
+        )
+    }
+    fn for_update_finish(&mut self, fence: i64) -> QueryResult<bool> {
+        stmt("DELETE FROM dlock_fences WHERE id = ?")
+            .bind::<BigInt, _>(fence)
+            .execute(self)
+            .map(|n| n == 1)
+    }
+    fn advisory_lock(&mut self, key: &str, wait: Wait) -> QueryResult<Option<Acquired>> {
+        let name = lock_name(key);
+        let got = match wait {
+            Wait::No => stmt("SELECT CAST(GET_LOCK(?, 0) AS SIGNED) AS answer")
+                .bind::<Text, _>(&*name)
+                .get_result::<Answer>(self),
+            // MySQL reads a negative timeout as "forever", MariaDB refuses it (NULL and
+            // warning 1411); a year is accepted by both and ends as an ordinary timeout.
+            // (MariaDB answers a much longer one, 10^12 s, with 0 at once.)
+            Wait::Forever => stmt("SELECT CAST(GET_LOCK(?, 31536000) AS SIGNED) AS answer")
+                .bind::<Text, _>(&*name)
+                .get_result::<Answer>(self),
+            Wait::For(d) if d.as_secs() >= GET_LOCK_MAX_SECS => {
+                stmt("SELECT CAST(GET_LOCK(?, 31536000) AS SIGNED) AS answer")
+                    .bind::<Text, _>(&*name)
+                    .get_result::<Answer>(self)
+            }
+            // MariaDB honours fractions of a second; MySQL may round the timeout to whole
+            // seconds, up as well as down, so it is given only the whole seconds.
+            Wait::For(d) => stmt(
+                "SELECT CAST(GET_LOCK(?, IF(VERSION() LIKE '%MariaDB%', ?, FLOOR(?))) \
+                 AS SIGNED) AS answer",
+            )
+            .bind::<Text, _>(&*name)
+            .bind::<Double, _>(d.as_secs_f64())
+            .bind::<Double, _>(d.as_secs_f64())
+            .get_result::<Answer>(self),
+        }?;
+        match got.answer {
+            Some(1) => {}
+            Some(_) => {
+                // 0 is a timeout. GET_LOCK decides atomically, but a lock that this session
+                // holds must not stay behind whatever it said, so make sure.
+                if self.advisory_held(key)? {
+                    log::warn!("lock {key:?}: GET_LOCK timed out yet the lock is ours; releasing");
+                    self.advisory_unlock(key)?;
+                }
+                return Ok(None);
+            }
+            None => return Err(error("GET_LOCK failed (returned NULL)")),
+        }
+        // The counter is bumped only once the lock is held, and committed at once
+        // (autocommit), so a token outlives its holder. LAST_INSERT_ID(expr) hands the new
+        // value back to this session without a race, on both the insert and update paths.
+        stmt(
+            "INSERT INTO dlock_tokens (lock_key, token) VALUES (?, LAST_INSERT_ID(1)) \
+             ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1)",
+        )
+        .bind::<Text, _>(key)
+        .execute(self)?;
+        stmt(
+            "SELECT CAST(0 AS SIGNED) AS id, CAST(LAST_INSERT_ID() AS SIGNED) AS token, \
+             UTC_TIMESTAMP(6) AS acquired_at",
+        )
+        .get_result::<AcquiredRow>(self)
+        .map(|r| Some(r.into()))
+    }
+    fn advisory_unlock(&mut self, key: &str) -> QueryResult<bool> {
+        // 1: released; 0: held by another session; NULL: not held by anyone.
+        stmt("SELECT CAST(RELEASE_LOCK(?) AS SIGNED) AS answer")
+            .bind::<Text, _>(&*lock_name(key))
+            .get_result::<Answer>(self)
+            .map(|r| r.answer == Some(1))
+    }
+    fn advisory_held(&mut self, key: &str) -> QueryResult<bool> {
+        stmt("SELECT CAST(IS_USED_LOCK(?) = CONNECTION_ID() AS SIGNED) AS answer")
+            .bind::<Text, _>(&*lock_name(key))
+            .get_result::<Answer>(self)
+            .map(|r| r.answer == Some(1))
+    }
+}
+
+impl Sealed for MysqlConnection {
+    fn dialect(&mut self, _: Seal) -> &mut dyn Dialect {
+        self
+    }
+
+    fn static_backend(_: Seal) -> Option<Backend> {
+        Some(Backend::Mysql)
     }
 }
 

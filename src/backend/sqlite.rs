@@ -3,7 +3,7 @@
 //! opens the file: all of them share one machine's clock, since SQLite's locking needs a
 //! local file system.
 
-use super::sealed::Dialect;
+use super::sealed::{Dialect, Seal, Sealed};
 use super::stmt::stmt;
 use super::{force_release_in, migrate_with_retry, Acquired, Backend, Held};
 use crate::admin::LockInfo;
@@ -121,10 +121,6 @@ impl Dialect for SqliteConnection {
 
     fn backend(&self) -> Backend {
         Backend::Sqlite
-    }
-
-    fn static_backend() -> Option<Backend> {
-        Some(Backend::Sqlite)
     }
 
     fn run_migrations(&mut self) -> Result<()> {
@@ -416,5 +412,15 @@ impl Dialect for SqliteConnection {
                            WHERE t.lock_key = dlock_leases.lock_key)",
         )
         .execute(self)
+    }
+}
+
+impl Sealed for SqliteConnection {
+    fn dialect(&mut self, _: Seal) -> &mut dyn Dialect {
+        self
+    }
+
+    fn static_backend(_: Seal) -> Option<Backend> {
+        Some(Backend::Sqlite)
     }
 }

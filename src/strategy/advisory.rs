@@ -3,6 +3,7 @@
 
 use super::session::{discard, Pooled, Session};
 use super::{Hold, Taken};
+use crate::backend::Sql;
 use crate::backend::{LockConnection, Wait};
 use crate::Result;
 
@@ -14,7 +15,7 @@ pub(super) fn try_acquire<C: LockConnection>(
     // Server-side these locks are reentrant per session. The library is not: a held lock's
     // connection is out of the pool, owned by its guard, so any other attempt runs on
     // another session and finds the lock busy; and each guard unlocks exactly once.
-    match conn.advisory_lock(key, wait) {
+    match conn.session_sql()?.advisory_lock(key, wait) {
         Ok(Some(a)) => Ok(Some(Taken {
             hold: Hold::Advisory {
                 session: Session::new(conn),
@@ -33,9 +34,9 @@ pub(super) fn try_acquire<C: LockConnection>(
 }
 
 pub(super) fn release<C: LockConnection>(session: Session<C>, key: &str) -> Result<()> {
-    session.end(key, |c| c.advisory_unlock(key))
+    session.end(key, |c| c.session_sql()?.advisory_unlock(key))
 }
 
 pub(super) fn held<C: LockConnection>(session: &Session<C>, key: &str) -> Result<bool> {
-    session.held(key, |c| c.advisory_held(key))
+    session.held(key, |c| c.session_sql()?.advisory_held(key))
 }

@@ -3,6 +3,7 @@
 
 use super::session::{discard, Pooled, Session};
 use super::{Hold, Taken};
+use crate::backend::Sql;
 use crate::backend::{LockConnection, Wait};
 use crate::Result;
 use diesel::connection::{Connection, TransactionManager};
@@ -18,7 +19,7 @@ pub(super) fn try_acquire<C: LockConnection>(
     // that other creators do not wait for our transaction) and tries again.
     for attempt in 0..2 {
         Tm::<C>::begin_transaction(&mut *conn)?;
-        let locked = conn.for_update_lock(key, wait);
+        let locked = conn.session_sql()?.for_update_lock(key, wait);
         match locked {
             Ok(Some(a)) => {
                 return Ok(Some(Taken {
@@ -33,14 +34,14 @@ pub(super) fn try_acquire<C: LockConnection>(
             Ok(None) => {
                 rollback(&mut conn);
                 if attempt == 0 {
-                    conn.for_update_create(key)?;
+                    conn.session_sql()?.for_update_create(key)?;
                 }
             }
             Err(e) => {
                 // PostgreSQL has aborted the transaction; MySQL rolled back the statement.
                 // Either way nothing of ours may stay open on a pooled connection.
                 rollback(&mut conn);
-                return if conn.is_lock_unavailable(&e) {
+                return if conn.session_sql()?.is_lock_unavailable(&e) {
                     Ok(None)
                 } else {
                     Err(e.into())
@@ -66,7 +67,7 @@ pub(super) fn release<C: LockConnection>(session: Session<C>, key: &str, proof: 
     // during a panic.) A transaction that no longer holds the lock is not committed: its
     // connection is closed, which rolls it back.
     session.end(key, |c| {
-        if !c.for_update_finish(proof)? {
+        if !c.session_sql()?.for_update_finish(proof)? {
             return Ok(false);
         }
         Tm::<C>::commit_transaction(c).map(|()| true)
@@ -74,5 +75,5 @@ pub(super) fn release<C: LockConnection>(session: Session<C>, key: &str, proof: 
 }
 
 pub(super) fn held<C: LockConnection>(session: &Session<C>, key: &str, proof: i64) -> Result<bool> {
-    session.held(key, |c| c.for_update_held(key, proof))
+    session.held(key, |c| c.session_sql()?.for_update_held(key, proof))
 }

@@ -18,6 +18,7 @@
 //! time that it may no longer be the holder.
 
 use crate::backend::LockConnection;
+use crate::backend::Sql;
 use diesel::r2d2::ConnectionManager;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -350,7 +351,8 @@ impl<C: LockConnection> Worker<C> {
             .map_err(crate::Error::from)
             .and_then(|mut c| {
                 // At most a quarter interval behind another session's row lock.
-                c.lease_renew(key, holder, ttl_us, interval / 4)
+                c.sql()
+                    .lease_renew(key, holder, ttl_us, interval / 4)
                     .map_err(Into::into)
             });
         match renewed {

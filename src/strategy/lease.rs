@@ -2,6 +2,7 @@
 
 use super::{micros, Ctx, Hold, Taken};
 use crate::backend::LockConnection;
+use crate::backend::Sql;
 use crate::{Error, Result};
 use std::time::Duration;
 
@@ -15,7 +16,10 @@ pub(super) fn try_acquire<C: LockConnection>(
     let ttl_us = micros(ttl).unwrap_or(i64::MAX);
     let holder = crate::random::holder_id();
     let sent = std::time::Instant::now();
-    let Some(a) = conn.lease_acquire(key, ctx.owner, &holder, ttl_us, retry)? else {
+    let Some(a) = conn
+        .sql()
+        .lease_acquire(key, ctx.owner, &holder, ttl_us, retry)?
+    else {
         return Ok(None);
     };
     let beat = ctx.heartbeat.register(key, &holder, sent);
@@ -36,7 +40,7 @@ pub(super) fn release<C: LockConnection>(
     // release below: renewals match on our holder id, which the release clears.
     let was_lost = beat.is_lost();
     drop(beat);
-    if super::with_conn(ctx.pool, |c| c.lease_release(key, holder))? && !was_lost {
+    if super::with_conn(ctx.pool, |c| c.sql().lease_release(key, holder))? && !was_lost {
         Ok(())
     } else {
         Err(Error::LockLost {
@@ -46,5 +50,5 @@ pub(super) fn release<C: LockConnection>(
 }
 
 pub(super) fn held<C: LockConnection>(ctx: &Ctx<'_, C>, key: &str, holder: &str) -> Result<bool> {
-    super::with_conn(ctx.pool, |c| c.lease_held(key, holder))
+    super::with_conn(ctx.pool, |c| c.sql().lease_held(key, holder))
 }

@@ -2,6 +2,7 @@
 //! its strategy on top of the backend's SQL; waiting, deadlines and the guard are written once
 //! in `locker.rs` and `guard.rs`.
 
+use crate::backend::Sql;
 use crate::backend::{Backend, LockConnection, Wait};
 use crate::{Error, Result};
 use chrono::{DateTime, Utc};
@@ -238,17 +239,17 @@ pub(crate) fn try_acquire<C: LockConnection>(
     let taken = match *strategy {
         Strategy::Row { stale_after } => row::try_acquire(ctx, &mut *conn, key, stale_after, retry),
         Strategy::Lease { ttl } => lease::try_acquire(ctx, &mut *conn, key, ttl, retry),
-        Strategy::ForUpdate | Strategy::Advisory if conn.backend() == Backend::Sqlite => {
+        Strategy::ForUpdate | Strategy::Advisory if conn.sql().backend() == Backend::Sqlite => {
             Err(Error::Unsupported {
                 strategy: strategy.name(),
-                backend: conn.backend().name(),
+                backend: conn.sql().backend().name(),
             })
         }
         Strategy::ForUpdate => return for_update::try_acquire(conn, key, wait),
         Strategy::Advisory => return advisory::try_acquire(conn, key, wait),
     };
     match taken {
-        Err(Error::Database(e)) if conn.is_contention(&e) => {
+        Err(Error::Database(e)) if conn.sql().is_contention(&e) => {
             log::debug!("lock {key:?}: contention ({e}); retrying");
             Ok(None)
         }
@@ -267,7 +268,7 @@ pub(crate) fn with_conn<C: LockConnection, T>(
     let mut pause = Duration::from_millis(1);
     for _ in 0..8 {
         match f(&mut conn) {
-            Err(e) if conn.is_contention(&e) => {
+            Err(e) if conn.sql().is_contention(&e) => {
                 log::debug!("contention on a release or renewal ({e}); retrying");
                 std::thread::sleep(pause);
                 pause *= 2;

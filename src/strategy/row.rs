@@ -2,6 +2,7 @@
 
 use super::{micros, Ctx, Hold, Taken};
 use crate::backend::LockConnection;
+use crate::backend::Sql;
 use crate::{Error, Result};
 use std::time::Duration;
 
@@ -23,7 +24,7 @@ pub(super) fn try_acquire<C: LockConnection>(
     // it only if it is still the stale one: a row that replaced it in the meantime has its
     // own, later `stale_at` and survives. After it, every taker competes with an ordinary
     // insert, so only one of them wins.
-    if conn.row_delete_stale(key)? {
+    if conn.sql().row_delete_stale(key)? {
         log::warn!(
             "lock {key:?}: took over a row past its holder's stale_after (its holder is presumed dead)"
         );
@@ -44,9 +45,12 @@ fn insert<C: LockConnection>(
     stale_us: Option<i64>,
     retry: bool,
 ) -> Result<Option<crate::backend::Acquired>> {
-    match conn.row_acquire(key, ctx.owner, holder, stale_us, retry) {
-        Err(e) if !conn.is_contention(&e) => {
-            match super::with_conn(ctx.pool, |c| c.row_forget(key, holder)) {
+    match conn
+        .sql()
+        .row_acquire(key, ctx.owner, holder, stale_us, retry)
+    {
+        Err(e) if !conn.sql().is_contention(&e) => {
+            match super::with_conn(ctx.pool, |c| c.sql().row_forget(key, holder)) {
                 Ok(true) => log::warn!("lock {key:?}: acquiring failed ({e}) after the row was inserted; the row was removed"),
                 Ok(false) => {}
                 Err(cleanup) => log::warn!(
@@ -68,7 +72,7 @@ fn taken<C: LockConnection>(a: crate::backend::Acquired) -> Taken<C> {
 }
 
 pub(super) fn release<C: LockConnection>(ctx: &Ctx<'_, C>, key: &str, id: i64) -> Result<()> {
-    if super::with_conn(ctx.pool, |c| c.row_release(id))? {
+    if super::with_conn(ctx.pool, |c| c.sql().row_release(id))? {
         Ok(())
     } else {
         Err(Error::LockLost {
@@ -78,5 +82,5 @@ pub(super) fn release<C: LockConnection>(ctx: &Ctx<'_, C>, key: &str, id: i64) -
 }
 
 pub(super) fn held<C: LockConnection>(ctx: &Ctx<'_, C>, id: i64) -> Result<bool> {
-    super::with_conn(ctx.pool, |c| c.row_held(id))
+    super::with_conn(ctx.pool, |c| c.sql().row_held(id))
 }

@@ -44,6 +44,9 @@ if wants pg; then
   pg_admin "SELECT 1" >/dev/null || { say "no superuser access to PostgreSQL"; exit 1; }
   [ "$(pg_admin "SELECT 1 FROM pg_roles WHERE rolname='dlock'")" = 1 ] ||
     pg_admin "CREATE ROLE dlock LOGIN PASSWORD 'dlock'" >/dev/null
+  # Tests that purge make (and drop) a database of their own, dlock_t_<pid>_<unique>.
+  [ "$(pg_admin "SELECT 1 FROM pg_roles WHERE rolname='dlock' AND rolcreatedb")" = 1 ] ||
+    pg_admin "ALTER ROLE dlock CREATEDB" >/dev/null
   [ "$(pg_admin "SELECT 1 FROM pg_database WHERE datname='dlock_test'")" = 1 ] ||
     pg_admin "CREATE DATABASE dlock_test OWNER dlock" >/dev/null
   echo "export DLOCK_TEST_PG_URL=postgres://dlock:dlock@127.0.0.1:5432/dlock_test"
@@ -68,6 +71,7 @@ if wants mysql; then
             GRANT ALL ON dlock_test.* TO 'dlock'@'localhost';
             GRANT PROCESS ON *.* TO 'dlock'@'127.0.0.1';
             GRANT PROCESS ON *.* TO 'dlock'@'localhost';
+            -- Scratch databases of the tests that purge or migrate, dlock_t_<pid>_<unique>.
             GRANT ALL ON \`dlock\\_t\\_%\`.* TO 'dlock'@'127.0.0.1';
             GRANT ALL ON \`dlock\\_t\\_%\`.* TO 'dlock'@'localhost';"
   echo "export DLOCK_TEST_MYSQL_URL=mysql://dlock:dlock@127.0.0.1:3306/dlock_test"

@@ -54,6 +54,9 @@ pub enum Error {
     Migration(Box<dyn std::error::Error + Send + Sync>),
     /// A database URL could not be understood.
     InvalidUrl(String),
+    /// A thread the `Locker` needs could not be started (the operating system refused:
+    /// too many threads, no memory).
+    Thread(std::io::Error),
 }
 
 impl fmt::Display for Error {
@@ -78,6 +81,7 @@ impl fmt::Display for Error {
             Error::Connection(_) => write!(f, "could not connect to the database"),
             Error::Migration(_) => write!(f, "could not create or upgrade the lock tables"),
             Error::InvalidUrl(why) => write!(f, "invalid database url: {why}"),
+            Error::Thread(_) => write!(f, "could not start a thread"),
         }
     }
 }
@@ -89,6 +93,7 @@ impl std::error::Error for Error {
             Error::Pool(e) => Some(e),
             Error::Connection(e) => Some(e),
             Error::Migration(e) => Some(&**e),
+            Error::Thread(e) => Some(e),
             _ => None,
         }
     }
@@ -120,7 +125,7 @@ impl From<diesel::ConnectionError> for Error {
 /// kind of its own, so the message is matched. Only our own tables (`dlock_` prefix) count,
 /// and the columns that later migrations added to them: a database migrated by an older
 /// version (or by a process still migrating it) lacks those.
-fn is_missing_table(e: &diesel::result::Error) -> bool {
+pub(crate) fn is_missing_table(e: &diesel::result::Error) -> bool {
     let diesel::result::Error::DatabaseError(_, info) = e else {
         return false;
     };

@@ -1,9 +1,12 @@
 //! `LockGuard`: what a held lock looks like to its user; releases in `release` or `Drop`.
 
 use crate::backend::LockConnection;
-use crate::strategy::{self, Hold, Taken};
-use crate::{Locker, Result};
+use crate::locker::Shared;
+use crate::strategy::{Hold, Taken};
+use crate::{Error, Result};
 use chrono::{DateTime, Utc};
+use std::marker::PhantomData;
+use std::sync::Arc;
 
 /// A held lock. Dropping it releases the lock; [`release`](Self::release) does the same and
 /// reports failure, which `Drop` can only log (at `warn`).
@@ -11,12 +14,14 @@ use chrono::{DateTime, Utc};
 /// A guard is `Send`: it may be released by another thread than the one that took it.
 #[must_use = "if unused the lock is released immediately"]
 pub struct LockGuard<C: LockConnection> {
-    locker: Locker<C>,
+    /// The `Locker`'s owner name and line of waiters (not the `Locker` itself).
+    shared: Arc<Shared>,
     key: String,
     token: i64,
     acquired_at: DateTime<Utc>,
-    /// `None` once released.
-    hold: Option<Hold<C>>,
+    /// What the strategy keeps to release and check the lock; `None` once released.
+    hold: Option<Box<dyn Hold>>,
+    _connection: PhantomData<fn() -> C>,
 }
 
 impl<C: LockConnection> std::fmt::Debug for LockGuard<C> {
@@ -31,13 +36,20 @@ impl<C: LockConnection> std::fmt::Debug for LockGuard<C> {
 }
 
 impl<C: LockConnection> LockGuard<C> {
-    pub(crate) fn new(locker: Locker<C>, key: String, taken: Taken<C>) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>, key: String, taken: Taken) -> Self {
         LockGuard {
-            locker,
+            shared,
             key,
             token: taken.token,
             acquired_at: taken.acquired_at,
             hold: Some(taken.hold),
+            _connection: PhantomData,
+        }
+    }
+
+    fn lost(&self) -> Error {
+        Error::LockLost {
+            key: self.key.clone(),
         }
     }
 
@@ -55,7 +67,7 @@ impl<C: LockConnection> LockGuard<C> {
 
     /// The owner name stored with the lock.
     pub fn owner(&self) -> &str {
-        self.locker.owner()
+        &self.shared.owner
     }
 
     /// The database's time at which the lock was taken: for a guard that waited in the
@@ -87,10 +99,8 @@ impl<C: LockConnection> LockGuard<C> {
     /// too, for good. Other errors if the database could not be asked.
     pub fn check(&self) -> Result<()> {
         match &self.hold {
-            Some(hold) => strategy::check(&self.locker.ctx(), &self.key, hold),
-            None => Err(crate::Error::LockLost {
-                key: self.key.clone(),
-            }),
+            Some(hold) if hold.held(&self.key)? => Ok(()),
+            _ => Err(self.lost()),
         }
     }
 
@@ -112,8 +122,12 @@ impl<C: LockConnection> LockGuard<C> {
         let Some(hold) = self.hold.take() else {
             return Ok(());
         };
-        let result = strategy::release(&self.locker.ctx(), &self.key, hold);
-        self.locker.released(&self.key);
+        let result = match hold.release(&self.key) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(self.lost()),
+            Err(e) => Err(e),
+        };
+        self.shared.queues.wake(&self.key);
         match &result {
             Ok(()) => log::debug!("lock {:?} released (token {})", self.key, self.token),
             Err(e) => log::debug!("lock {:?}: release failed: {e}", self.key),

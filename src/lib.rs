@@ -91,6 +91,7 @@
 
 pub mod admin;
 mod backend;
+mod backoff;
 mod error;
 mod guard;
 mod key;
@@ -106,5 +107,5 @@ pub use backend::{connect, AnyConnection, Backend, LockConnection};
 pub use error::{Error, Result};
 pub use guard::LockGuard;
 pub use key::{key_hash, MAX_KEY_LEN};
-pub use locker::{Locker, LockerBuilder};
+pub use locker::{Cancel, Locker, LockerBuilder};
 pub use strategy::Strategy;

@@ -13,7 +13,8 @@
 
 use crate::backend::LockConnection;
 use crate::backend::Sql;
-use crate::{key, random, Error, Result};
+use crate::backoff::Backoff;
+use crate::{key, Error, Result};
 use std::time::Duration;
 
 /// The longest pause between two attempts.
@@ -25,7 +26,11 @@ const MAX_PAUSE: Duration = Duration::from_millis(50);
 ///
 /// `f` receives the connection (inside the transaction) and the version it runs against;
 /// it may run several times, so it should have no effects outside the database. An error
-/// from `f` rolls back and is returned at once, without retrying.
+/// from `f` rolls back and is returned at once, without retrying, unless it is contention
+/// (a deadlock, a lock-wait timeout, a serialization failure, SQLite's "database is
+/// locked"): that rolled `f`'s statements back too, and counts as a conflict. It must: on
+/// SQLite, a transaction that has read cannot start writing while another writer commits,
+/// and `f`'s own write is where that shows.
 ///
 /// ```
 /// use diesel::prelude::*;
@@ -69,7 +74,8 @@ where
     if attempts == 0 {
         return Err(Error::InvalidConfig("attempts must be at least 1".into()));
     }
-    let mut bound = Duration::from_millis(1);
+    // Jittered, so that the writers that collided do not collide again in step.
+    let mut backoff = Backoff::new(Duration::from_millis(1), MAX_PAUSE);
     for attempt in 1..=attempts {
         match once(conn, key, &mut f) {
             Ok(Some(value)) => return Ok(value),
@@ -80,11 +86,7 @@ where
             Err(e) => return Err(e),
         }
         if attempt < attempts {
-            // Jittered, so that the writers that collided do not collide again in step.
-            let half = bound / 2;
-            let jitter = random::random_u64() % u64::try_from(half.as_micros()).unwrap_or(1).max(1);
-            std::thread::sleep(half + Duration::from_micros(jitter));
-            bound = (bound * 2).min(MAX_PAUSE);
+            std::thread::sleep(backoff.next_pause());
         }
     }
     Err(Error::Conflict {

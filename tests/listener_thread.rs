@@ -1,4 +1,5 @@
-//! The listening thread of a PostgreSQL `Locker` ends with the last clone of the `Locker`.
+//! The listening thread of a PostgreSQL `Locker` ends with the last clone of the `Locker`,
+//! even while a guard of it lives: guards keep what their own lock needs, not the `Locker`.
 //! (A file of its own: it counts this process's threads, which other tests would disturb.)
 #![cfg(all(feature = "postgres", target_os = "linux"))]
 
@@ -27,12 +28,18 @@ fn the_listener_thread_ends_with_the_locker() {
     });
     assert_eq!(listeners(), 1);
     let clone = locker.clone();
-    let guard = locker.lock("listener-thread").unwrap();
+    let key = common::unique_key("listener-thread");
+    let guard = locker.lock(&key).unwrap();
     drop(locker);
+    assert_eq!(listeners(), 1, "a clone keeps the Locker");
     drop(clone);
-    assert_eq!(listeners(), 1, "a guard keeps its Locker");
-    drop(guard);
-    assert_eq!(listeners(), 0);
+    assert_eq!(
+        listeners(),
+        0,
+        "a guard does not keep its Locker's listener"
+    );
+    guard.check().unwrap();
+    guard.release().unwrap();
     // Lockers of other strategies, or without a URL, start none.
     let _advisory = h.locker(Strategy::Advisory);
     let _plain = common::pg()

@@ -194,3 +194,60 @@ fn refuses_bad_input_before_sql() {
         Err(Error::InvalidConfig(_))
     ));
 }
+
+/// An error of `f`'s is returned at once, and `f` runs once; contention met by `f`'s
+/// statements counts as a conflict and is retried, as documented (the docs used to say that
+/// no error of `f`'s was ever retried).
+fn errors_of_f<C: LockConnection>(h: &Harness<C>, busy: &str) {
+    drop(h.locker(Strategy::default())); // migrates
+    let key = unique_key("f-error");
+    let mut conn = h.pool.get().unwrap();
+    let error = |message: &str| {
+        diesel::result::Error::DatabaseError(
+            diesel::result::DatabaseErrorKind::Unknown,
+            Box::new(message.to_owned()),
+        )
+    };
+    let mut calls = 0;
+    let result = optimistic::transaction(&mut *conn, &key, 5, |_, _| {
+        calls += 1;
+        Err::<(), _>(error("value too long for type character varying(3)"))
+    });
+    assert!(matches!(result, Err(Error::Database(_))), "{result:?}");
+    assert_eq!(calls, 1, "a plain error of f's was retried");
+
+    let mut calls = 0;
+    let result = optimistic::transaction(&mut *conn, &key, 3, |_, _| {
+        calls += 1;
+        Err::<(), _>(error(busy))
+    });
+    assert!(
+        matches!(result, Err(Error::Conflict { attempts: 3, .. })),
+        "{result:?}"
+    );
+    assert_eq!(calls, 3, "contention met by f is a conflict, retried");
+}
+
+#[test]
+fn sqlite_errors_of_f() {
+    errors_of_f(&common::sqlite().unwrap(), "database is locked");
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn pg_errors_of_f() {
+    if let Some(h) = common::pg() {
+        errors_of_f(&h, "deadlock detected");
+    }
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_errors_of_f() {
+    if let Some(h) = common::mysql() {
+        errors_of_f(
+            &h,
+            "Deadlock found when trying to get lock; try restarting transaction",
+        );
+    }
+}

@@ -1,6 +1,7 @@
 //! `Locker::purge`: what it deletes, what it leaves, and that tokens keep growing across it.
-//! Rows are aged by hand (two hours back) so that a purge with `idle` = 1 h touches only this
-//! test's keys, never those of tests running beside it.
+//! Rows are aged by hand (two hours back) for a purge with `idle` = 1 h. Purge is table-wide:
+//! each test runs on a database of its own (SQLite: a temp file), so no other test's purge
+//! deletes the rows it counts, and its purges touch nobody else's.
 
 mod common;
 
@@ -145,7 +146,7 @@ fn sqlite_purge() {
 #[cfg(feature = "postgres")]
 #[test]
 fn pg_purge() {
-    let Some(h) = common::pg() else { return };
+    let Some(h) = common::pg_own_db() else { return };
     leases(&h, Backend::Postgres);
     rows(&h, Backend::Postgres);
     marked_leases_are_not_listed(&h);
@@ -154,7 +155,9 @@ fn pg_purge() {
 #[cfg(feature = "mysql")]
 #[test]
 fn mysql_purge() {
-    let Some(h) = common::mysql() else { return };
+    let Some(h) = common::mysql_own_db() else {
+        return;
+    };
     leases(&h, Backend::Mysql);
     rows(&h, Backend::Mysql);
     marked_leases_are_not_listed(&h);

@@ -90,6 +90,7 @@ macro_rules! same_sql_everywhere {
 pub(crate) use same_sql_everywhere;
 
 mod any;
+mod interrupt;
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "postgres")]
@@ -340,7 +341,7 @@ pub(crate) mod sealed {
 
     /// The statements of the session strategies, on the backends that have them
     /// ([`Dialect::sessions`]).
-    pub trait SessionLocks {
+    pub trait SessionLocks: super::interrupt::EndSession {
         /// True if `e` means "the lock is held by someone else", reported by a `NOWAIT` or a
         /// bounded server-side wait, as opposed to a real failure.
         fn is_lock_unavailable(&self, e: &diesel::result::Error) -> bool;

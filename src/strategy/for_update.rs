@@ -1,56 +1,79 @@
 //! `Strategy::ForUpdate`: the key's row locked by `SELECT … FOR UPDATE` in a transaction
 //! that the guard keeps open; release = COMMIT.
 
-use super::session::{discard, Pooled, Session};
-use super::{Hold, Taken};
-use crate::backend::Sql;
-use crate::backend::{LockConnection, Wait};
+use super::session::{self, discard, Session};
+use super::{Hold, Interrupter, Pool, Pooled, RawLock, Setup, Strategy, Taken};
+use crate::backend::{LockConnection, Sql, Wait};
 use crate::Result;
 use diesel::connection::{Connection, TransactionManager};
 
 type Tm<C> = <C as Connection>::TransactionManager;
 
-pub(super) fn try_acquire<C: LockConnection>(
-    mut conn: Pooled<C>,
-    key: &str,
-    wait: Wait,
-) -> Result<Option<Taken<C>>> {
-    // At most twice: a first attempt that finds no row creates it (committed on its own, so
-    // that other creators do not wait for our transaction) and tries again.
-    for attempt in 0..2 {
-        Tm::<C>::begin_transaction(&mut *conn)?;
-        let locked = conn.session_sql()?.for_update_lock(key, wait);
-        match locked {
-            Ok(Some(a)) => {
-                return Ok(Some(Taken {
-                    hold: Hold::ForUpdate {
-                        session: Session::new(conn),
-                        proof: a.id,
-                    },
-                    token: a.token,
-                    acquired_at: a.acquired_at,
-                }))
-            }
-            Ok(None) => {
-                rollback(&mut conn);
-                if attempt == 0 {
-                    conn.session_sql()?.for_update_create(key)?;
+pub(super) struct ForUpdateLock<C: LockConnection> {
+    pool: Pool<C>,
+}
+
+impl<C: LockConnection> ForUpdateLock<C> {
+    pub(super) fn new(setup: Setup<C>, strategy: Strategy) -> Result<Self> {
+        session::require_sessions(setup.backend, strategy)?;
+        Ok(ForUpdateLock { pool: setup.pool })
+    }
+}
+
+impl<C: LockConnection> RawLock<C> for ForUpdateLock<C> {
+    fn try_acquire(
+        &self,
+        mut conn: Pooled<C>,
+        key: &str,
+        _retry: bool,
+        wait: Wait,
+    ) -> Result<Option<Taken>> {
+        // At most twice: a first attempt that finds no row creates it (committed on its own,
+        // so that other creators do not wait for our transaction) and tries again.
+        for attempt in 0..2 {
+            Tm::<C>::begin_transaction(&mut *conn)?;
+            let locked = conn.session_sql()?.for_update_lock(key, wait);
+            match locked {
+                Ok(Some(a)) => {
+                    return Ok(Some(Taken {
+                        hold: Box::new(ForUpdateHold {
+                            session: Session::new(conn),
+                            proof: a.id,
+                        }),
+                        token: a.token,
+                        acquired_at: a.acquired_at,
+                    }))
+                }
+                Ok(None) => {
+                    rollback(&mut conn);
+                    if attempt == 0 {
+                        conn.session_sql()?.for_update_create(key)?;
+                    }
+                }
+                Err(e) => {
+                    // PostgreSQL has aborted the transaction; MySQL rolled back the
+                    // statement. Either way nothing of ours may stay open on a pooled
+                    // connection.
+                    rollback(&mut conn);
+                    return if conn.session_sql()?.is_lock_unavailable(&e) {
+                        Ok(None)
+                    } else {
+                        Err(e.into())
+                    };
                 }
             }
-            Err(e) => {
-                // PostgreSQL has aborted the transaction; MySQL rolled back the statement.
-                // Either way nothing of ours may stay open on a pooled connection.
-                rollback(&mut conn);
-                return if conn.session_sql()?.is_lock_unavailable(&e) {
-                    Ok(None)
-                } else {
-                    Err(e.into())
-                };
-            }
         }
+        // The row vanished between its creation and our lock (deleted by hand): busy, for now.
+        Ok(None)
     }
-    // The row vanished between its creation and our lock (deleted by hand): busy, for now.
-    Ok(None)
+
+    fn waits_on_server(&self) -> bool {
+        true
+    }
+
+    fn interrupter(&self, conn: &mut C) -> Result<Option<Interrupter>> {
+        session::interrupter(&self.pool, conn).map(Some)
+    }
 }
 
 /// Rolls back; a connection that cannot is closed instead of going back to the pool.
@@ -61,19 +84,30 @@ fn rollback<C: LockConnection>(conn: &mut Pooled<C>) {
     }
 }
 
-pub(super) fn release<C: LockConnection>(session: Session<C>, key: &str, proof: i64) -> Result<()> {
-    // COMMIT even while panicking: the transaction holds only our own lock and bookkeeping.
-    // (r2d2 then closes the connection anyway, as it does with every connection dropped
-    // during a panic.) A transaction that no longer holds the lock is not committed: its
-    // connection is closed, which rolls it back.
-    session.end(key, |c| {
-        if !c.session_sql()?.for_update_finish(proof)? {
-            return Ok(false);
-        }
-        Tm::<C>::commit_transaction(c).map(|()| true)
-    })
+/// The connection whose open transaction holds the row lock.
+struct ForUpdateHold<C: LockConnection> {
+    session: Session<C>,
+    /// The backend's proof that the transaction holds the lock (see `for_update_lock`).
+    proof: i64,
 }
 
-pub(super) fn held<C: LockConnection>(session: &Session<C>, key: &str, proof: i64) -> Result<bool> {
-    session.held(key, |c| c.session_sql()?.for_update_held(key, proof))
+impl<C: LockConnection> Hold for ForUpdateHold<C> {
+    fn release(self: Box<Self>, key: &str) -> Result<bool> {
+        // COMMIT even while panicking: the transaction holds only our own lock and
+        // bookkeeping. (r2d2 then closes the connection anyway, as it does with every
+        // connection dropped during a panic.) A transaction that no longer holds the lock is
+        // not committed: its connection is closed, which rolls it back.
+        let proof = self.proof;
+        self.session.end(key, |c| {
+            if !c.session_sql()?.for_update_finish(proof)? {
+                return Ok(false);
+            }
+            Tm::<C>::commit_transaction(c).map(|()| true)
+        })
+    }
+
+    fn held(&self, key: &str) -> Result<bool> {
+        self.session
+            .held(key, |c| c.session_sql()?.for_update_held(key, self.proof))
+    }
 }

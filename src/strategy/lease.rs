@@ -1,54 +1,126 @@
-//! `Strategy::Lease`: holder + expiry on the database clock, renewed by the heartbeat.
+//! `Strategy::Lease`: holder + expiry on the database clock, renewed by the heartbeat, which
+//! this strategy owns (its interval is a `Lease` option).
 
-use super::{micros, Ctx, Hold, Taken};
-use crate::backend::LockConnection;
-use crate::backend::Sql;
+use super::heartbeat::{Beat, Heartbeat};
+use super::{check_duration, contention_is_busy, micros, with_conn, Hold, Pool, RawLock, Setup};
+use super::{Pooled, Taken};
+use crate::backend::{LockConnection, Sql, Wait};
+use crate::backoff::Backoff;
 use crate::{Error, Result};
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-pub(super) fn try_acquire<C: LockConnection>(
-    ctx: &Ctx<'_, C>,
-    conn: &mut C,
-    key: &str,
-    ttl: Duration,
-    retry: bool,
-) -> Result<Option<Taken<C>>> {
-    let ttl_us = micros(ttl).unwrap_or(i64::MAX);
-    let holder = crate::random::holder_id();
-    let sent = std::time::Instant::now();
-    let Some(a) = conn
-        .sql()
-        .lease_acquire(key, ctx.owner, &holder, ttl_us, retry)?
-    else {
-        return Ok(None);
-    };
-    let beat = ctx.heartbeat.register(key, &holder, sent);
-    Ok(Some(Taken {
-        hold: Hold::Lease { holder, beat },
-        token: a.token,
-        acquired_at: a.acquired_at,
-    }))
+pub(super) struct LeaseLock<C: LockConnection> {
+    pool: Pool<C>,
+    owner: String,
+    ttl_us: i64,
+    /// Shared with the guards, so that a guard that outlives its `Locker` is still renewed.
+    heartbeat: Arc<Heartbeat<C>>,
 }
 
-pub(super) fn release<C: LockConnection>(
-    ctx: &Ctx<'_, C>,
-    key: &str,
-    holder: &str,
-    beat: super::heartbeat::Beat,
-) -> Result<()> {
-    // Stop renewing first. A renewal already under way cannot revive the lease after the
-    // release below: renewals match on our holder id, which the release clears.
-    let was_lost = beat.is_lost();
-    drop(beat);
-    if super::with_conn(ctx.pool, |c| c.sql().lease_release(key, holder))? && !was_lost {
-        Ok(())
-    } else {
-        Err(Error::LockLost {
-            key: key.to_owned(),
+impl<C: LockConnection> LeaseLock<C> {
+    pub(super) fn new(setup: Setup<C>, ttl: Duration) -> Result<Self> {
+        check_duration(ttl, "the lease ttl")?;
+        let every = setup.heartbeat.unwrap_or(ttl / 3);
+        if every.is_zero() || every >= ttl {
+            return Err(Error::InvalidConfig(
+                "the heartbeat must be longer than zero and shorter than the ttl".into(),
+            ));
+        }
+        Ok(LeaseLock {
+            heartbeat: Arc::new(Heartbeat::new(setup.pool.clone(), every, ttl)),
+            pool: setup.pool,
+            owner: setup.owner,
+            ttl_us: micros(ttl).unwrap_or(i64::MAX),
         })
+    }
+
+    fn attempt(&self, conn: &mut C, key: &str, retry: bool) -> Result<Option<Taken>> {
+        let holder = crate::random::holder_id();
+        let mut backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(16));
+        let mut tries = 0;
+        let (sent, a) = loop {
+            let sent = Instant::now();
+            if let Some(a) =
+                conn.sql()
+                    .lease_acquire(key, &self.owner, &holder, self.ttl_us, retry)?
+            {
+                break (sent, a);
+            }
+            // A free key looks held for a moment while a purge runs: its first step marks
+            // the rows it is about to delete as held by nobody, its second deletes them. A
+            // first attempt that finds the key held by nobody tries again, a few times over
+            // some 30 ms, instead of reporting it held. (Waiting callers try again anyway.)
+            tries += 1;
+            if retry || tries == 5 || !conn.sql().admin_leases(Some(key))?.is_empty() {
+                return Ok(None);
+            }
+            log::debug!("lock {key:?}: held by nobody (a purge under way?); trying again");
+            std::thread::sleep(backoff.next_pause());
+        };
+        let beat = self.heartbeat.register(key, &holder, sent);
+        Ok(Some(Taken {
+            hold: Box::new(LeaseHold {
+                pool: self.pool.clone(),
+                holder,
+                beat: Some(beat),
+                _heartbeat: self.heartbeat.clone(),
+            }),
+            token: a.token,
+            acquired_at: a.acquired_at,
+        }))
     }
 }
 
-pub(super) fn held<C: LockConnection>(ctx: &Ctx<'_, C>, key: &str, holder: &str) -> Result<bool> {
-    super::with_conn(ctx.pool, |c| c.sql().lease_held(key, holder))
+impl<C: LockConnection> RawLock<C> for LeaseLock<C> {
+    fn try_acquire(
+        &self,
+        mut conn: Pooled<C>,
+        key: &str,
+        retry: bool,
+        _wait: Wait,
+    ) -> Result<Option<Taken>> {
+        let attempt = self.attempt(&mut conn, key, retry);
+        contention_is_busy(&mut *conn, key, attempt)
+    }
+
+    fn notifies_releases(&self) -> bool {
+        true
+    }
+
+    fn purge(&self, idle: Duration) -> Result<usize> {
+        // Past the 100-year cap every row is younger than `idle`: nothing to delete (and the
+        // databases' date arithmetic would overflow).
+        let idle_us = micros(idle.min(super::MAX_DURATION)).unwrap_or(i64::MAX);
+        // Each step is one statement or transaction; a deadlock victim's was rolled back and
+        // is run again.
+        with_conn(&self.pool, |c| c.sql().purge_mark_leases(idle_us))?;
+        with_conn(&self.pool, |c| c.sql().purge_delete_leases())
+    }
+}
+
+/// A held lease: its holder id and its registration with the heartbeat.
+struct LeaseHold<C: LockConnection> {
+    pool: Pool<C>,
+    holder: String,
+    /// `None` once released.
+    beat: Option<Beat>,
+    _heartbeat: Arc<Heartbeat<C>>,
+}
+
+impl<C: LockConnection> Hold for LeaseHold<C> {
+    fn release(mut self: Box<Self>, key: &str) -> Result<bool> {
+        // Stop renewing first. A renewal already under way cannot revive the lease after the
+        // release below: renewals match on our holder id, which the release clears.
+        let was_lost = self.beat.take().is_none_or(|beat| beat.is_lost());
+        let released = with_conn(&self.pool, |c| c.sql().lease_release(key, &self.holder))?;
+        Ok(released && !was_lost)
+    }
+
+    fn held(&self, key: &str) -> Result<bool> {
+        if self.beat.as_ref().is_none_or(Beat::is_lost) {
+            return Ok(false);
+        }
+        with_conn(&self.pool, |c| c.sql().lease_held(key, &self.holder))
+    }
 }

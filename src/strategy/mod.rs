@@ -1,11 +1,18 @@
-//! The strategies. Each file implements one attempt to acquire, a release and a check for
-//! its strategy on top of the backend's SQL; waiting, deadlines and the guard are written once
-//! in `locker.rs` and `guard.rs`.
+//! The strategies, one file each, behind one seam: [`RawLock`] (in the spirit of
+//! `lock_api::RawMutex`) is what a strategy does with a key (one attempt, and what it needs
+//! from the `Locker`: server-side waits and their interruption, release notifications,
+//! purge), and [`Hold`] is what a guard keeps (release, check). [`build`] turns the public
+//! [`Strategy`] value into its `RawLock` once, checking the strategy's own options; nothing
+//! else matches on the strategy. Waiting, deadlines, cancellation and the in-process queue
+//! are written once in `locker/`, the guard in `guard.rs`.
+//!
+//! A new strategy is a new file here with its `RawLock` and `Hold`, one arm in `build` (and
+//! in `Strategy::name`), and its statements in each backend folder.
 
-use crate::backend::Sql;
-use crate::backend::{Backend, LockConnection, Wait};
+use crate::backend::{Backend, LockConnection, Sql, Wait};
 use crate::{Error, Result};
 use chrono::{DateTime, Utc};
+use diesel::r2d2::ConnectionManager;
 use std::time::Duration;
 
 mod advisory;
@@ -15,7 +22,7 @@ mod lease;
 mod row;
 pub(crate) mod session;
 
-use session::{Pooled, Session};
+pub(crate) use session::Pooled;
 
 /// How a lock is kept in the database. All strategies give the same
 /// [`LockGuard`](crate::LockGuard) and the same guarantees of mutual exclusion and fencing tokens; they
@@ -134,46 +141,102 @@ impl Strategy {
             Strategy::Advisory => "advisory",
         }
     }
+}
 
-    /// Checks the strategy's own settings and that `backend` can honour it.
-    pub(crate) fn validate(&self, backend: Backend) -> Result<()> {
-        match *self {
-            // Past a few thousand years the databases' date arithmetic overflows (NULL on
-            // MySQL and SQLite, an error on PostgreSQL); a century is plenty.
-            Strategy::Row { stale_after } => {
-                if stale_after.is_some_and(|d| d < Duration::from_millis(1) || d > MAX_DURATION) {
-                    return Err(Error::InvalidConfig(
-                        "stale_after must be between 1 ms and 100 years (or None)".into(),
-                    ));
-                }
-                Ok(())
-            }
-            Strategy::Lease { ttl } => {
-                if ttl < Duration::from_millis(1) || ttl > MAX_DURATION {
-                    return Err(Error::InvalidConfig(
-                        "the lease ttl must be between 1 ms and 100 years".into(),
-                    ));
-                }
-                Ok(())
-            }
-            // SQLite locks the whole database, never a row, and has no session locks.
-            Strategy::ForUpdate | Strategy::Advisory => match backend {
-                Backend::Postgres | Backend::Mysql => Ok(()),
-                Backend::Sqlite => Err(Error::Unsupported {
-                    strategy: self.name(),
-                    backend: backend.name(),
-                }),
-            },
-        }
+/// The pool every part of a `Locker` shares.
+pub(crate) type Pool<C> = r2d2::Pool<ConnectionManager<C>>;
+
+/// What `build` gives a strategy: the `Locker`'s settings that strategies use.
+pub(crate) struct Setup<C: LockConnection> {
+    pub(crate) pool: Pool<C>,
+    pub(crate) owner: String,
+    pub(crate) backend: Backend,
+    /// `LockerBuilder::heartbeat`, if it was set (only `Lease` has a heartbeat).
+    pub(crate) heartbeat: Option<Duration>,
+}
+
+/// Turns the public `Strategy` into its raw lock, checking its options and that the backend
+/// can honour it. The one `match` on the strategy outside `Strategy::name`.
+pub(crate) fn build<C: LockConnection>(
+    strategy: Strategy,
+    setup: Setup<C>,
+) -> Result<Box<dyn RawLock<C>>> {
+    Ok(match strategy {
+        Strategy::Row { stale_after } => Box::new(row::RowLock::new(setup, stale_after)?),
+        Strategy::Lease { ttl } => Box::new(lease::LeaseLock::new(setup, ttl)?),
+        Strategy::ForUpdate => Box::new(for_update::ForUpdateLock::new(setup, strategy)?),
+        Strategy::Advisory => Box::new(advisory::AdvisoryLock::new(setup, strategy)?),
+    })
+}
+
+/// What one strategy does with a key. One impl per strategy file.
+pub(crate) trait RawLock<C: LockConnection>: Send + Sync + 'static {
+    /// One attempt on `conn`. `retry` is true when an earlier attempt by this caller failed;
+    /// `wait` is how long the attempt may wait on the server, which only strategies that
+    /// [`wait_on_server`](Self::waits_on_server) use. Contention is `Ok(None)`, never an
+    /// error. Session strategies keep `conn` in the guard; the others return it to the pool.
+    fn try_acquire(
+        &self,
+        conn: Pooled<C>,
+        key: &str,
+        retry: bool,
+        wait: Wait,
+    ) -> Result<Option<Taken>>;
+
+    /// True if an attempt waits in the server's lock queue (as `wait` allows): the waiting
+    /// loop then leaves the waiting to the server, and a cancelled wait must end the
+    /// server's wait through [`interrupter`](Self::interrupter).
+    fn waits_on_server(&self) -> bool {
+        false
     }
 
-    /// The heartbeat interval used when the builder was not given one.
-    pub(crate) fn default_heartbeat(&self) -> Option<Duration> {
-        match self {
-            Strategy::Lease { ttl } => Some(*ttl / 3),
-            _ => None,
-        }
+    /// Something that, called from another thread, ends a server-side wait running on
+    /// `conn` (by ending its session). Asked before each attempt that may wait on the
+    /// server.
+    fn interrupter(&self, _conn: &mut C) -> Result<Option<Interrupter>> {
+        Ok(None)
     }
+
+    /// True if releases notify listeners (PostgreSQL `pg_notify`), so that a `Locker` with
+    /// `listen_url` can wake its waiters when another process releases.
+    fn notifies_releases(&self) -> bool {
+        false
+    }
+
+    /// `Locker::purge`: deletes what only takes up space; the number of rows deleted.
+    fn purge(&self, _idle: Duration) -> Result<usize> {
+        Ok(0)
+    }
+}
+
+/// Ends another thread's server-side wait; see [`RawLock::interrupter`].
+pub(crate) type Interrupter = Box<dyn Fn() + Send + Sync>;
+
+/// What a guard keeps of its lock: enough to release it and to ask whether it is still held.
+pub(crate) trait Hold: Send + Sync {
+    /// Releases; false if the lock was no longer ours.
+    fn release(self: Box<Self>, key: &str) -> Result<bool>;
+    /// Asks the database whether the lock is still ours.
+    fn held(&self, key: &str) -> Result<bool>;
+}
+
+/// A successful acquisition.
+pub(crate) struct Taken {
+    pub(crate) hold: Box<dyn Hold>,
+    pub(crate) token: i64,
+    pub(crate) acquired_at: DateTime<Utc>,
+}
+
+/// Refuses a duration option outside 1 ms to 100 years. Past a few thousand years the
+/// databases' date arithmetic overflows (NULL on MySQL and SQLite, an error on PostgreSQL);
+/// a century is plenty.
+pub(crate) fn check_duration(d: Duration, what: &str) -> Result<()> {
+    if d < Duration::from_millis(1) || d > MAX_DURATION {
+        return Err(Error::InvalidConfig(format!(
+            "{what} must be between 1 ms and 100 years"
+        )));
+    }
+    Ok(())
 }
 
 /// The longest ttl or `stale_after` accepted: 100 years.
@@ -184,94 +247,21 @@ pub(crate) fn micros(d: Duration) -> Option<i64> {
     i64::try_from(d.as_micros()).ok()
 }
 
-/// What a guard needs to release and check its lock.
-pub(crate) enum Hold<C: LockConnection> {
-    Row {
-        id: i64,
-    },
-    Lease {
-        holder: String,
-        beat: heartbeat::Beat,
-    },
-    /// The connection whose open transaction holds the row lock.
-    ForUpdate {
-        session: Session<C>,
-        /// The backend's proof that the transaction holds the lock (see `for_update_lock`).
-        proof: i64,
-    },
-    /// The connection whose session holds the advisory lock.
-    Advisory {
-        session: Session<C>,
-    },
-}
-
-/// A successful acquisition.
-pub(crate) struct Taken<C: LockConnection> {
-    pub(crate) hold: Hold<C>,
-    pub(crate) token: i64,
-    pub(crate) acquired_at: DateTime<Utc>,
-}
-
-/// The parts of a `Locker` a strategy needs.
-pub(crate) struct Ctx<'a, C: LockConnection> {
-    pub(crate) pool: &'a r2d2::Pool<diesel::r2d2::ConnectionManager<C>>,
-    pub(crate) owner: &'a str,
-    pub(crate) heartbeat: &'a heartbeat::Heartbeat<C>,
-}
-
-/// One attempt on `conn`. `retry` is true when an earlier attempt by this caller failed;
-/// `left` is how long the attempt may wait on the server (`None`: as long as it takes), which
-/// only the strategies with server-side waits use. Contention is `Ok(None)`, never an error.
-/// Session strategies keep `conn` in the guard; the others return it to the pool.
-pub(crate) fn try_acquire<C: LockConnection>(
-    strategy: &Strategy,
-    ctx: &Ctx<'_, C>,
-    mut conn: Pooled<C>,
-    key: &str,
-    retry: bool,
-    left: Option<Duration>,
-) -> Result<Option<Taken<C>>> {
-    let wait = match left {
-        None => Wait::Forever,
-        Some(d) if d.is_zero() => Wait::No,
-        Some(d) => Wait::For(d),
-    };
-    let taken = match *strategy {
-        Strategy::Row { stale_after } => row::try_acquire(ctx, &mut *conn, key, stale_after, retry),
-        Strategy::Lease { ttl } => lease::try_acquire(ctx, &mut *conn, key, ttl, retry),
-        Strategy::ForUpdate | Strategy::Advisory if conn.sql().backend() == Backend::Sqlite => {
-            Err(Error::Unsupported {
-                strategy: strategy.name(),
-                backend: conn.sql().backend().name(),
-            })
-        }
-        Strategy::ForUpdate => return for_update::try_acquire(conn, key, wait),
-        Strategy::Advisory => return advisory::try_acquire(conn, key, wait),
-    };
-    match taken {
-        Err(Error::Database(e)) if conn.sql().is_contention(&e) => {
-            log::debug!("lock {key:?}: contention ({e}); retrying");
-            Ok(None)
-        }
-        other => other,
-    }
-}
-
 /// Runs one short statement on a pooled connection, retrying a few times if the database
 /// reports contention (a deadlock victim's statement was rolled back, so running it again is
 /// safe). Releases and renewals must not fail merely because a waiter collided with them.
 pub(crate) fn with_conn<C: LockConnection, T>(
-    pool: &r2d2::Pool<diesel::r2d2::ConnectionManager<C>>,
+    pool: &Pool<C>,
     mut f: impl FnMut(&mut C) -> diesel::QueryResult<T>,
 ) -> Result<T> {
     let mut conn = pool.get()?;
-    let mut pause = Duration::from_millis(1);
+    let mut backoff =
+        crate::backoff::Backoff::new(Duration::from_millis(1), Duration::from_millis(128));
     for _ in 0..8 {
         match f(&mut conn) {
             Err(e) if conn.sql().is_contention(&e) => {
                 log::debug!("contention on a release or renewal ({e}); retrying");
-                std::thread::sleep(pause);
-                pause *= 2;
+                std::thread::sleep(backoff.next_pause());
             }
             other => return other.map_err(Error::from),
         }
@@ -279,29 +269,17 @@ pub(crate) fn with_conn<C: LockConnection, T>(
     f(&mut conn).map_err(Error::from)
 }
 
-/// Releases; `Err(LockLost)` if the lock was no longer ours.
-pub(crate) fn release<C: LockConnection>(ctx: &Ctx<'_, C>, key: &str, hold: Hold<C>) -> Result<()> {
-    match hold {
-        Hold::Row { id } => row::release(ctx, key, id),
-        Hold::Lease { holder, beat } => lease::release(ctx, key, &holder, beat),
-        Hold::ForUpdate { session, proof } => for_update::release(session, key, proof),
-        Hold::Advisory { session } => advisory::release(session, key),
-    }
-}
-
-/// Asks the database whether the lock is still ours.
-pub(crate) fn check<C: LockConnection>(ctx: &Ctx<'_, C>, key: &str, hold: &Hold<C>) -> Result<()> {
-    let held = match hold {
-        Hold::Row { id } => row::held(ctx, *id)?,
-        Hold::Lease { holder, beat } => !beat.is_lost() && lease::held(ctx, key, holder)?,
-        Hold::ForUpdate { session, proof } => for_update::held(session, key, *proof)?,
-        Hold::Advisory { session } => advisory::held(session, key)?,
-    };
-    if held {
-        Ok(())
-    } else {
-        Err(Error::LockLost {
-            key: key.to_owned(),
-        })
+/// Maps a contention error of one attempt to "busy".
+pub(crate) fn contention_is_busy<C: LockConnection>(
+    conn: &mut C,
+    key: &str,
+    attempt: Result<Option<Taken>>,
+) -> Result<Option<Taken>> {
+    match attempt {
+        Err(Error::Database(e)) if conn.sql().is_contention(&e) => {
+            log::debug!("lock {key:?}: contention ({e}); retrying");
+            Ok(None)
+        }
+        other => other,
     }
 }

@@ -1,86 +1,145 @@
 //! `Strategy::Row`: the lock is a row on a unique key; release deletes it by id.
 
-use super::{micros, Ctx, Hold, Taken};
-use crate::backend::LockConnection;
-use crate::backend::Sql;
-use crate::{Error, Result};
+use super::{check_duration, contention_is_busy, micros, with_conn, Hold, Pool, RawLock, Setup};
+use super::{Pooled, Taken};
+use crate::backend::{Acquired, LockConnection, Sql, Wait};
+use crate::Result;
 use std::time::Duration;
 
-pub(super) fn try_acquire<C: LockConnection>(
-    ctx: &Ctx<'_, C>,
-    conn: &mut C,
-    key: &str,
-    stale_after: Option<Duration>,
-    retry: bool,
-) -> Result<Option<Taken<C>>> {
-    let holder = crate::random::holder_id();
-    // The row carries its own staleness limit (`stale_at`), fixed by this Locker's setting.
-    let stale_us = stale_after.map(|d| micros(d).unwrap_or(i64::MAX));
-    if let Some(a) = insert(ctx, conn, key, &holder, stale_us, retry)? {
-        return Ok(Some(taken(a)));
-    }
-    // The holder's row goes stale only past the limit its *holder* set (never, without
-    // one), whatever this Locker's own `stale_after` says. One conditional DELETE removes
-    // it only if it is still the stale one: a row that replaced it in the meantime has its
-    // own, later `stale_at` and survives. After it, every taker competes with an ordinary
-    // insert, so only one of them wins.
-    if conn.sql().row_delete_stale(key)? {
-        log::warn!(
-            "lock {key:?}: took over a row past its holder's stale_after (its holder is presumed dead)"
-        );
-        return Ok(insert(ctx, conn, key, &holder, stale_us, false)?.map(taken));
-    }
-    Ok(None)
-}
-
-/// The backend's insert. An error other than contention may come after the INSERT committed
-/// (a lost reply, a connection dropped before the row was read back): the row, if any, is
-/// then deleted by its holder id on another connection, so that no lock is left that nobody
-/// holds. Contention errors roll their statement back and leave nothing.
-fn insert<C: LockConnection>(
-    ctx: &Ctx<'_, C>,
-    conn: &mut C,
-    key: &str,
-    holder: &str,
+pub(super) struct RowLock<C: LockConnection> {
+    pool: Pool<C>,
+    owner: String,
+    /// The staleness limit stored with each row this `Locker` inserts (`stale_at`), in
+    /// microseconds; `None`: its rows never go stale.
     stale_us: Option<i64>,
-    retry: bool,
-) -> Result<Option<crate::backend::Acquired>> {
-    match conn
-        .sql()
-        .row_acquire(key, ctx.owner, holder, stale_us, retry)
-    {
-        Err(e) if !conn.sql().is_contention(&e) => {
-            match super::with_conn(ctx.pool, |c| c.sql().row_forget(key, holder)) {
-                Ok(true) => log::warn!("lock {key:?}: acquiring failed ({e}) after the row was inserted; the row was removed"),
-                Ok(false) => {}
-                Err(cleanup) => log::warn!(
-                    "lock {key:?}: acquiring failed ({e}), and removing a row it may have left failed too ({cleanup}); if the key stays held, remove holder {holder} with `dlock release --force`"
-                ),
-            }
-            Err(e.into())
+}
+
+impl<C: LockConnection> RowLock<C> {
+    pub(super) fn new(setup: Setup<C>, stale_after: Option<Duration>) -> Result<Self> {
+        if let Some(d) = stale_after {
+            check_duration(d, "stale_after (when set)")?;
         }
-        other => Ok(other?),
-    }
-}
-
-fn taken<C: LockConnection>(a: crate::backend::Acquired) -> Taken<C> {
-    Taken {
-        hold: Hold::Row { id: a.id },
-        token: a.token,
-        acquired_at: a.acquired_at,
-    }
-}
-
-pub(super) fn release<C: LockConnection>(ctx: &Ctx<'_, C>, key: &str, id: i64) -> Result<()> {
-    if super::with_conn(ctx.pool, |c| c.sql().row_release(id))? {
-        Ok(())
-    } else {
-        Err(Error::LockLost {
-            key: key.to_owned(),
+        Ok(RowLock {
+            pool: setup.pool,
+            owner: setup.owner,
+            stale_us: stale_after.map(|d| micros(d).unwrap_or(i64::MAX)),
         })
     }
+
+    /// The backend's insert. An error other than contention may come after the INSERT
+    /// committed (a reply lost with the connection): the row, if any, is then deleted by its
+    /// holder id, so that no lock is left that nobody holds. A missing table leaves nothing
+    /// to clean up.
+    fn insert(
+        &self,
+        conn: &mut Pooled<C>,
+        key: &str,
+        holder: &str,
+        retry: bool,
+    ) -> Result<Option<Acquired>> {
+        let inserted = conn
+            .sql()
+            .row_acquire(key, &self.owner, holder, self.stale_us, retry);
+        match inserted {
+            Err(e) if !conn.sql().is_contention(&e) && may_have_committed(&e) => {
+                // On this same connection if it still works (a second pooled connection,
+                // taken while holding this one, would wait out the pool's timeout on a pool
+                // of one); else on another.
+                let cleanup = conn
+                    .sql()
+                    .row_forget(key, holder)
+                    .map_err(crate::Error::from)
+                    .or_else(|_| with_conn(&self.pool, |c| c.sql().row_forget(key, holder)));
+                match cleanup {
+                    Ok(true) => log::warn!("lock {key:?}: acquiring failed ({e}) after the row was inserted; the row was removed"),
+                    Ok(false) => {}
+                    Err(cleanup) => log::warn!(
+                        "lock {key:?}: acquiring failed ({e}), and removing a row it may have left failed too ({cleanup}); if the key stays held, remove holder {holder} with `dlock release --force`"
+                    ),
+                }
+                Err(e.into())
+            }
+            other => Ok(other?),
+        }
+    }
 }
 
-pub(super) fn held<C: LockConnection>(ctx: &Ctx<'_, C>, id: i64) -> Result<bool> {
-    super::with_conn(ctx.pool, |c| c.sql().row_held(id))
+/// Whether a failed acquisition may have left its row behind: always, except when a table or
+/// column is missing (nothing could be inserted then). On MySQL the row is read back by a
+/// second statement, so even an error the server sent may come after the INSERT committed.
+fn may_have_committed(e: &diesel::result::Error) -> bool {
+    !crate::error::is_missing_table(e)
+}
+
+impl<C: LockConnection> RawLock<C> for RowLock<C> {
+    fn try_acquire(
+        &self,
+        mut conn: Pooled<C>,
+        key: &str,
+        retry: bool,
+        _wait: Wait,
+    ) -> Result<Option<Taken>> {
+        let attempt = self.attempt(&mut conn, key, retry);
+        contention_is_busy(&mut *conn, key, attempt)
+    }
+
+    fn notifies_releases(&self) -> bool {
+        true
+    }
+
+    fn purge(&self, _idle: Duration) -> Result<usize> {
+        // Rows past their own `stale_at`, which any waiter could take over anyway. One
+        // statement; a deadlock victim's was rolled back and is run again.
+        with_conn(&self.pool, |c| c.sql().purge_stale_rows())
+    }
+}
+
+impl<C: LockConnection> RowLock<C> {
+    fn attempt(&self, conn: &mut Pooled<C>, key: &str, retry: bool) -> Result<Option<Taken>> {
+        let holder = crate::random::holder_id();
+        if let Some(a) = self.insert(conn, key, &holder, retry)? {
+            return Ok(Some(self.taken(a)));
+        }
+        // The holder's row goes stale only past the limit its *holder* set (never, without
+        // one), whatever this Locker's own `stale_after` says. One conditional DELETE removes
+        // it only if it is still the stale one: a row that replaced it in the meantime has its
+        // own, later `stale_at` and survives. After it, every taker competes with an ordinary
+        // insert, so only one of them wins.
+        if conn.sql().row_delete_stale(key)? {
+            log::warn!(
+                "lock {key:?}: took over a row past its holder's stale_after (its holder is presumed dead)"
+            );
+            return Ok(self
+                .insert(conn, key, &holder, false)?
+                .map(|a| self.taken(a)));
+        }
+        Ok(None)
+    }
+
+    fn taken(&self, a: Acquired) -> Taken {
+        Taken {
+            hold: Box::new(RowHold {
+                pool: self.pool.clone(),
+                id: a.id,
+            }),
+            token: a.token,
+            acquired_at: a.acquired_at,
+        }
+    }
+}
+
+/// A held row, known by its id.
+struct RowHold<C: LockConnection> {
+    pool: Pool<C>,
+    id: i64,
+}
+
+impl<C: LockConnection> Hold for RowHold<C> {
+    fn release(self: Box<Self>, _key: &str) -> Result<bool> {
+        with_conn(&self.pool, |c| c.sql().row_release(self.id))
+    }
+
+    fn held(&self, _key: &str) -> Result<bool> {
+        with_conn(&self.pool, |c| c.sql().row_held(self.id))
+    }
 }

@@ -2,7 +2,8 @@
 //! and the rule for giving it back: only when it provably holds nothing. Otherwise it is
 //! closed, and the server frees whatever the session held.
 
-use crate::backend::LockConnection;
+use super::{Interrupter, Pool, Strategy};
+use crate::backend::{Backend, LockConnection, Sql};
 use crate::{Error, Result};
 use diesel::connection::{Connection, TransactionManager};
 use diesel::r2d2::ConnectionManager;
@@ -58,14 +59,14 @@ impl<C: LockConnection> Session<C> {
     /// the pool only if that worked, the lock was never found lost and no panic is under
     /// way. `end` returns false when the server says the lock was not held.
     ///
-    /// An error from `end` is reported as [`Error::LockLost`]: the connection that held the
-    /// lock failed, so the lock cannot be shown to have been held up to now; closing the
+    /// Returns false, as for a lost lock, when `end` fails: the connection that held the lock
+    /// failed, so the lock cannot be shown to have been held up to now; closing the
     /// connection frees it on the server in any case.
     pub(crate) fn end(
         self,
         key: &str,
         end: impl FnOnce(&mut C) -> QueryResult<bool>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let mut conn = self.conn.into_inner().unwrap_or_else(|p| p.into_inner());
         let was_lost = self.lost.into_inner();
         let ended = end(&mut conn);
@@ -75,18 +76,44 @@ impl<C: LockConnection> Session<C> {
         }
         drop(conn);
         match ended {
-            Ok(true) if !was_lost => Ok(()),
-            Ok(_) => Err(Error::LockLost {
-                key: key.to_owned(),
-            }),
+            Ok(released) => Ok(released && !was_lost),
             Err(e) => {
                 log::warn!("lock {key:?}: releasing failed ({e}); its connection is closed");
-                Err(Error::LockLost {
-                    key: key.to_owned(),
-                })
+                Ok(false)
             }
         }
     }
+}
+
+/// Refuses a session strategy on a backend without row or session locks (SQLite locks the
+/// whole database, never a row, and has no session locks).
+pub(crate) fn require_sessions(backend: Backend, strategy: Strategy) -> Result<()> {
+    match backend {
+        Backend::Postgres | Backend::Mysql => Ok(()),
+        Backend::Sqlite => Err(Error::Unsupported {
+            strategy: strategy.name(),
+            backend: backend.name(),
+        }),
+    }
+}
+
+/// Ends `conn`'s session from another pooled connection when called: what interrupts a wait
+/// in the server's lock queue (see `RawLock::interrupter`).
+pub(crate) fn interrupter<C: LockConnection>(pool: &Pool<C>, conn: &mut C) -> Result<Interrupter> {
+    let id = conn.session_sql()?.session_id()?;
+    let pool = pool.clone();
+    Ok(Box::new(move || {
+        let ended = pool
+            .get()
+            .map_err(Error::from)
+            .and_then(|mut c| Ok(c.session_sql()?.end_session(id)?));
+        match ended {
+            Ok(_) => log::debug!("wait cancelled: session {id} ended"),
+            Err(e) => {
+                log::warn!("a wait was cancelled but its session {id} could not be ended: {e}")
+            }
+        }
+    }))
 }
 
 /// Makes r2d2 close `conn` when it is dropped instead of returning it to the pool.

@@ -4,22 +4,93 @@
 //! PostgreSQL and MySQL come from `DLOCK_TEST_PG_URL` / `DLOCK_TEST_MYSQL_URL`. A missing URL
 //! skips that backend with a printed line, unless `DLOCK_TEST_REQUIRE` is `all` (or names the
 //! backend: `pg`, `mysql`), in which case it fails the test.
+//!
+//! `Locker::purge` is table-wide, so a test that purges on a server takes a database of its
+//! own (`pg_own_db`, `mysql_own_db`): a purge beside other tests would delete their rows, and
+//! theirs the rows it counts on.
 #![allow(dead_code, unreachable_pub)]
 
 pub mod conformance;
 
 use diesel::r2d2::{ConnectionManager, Pool};
 use diesel_lock::{LockConnection, Locker, Strategy};
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// A pool on one backend, with whatever must live as long as it (a temp dir for SQLite).
+/// A pool on one backend, with whatever must live as long as it (a temp dir for SQLite, a
+/// database of its own on a server). Fields drop in order: the pool before the database.
 pub struct Harness<C: LockConnection> {
     pub pool: Pool<ConnectionManager<C>>,
     pub url: String,
     /// Lockers made by this harness listen for releases on this URL (PostgreSQL).
     pub listen_url: Option<String>,
     _dir: Option<tempfile::TempDir>,
+    _db: Option<OwnDb<C>>,
+}
+
+/// A database made for one test, dropped when this guard is (at the end of the test, or while
+/// its panic unwinds), over a new connection to the test URL it was made from.
+struct OwnDb<C: LockConnection> {
+    name: String,
+    admin_url: String,
+    /// Run in order to drop it.
+    drop_sql: Vec<String>,
+    _backend: PhantomData<fn() -> C>,
+}
+
+impl<C: LockConnection> Drop for OwnDb<C> {
+    fn drop(&mut self) {
+        let dropped = C::establish(&self.admin_url)
+            .map_err(|e| e.to_string())
+            .and_then(|mut c| {
+                self.drop_sql
+                    .iter()
+                    .try_for_each(|sql| c.batch_execute(sql))
+                    .map_err(|e| e.to_string())
+            });
+        // Never panic here: this may run while a test's panic unwinds.
+        if let Err(e) = dropped {
+            eprintln!("could not drop the test database {}: {e}", self.name);
+        }
+    }
+}
+
+/// `url` with its database (the path) replaced by `name`, its query kept.
+fn with_database(url: &str, name: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, format!("?{query}")),
+        None => (url, String::new()),
+    };
+    let authority = base.find("://").map_or(0, |i| i + 3);
+    let path = base[authority..]
+        .find('/')
+        .map_or(base.len(), |i| authority + i);
+    format!("{}/{name}{query}", &base[..path])
+}
+
+/// A harness on a database made for it on the server at `url` (see `OwnDb`), `drop_sql`
+/// making the statements that drop a database of that name.
+fn own_db<C: LockConnection>(
+    url: &str,
+    size: u32,
+    drop_sql: impl FnOnce(&str) -> Vec<String>,
+) -> Harness<C> {
+    let name = unique_key("dlock_t").replace('-', "_");
+    C::establish(url)
+        .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .unwrap_or_else(|e| panic!("create the test database {name}: {e}"));
+    // From here on a panic drops the database too.
+    let db = OwnDb {
+        drop_sql: drop_sql(&name),
+        name,
+        admin_url: url.to_owned(),
+        _backend: PhantomData,
+    };
+    let mut h = server_at(&with_database(url, &db.name), size);
+    h._db = Some(db);
+    h
 }
 
 impl<C: LockConnection> Harness<C> {
@@ -93,6 +164,7 @@ pub fn sqlite_at(path: &str, size: u32) -> Harness<diesel::SqliteConnection> {
         url: path.to_owned(),
         listen_url: None,
         _dir: None,
+        _db: None,
     }
 }
 
@@ -103,6 +175,7 @@ pub fn server_at<C: LockConnection>(url: &str, size: u32) -> Harness<C> {
         url: url.to_owned(),
         listen_url: None,
         _dir: None,
+        _db: None,
     }
 }
 
@@ -110,8 +183,9 @@ pub fn sqlite() -> Option<Harness<diesel::SqliteConnection>> {
     sqlite_sized(10)
 }
 
+/// The PostgreSQL test URL, or `None` (skip; see `url`).
 #[cfg(feature = "postgres")]
-pub fn pg_sized(size: u32) -> Option<Harness<diesel::PgConnection>> {
+fn pg_url() -> Option<String> {
     let mut url = url("DLOCK_TEST_PG_URL", "pg")?;
     // Loopback needs no TLS, and a TLS handshake is where an exit-time race crashes (above).
     if !url.contains("sslmode") {
@@ -121,17 +195,31 @@ pub fn pg_sized(size: u32) -> Option<Harness<diesel::PgConnection>> {
             "?sslmode=disable"
         });
     }
-    Some(Harness {
-        pool: pool(&url, size),
-        url,
-        listen_url: None,
-        _dir: None,
-    })
+    Some(url)
+}
+
+#[cfg(feature = "postgres")]
+pub fn pg_sized(size: u32) -> Option<Harness<diesel::PgConnection>> {
+    Some(server_at(&pg_url()?, size))
 }
 
 #[cfg(feature = "postgres")]
 pub fn pg() -> Option<Harness<diesel::PgConnection>> {
     pg_sized(10)
+}
+
+/// PostgreSQL, on a database of the test's own (for tests that purge).
+#[cfg(feature = "postgres")]
+pub fn pg_own_db_sized(size: u32) -> Option<Harness<diesel::PgConnection>> {
+    Some(own_db(&pg_url()?, size, |name| {
+        // FORCE (PostgreSQL 13+): ends whatever still connects to it, a leftover listener say.
+        vec![format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")]
+    }))
+}
+
+#[cfg(feature = "postgres")]
+pub fn pg_own_db() -> Option<Harness<diesel::PgConnection>> {
+    pg_own_db_sized(10)
 }
 
 /// PostgreSQL, with lockers that listen for releases.
@@ -151,6 +239,26 @@ pub fn mysql_sized(size: u32) -> Option<Harness<diesel::MysqlConnection>> {
 #[cfg(feature = "mysql")]
 pub fn mysql() -> Option<Harness<diesel::MysqlConnection>> {
     mysql_sized(10)
+}
+
+/// MySQL/MariaDB, on a database of the test's own (for tests that purge). The test role may
+/// create `dlock_t_%` databases (scripts/services.sh).
+#[cfg(feature = "mysql")]
+pub fn mysql_own_db_sized(size: u32) -> Option<Harness<diesel::MysqlConnection>> {
+    let url = url("DLOCK_TEST_MYSQL_URL", "mysql")?;
+    Some(own_db(&url, size, |name| {
+        vec![
+            // A connection left in a transaction on it would hold the DROP (for up to a year by
+            // default): fail and say so instead.
+            "SET SESSION lock_wait_timeout = 30".to_owned(),
+            format!("DROP DATABASE IF EXISTS {name}"),
+        ]
+    }))
+}
+
+#[cfg(feature = "mysql")]
+pub fn mysql_own_db() -> Option<Harness<diesel::MysqlConnection>> {
+    mysql_own_db_sized(10)
 }
 
 /// A key no other test (or earlier run against the same server) uses.
@@ -237,5 +345,6 @@ pub fn mysql_simultaneous_assignment() -> Option<Harness<diesel::MysqlConnection
         url,
         listen_url: None,
         _dir: None,
+        _db: None,
     })
 }

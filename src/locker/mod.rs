@@ -1,0 +1,297 @@
+//! `Locker`: takes locks on string keys. Its parts: `builder` (settings, checked once),
+//! `wait` (waiting, written once for every strategy), `queue` (the in-process line of
+//! waiters per key) and `cancel` (ending a wait from another thread).
+
+mod builder;
+mod cancel;
+mod queue;
+mod wait;
+
+pub use builder::LockerBuilder;
+pub use cancel::Cancel;
+
+use crate::backend::{Backend, LockConnection, Sql};
+use crate::guard::LockGuard;
+use crate::strategy::{RawLock, Strategy};
+use crate::Result;
+use diesel::r2d2::ConnectionManager;
+use queue::Queues;
+use r2d2::Pool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use wait::Deadline;
+
+/// Takes locks on string keys, keeping them in the database behind `pool`.
+///
+/// Cheap to clone (an `Arc`), `Send` and `Sync`: share one per strategy across threads.
+///
+/// # Fairness
+/// Threads of one `Locker` waiting for the same key line up first-come first-served, and only
+/// the first of them polls the database; a release by one of them wakes the next at once.
+/// Waiters in other processes poll with exponential backoff and jitter (1 ms doubling up to
+/// [`LockerBuilder::max_backoff`]), so across processes no order is promised.
+///
+/// # Differences from `std::sync::Mutex`
+/// Locks are not reentrant: a second `try_lock` of a held key returns `Ok(None)`, even from the
+/// same `Locker` and thread, and a second `lock` would wait forever. There is no poisoning:
+/// a guard dropped during a panic releases its lock.
+pub struct Locker<C: LockConnection> {
+    inner: Arc<Inner<C>>,
+}
+
+pub(crate) struct Inner<C: LockConnection> {
+    pool: Pool<ConnectionManager<C>>,
+    strategy: Strategy,
+    /// What the strategy does with a key (built once from `strategy`).
+    raw: Box<dyn RawLock<C>>,
+    /// What guards share with the `Locker`.
+    shared: Arc<Shared>,
+    backend: Backend,
+    max_backoff: Duration,
+    /// PostgreSQL with `listen_url`: the thread that hears other processes' releases.
+    /// Dropped (and joined) with the last clone of the `Locker`.
+    #[cfg(feature = "postgres")]
+    listener: Option<crate::backend::pg_listen::Listener>,
+}
+
+impl<C: LockConnection> Clone for Locker<C> {
+    fn clone(&self) -> Self {
+        Locker {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<C: LockConnection> std::fmt::Debug for Locker<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Locker")
+            .field("strategy", &self.inner.strategy)
+            .field("owner", &self.inner.shared.owner)
+            .field("backend", &self.inner.backend)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The part of a `Locker` its guards keep: its owner name, and its line of waiters, which a
+/// release wakes. (Not the pool, the heartbeat or the listener: a guard that outlives its
+/// `Locker` keeps only what its own strategy's hold needs.)
+pub(crate) struct Shared {
+    pub(crate) owner: String,
+    pub(crate) queues: Queues,
+}
+
+impl<C: LockConnection> Locker<C> {
+    /// Starts configuring a `Locker` over `pool`.
+    ///
+    /// ```
+    /// use diesel_lock::{Locker, Strategy};
+    /// use std::time::Duration;
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let url = dir.path().join("locks.db");
+    /// let pool = diesel_lock::connect(url.to_str().unwrap())?;
+    /// let locker = Locker::builder(pool)
+    ///     .strategy(Strategy::Lease { ttl: Duration::from_secs(10) })
+    ///     .owner("report-worker-1")
+    ///     .build()?;
+    /// locker.migrate()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn builder(pool: Pool<ConnectionManager<C>>) -> LockerBuilder<C> {
+        LockerBuilder {
+            pool,
+            strategy: Strategy::default(),
+            owner: None,
+            heartbeat: None,
+            max_backoff: Duration::from_millis(50),
+            listen_url: None,
+        }
+    }
+
+    /// Creates or upgrades the library's tables (embedded diesel migrations). Idempotent, and
+    /// safe to call from many processes at once.
+    ///
+    /// # Errors
+    /// [`Error::Pool`] without a connection, [`Error::Migration`] if the DDL fails (for
+    /// example, missing privileges).
+    pub fn migrate(&self) -> Result<()> {
+        self.inner.pool.get()?.sql().run_migrations()
+    }
+
+    /// Waits as long as it takes, then returns the guard.
+    ///
+    /// If this method returns `Ok`, the lock is held until the guard is dropped or released
+    /// (or, for leases, until the heartbeat fails to renew it: see [`LockGuard::check`]).
+    ///
+    /// ```
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let locker = diesel_lock::Locker::builder(diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?).build()?;
+    /// # locker.migrate()?;
+    /// let guard = locker.lock("nightly-report")?;
+    /// // ... the work only one process may do ...
+    /// guard.release()?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`] before any SQL runs; [`Error::Pool`] when no connection can be
+    /// had in the pool's `connection_timeout`; [`Error::MissingTable`] before `migrate`;
+    /// [`Error::Database`] for other database failures. Contention is never an error.
+    pub fn lock(&self, key: &str) -> Result<LockGuard<C>> {
+        match self.acquire(key, Deadline::Never, None)? {
+            Some(guard) => Ok(guard),
+            None => unreachable!("waiting without a deadline only ends with the lock"),
+        }
+    }
+
+    /// One attempt: `Ok(None)` when someone else holds the key. It never waits for the lock;
+    /// it does wait for a pooled connection, as long as the pool's `connection_timeout`.
+    ///
+    /// ```
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let locker = diesel_lock::Locker::builder(diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?).build()?;
+    /// # locker.migrate()?;
+    /// let first = locker.try_lock("k")?.expect("free");
+    /// assert!(locker.try_lock("k")?.is_none()); // not reentrant
+    /// drop(first);
+    /// assert!(locker.try_lock("k")?.is_some());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As for [`lock`](Self::lock).
+    pub fn try_lock(&self, key: &str) -> Result<Option<LockGuard<C>>> {
+        self.acquire(key, Deadline::Once, None)
+    }
+
+    /// Waits at most `timeout`: `Ok(None)` when the deadline passes.
+    ///
+    /// With `ForUpdate` and `Advisory` the wait happens on the server, bounded by the time
+    /// left, so a release hands the lock over at once and the deadline is kept within a
+    /// round trip or so.
+    /// Any length is accepted: a server that caps one wait (PostgreSQL's `lock_timeout` at
+    /// about 24.8 days, `innodb_lock_wait_timeout` at 10⁸ s, `GET_LOCK` asked for at most a
+    /// year) is asked again when that runs out, until the deadline.
+    ///
+    /// # Errors
+    /// As for [`lock`](Self::lock); [`Error::Pool`] also when the pool has no free connection
+    /// before the deadline (every connection held elsewhere, e.g. by session strategies'
+    /// guards: each keeps one).
+    pub fn try_lock_for(&self, key: &str, timeout: Duration) -> Result<Option<LockGuard<C>>> {
+        self.acquire(key, Deadline::after(timeout), None)
+    }
+
+    /// Waits until `deadline` at the latest: `Ok(None)` when it passes. The same as
+    /// [`try_lock_for`](Self::try_lock_for), for callers that keep one deadline across
+    /// several steps.
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let locker = diesel_lock::Locker::builder(diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?).build()?;
+    /// # locker.migrate()?;
+    /// let deadline = Instant::now() + Duration::from_secs(2);
+    /// let a = locker.try_lock_until("a", deadline)?.expect("free");
+    /// let b = locker.try_lock_until("b", deadline)?.expect("free"); // what is left of the 2 s
+    /// # drop((a, b));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As for [`try_lock_for`](Self::try_lock_for).
+    pub fn try_lock_until(&self, key: &str, deadline: Instant) -> Result<Option<LockGuard<C>>> {
+        self.acquire(key, Deadline::At(deadline), None)
+    }
+
+    /// Waits until `deadline` (`None`: as long as it takes) unless `cancel` is cancelled
+    /// first, from another thread: `Ok(None)` then, without the lock. The wait keeps its
+    /// place in line throughout: in the `Locker`'s own queue and, for `ForUpdate` and
+    /// `Advisory`, in the server's lock queue, which hands the lock over in the order the
+    /// waiters came (one call waits on the server until the deadline; no call is repeated
+    /// in slices). A cancelled server-side wait is ended by ending its database session from
+    /// another pooled connection (`pg_terminate_backend`, `KILL CONNECTION`: the same
+    /// database user may always do this), so cancelling needs a free connection in the pool
+    /// for that moment. See [`Cancel`] for an example.
+    ///
+    /// # Errors
+    /// As for [`try_lock_for`](Self::try_lock_for).
+    pub fn try_lock_cancellable(
+        &self,
+        key: &str,
+        deadline: Option<Instant>,
+        cancel: &Cancel,
+    ) -> Result<Option<LockGuard<C>>> {
+        let deadline = deadline.map_or(Deadline::Never, Deadline::At);
+        self.acquire(key, deadline, Some(cancel))
+    }
+
+    /// Deletes the rows of this `Locker`'s strategy that only take up space, and returns how
+    /// many it deleted. It is safe beside live locks of every configuration: it deletes
+    /// nothing that a holder could still count on.
+    ///
+    /// - `Lease`: lease rows free, or expired, for at least `idle` (an `idle` past 100 years
+    ///   deletes nothing). A lease row carries its key's fencing token, so its token is
+    ///   first saved in `dlock_tokens` (the counters `Row` and `Advisory` use, never
+    ///   deleted), and a new lease row continues from there: tokens still only grow. The rows
+    ///   are first marked taken by nobody and their tokens saved, in a committed statement of
+    ///   their own, and only then deleted. An acquisition that meets the mark waits; one that
+    ///   finds the row gone creates it only from a snapshot that sees it gone, so it reads
+    ///   the saved token (tested with purges in a loop beside 8 acquiring threads: no token
+    ///   ever went back). Should the second step never run, a marked key is free again after
+    ///   a minute.
+    /// - `Row` (with or without `stale_after`): rows past their *own* staleness limit, which
+    ///   each row carries from the `Locker` that inserted it (its `stale_after`), and which
+    ///   any waiter could take over anyway. A row inserted without `stale_after` is never
+    ///   purged, whoever calls this. Their tokens already live in `dlock_tokens`. `idle` is
+    ///   not used.
+    /// - `ForUpdate`, `Advisory`: nothing (each keeps one small row per key: `ForUpdate`'s
+    ///   row is what its holders lock, `Advisory`'s counter is its token).
+    ///
+    /// A deadlock with acquisitions running beside it is retried, not returned.
+    ///
+    /// Acquisitions stay O(log n) in the number of rows (measured: see BENCHMARKS.md), so
+    /// purging is about disk space, not speed. It scans the table; run it now and then, not
+    /// on every lock.
+    ///
+    /// ```
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let locker = diesel_lock::Locker::builder(diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?).build()?;
+    /// # locker.migrate()?;
+    /// use std::time::Duration;
+    ///
+    /// locker.lock("k")?.release()?;
+    /// let deleted = locker.purge(Duration::ZERO)?; // leases free for any time at all
+    /// assert_eq!(deleted, 1);
+    /// assert!(locker.lock("k")?.token() > 1); // the token carried on
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Pool`] without a connection, [`Error::Database`] if a statement fails.
+    pub fn purge(&self, idle: Duration) -> Result<u64> {
+        let n = self.inner.raw.purge(idle)?;
+        log::debug!("purge: {n} rows deleted");
+        Ok(n as u64)
+    }
+
+    /// The strategy this `Locker` uses.
+    pub fn strategy(&self) -> Strategy {
+        self.inner.strategy
+    }
+
+    /// The owner name stored with each lock.
+    pub fn owner(&self) -> &str {
+        &self.inner.shared.owner
+    }
+
+    /// The backend behind the pool.
+    pub fn backend(&self) -> Backend {
+        self.inner.backend
+    }
+}

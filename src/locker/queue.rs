@@ -1,0 +1,199 @@
+//! The in-process line of waiters per key: threads of one `Locker` waiting for the same key
+//! line up first-come first-served, only the first of them asks the database, and a local
+//! release wakes the next at once.
+
+use super::cancel::Cancel;
+use super::wait::Deadline;
+use std::cell::Cell;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// The in-process line of waiters per key.
+#[derive(Default)]
+pub(crate) struct Queues {
+    map: Mutex<HashMap<String, KeyQueue>>,
+    next_id: std::sync::atomic::AtomicU64,
+}
+
+struct KeyQueue {
+    waiters: VecDeque<u64>,
+    wake: Arc<Condvar>,
+    /// Counts releases heard (local, or notified by the database), so a release that comes
+    /// while the first waiter is busy with an attempt (not yet sleeping) is not missed.
+    released: u64,
+    /// A guard of this `Locker` holds the key: only its release is worth waking up for.
+    held: bool,
+}
+
+impl KeyQueue {
+    fn new() -> KeyQueue {
+        KeyQueue {
+            waiters: VecDeque::new(),
+            wake: Arc::new(Condvar::new()),
+            released: 0,
+            held: false,
+        }
+    }
+}
+
+impl Queues {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, KeyQueue>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(super) fn join(&self, key: &str) -> Ticket<'_> {
+        let id = self
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut map = self.lock();
+        let q = map.entry(key.to_owned()).or_insert_with(KeyQueue::new);
+        q.waiters.push_back(id);
+        Ticket {
+            queues: self,
+            key: key.to_owned(),
+            id,
+            wake: q.wake.clone(),
+            seen: Cell::new(q.released),
+        }
+    }
+
+    /// A guard of this `Locker` took `key`.
+    pub(super) fn hold(&self, key: &str) {
+        self.lock()
+            .entry(key.to_owned())
+            .or_insert_with(KeyQueue::new)
+            .held = true;
+    }
+
+    /// A guard of this `Locker` released `key`.
+    pub(crate) fn wake(&self, key: &str) {
+        let mut map = self.lock();
+        if let Some(q) = map.get_mut(key) {
+            q.held = false;
+            q.released += 1;
+            if q.waiters.is_empty() {
+                map.remove(key);
+            } else {
+                q.wake.notify_all();
+            }
+        }
+    }
+
+    /// Wakes the waiters for `key` without a release: a wait of theirs was cancelled.
+    pub(super) fn interrupt(&self, key: &str) {
+        if let Some(q) = self.lock().get(key) {
+            q.wake.notify_all();
+        }
+    }
+
+    /// The database says `key` was released, perhaps by another process (or, echoing a
+    /// local release, by us: that changes nothing while a local guard holds it).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(super) fn wake_remote(&self, key: &str) {
+        if let Some(q) = self.lock().get_mut(key) {
+            q.released += 1;
+            q.wake.notify_all();
+        }
+    }
+
+    /// Releases may have gone unheard: every waiter looks again.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(super) fn wake_all(&self) {
+        for q in self.lock().values_mut() {
+            q.released += 1;
+            q.wake.notify_all();
+        }
+    }
+
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(super) fn has_waiters(&self) -> bool {
+        self.lock().values().any(|q| !q.waiters.is_empty())
+    }
+}
+
+/// A place in a key's line; dropping it leaves the line and wakes the next in it.
+pub(super) struct Ticket<'a> {
+    queues: &'a Queues,
+    key: String,
+    id: u64,
+    wake: Arc<Condvar>,
+    seen: Cell<u64>,
+}
+
+impl Ticket<'_> {
+    /// Waits to be first in line. `None` if the deadline passed or the wait was cancelled
+    /// first; otherwise whether anyone was ahead of us.
+    pub(super) fn wait_turn(&self, deadline: Deadline, cancel: Option<&Cancel>) -> Option<bool> {
+        let mut map = self.queues.lock();
+        let mut queued = false;
+        loop {
+            // Checked under the map's lock, which a cancellation takes before it wakes us.
+            if cancel.is_some_and(Cancel::is_cancelled) {
+                return None;
+            }
+            let q = map.get(&self.key);
+            if q.and_then(|q| q.waiters.front().copied()) == Some(self.id) {
+                // Releases before our turn were for those ahead of us.
+                self.seen.set(q.map_or(0, |q| q.released));
+                return Some(queued);
+            }
+            queued = true;
+            map = match deadline.remaining() {
+                None => self.wake.wait(map).unwrap_or_else(|p| p.into_inner()),
+                Some(left) if left.is_zero() => return None,
+                Some(left) => {
+                    self.wake
+                        .wait_timeout(map, left)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0
+                }
+            };
+        }
+    }
+
+    /// Sleeps up to `pause`, or less if the key is released or the wait cancelled. While a
+    /// guard of this `Locker` holds the key, sleeps up to `held` instead, and only its
+    /// release (or a cancellation) ends that.
+    pub(super) fn pause(&self, pause: Duration, held: Duration, cancel: Option<&Cancel>) {
+        let start = Instant::now();
+        let mut map = self.queues.lock();
+        loop {
+            if cancel.is_some_and(Cancel::is_cancelled) {
+                break;
+            }
+            let Some(q) = map.get(&self.key) else { return };
+            if !q.held && q.released != self.seen.get() {
+                break;
+            }
+            let left = (if q.held { held } else { pause }).saturating_sub(start.elapsed());
+            if left.is_zero() {
+                break;
+            }
+            map = self
+                .wake
+                .wait_timeout(map, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        if let Some(q) = map.get(&self.key) {
+            self.seen.set(q.released);
+        }
+    }
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        let mut map = self.queues.lock();
+        if let Some(q) = map.get_mut(&self.key) {
+            q.waiters.retain(|&w| w != self.id);
+            if q.waiters.is_empty() {
+                if !q.held {
+                    map.remove(&self.key);
+                }
+            } else {
+                q.wake.notify_all();
+            }
+        }
+    }
+}

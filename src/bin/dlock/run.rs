@@ -9,7 +9,7 @@ use crate::args::{
 };
 use crate::database::Database;
 use crate::job::{describe, exit_code, signal_name, Job};
-use crate::supervise::{hold_at_least, supervise, watch, Event};
+use crate::supervise::{hold_at_least, supervise, watch, watch_plan, Event};
 use diesel::r2d2::{ConnectionManager, Pool};
 use diesel_lock::{admin, AnyConnection, Error, LockGuard, Locker, Strategy};
 use signal_hook::consts::signal::{SIGCHLD, SIGHUP, SIGINT, SIGTERM};
@@ -131,18 +131,7 @@ pub(crate) fn run(
         }
     );
 
-    let (check_every, give_up_after) = match locker.strategy() {
-        // Renewals also happen every ttl/3; a watcher that cannot reach the database for a
-        // whole ttl must assume the lease has run out.
-        Strategy::Lease { ttl } => (ttl / 3, Some(ttl)),
-        Strategy::Row {
-            stale_after: Some(s),
-        } => ((s / 3).min(Duration::from_secs(5)), None),
-        // Session strategies: a cheap query on the session that holds the lock; a session
-        // ended by the server is noticed within a second.
-        Strategy::ForUpdate | Strategy::Advisory => (Duration::from_secs(1), None),
-        _ => (Duration::from_secs(5), None),
-    };
+    let (check_every, give_up_after) = watch_plan(locker.strategy());
     let outcome = std::thread::scope(|scope| {
         // Owned by this closure, so that a panic below drops it while unwinding: the watcher
         // then stops, the scope ends, and the panic reaches main instead of waiting here for

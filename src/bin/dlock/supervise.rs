@@ -1,11 +1,11 @@
 //! While the command of `dlock run` runs: the events the signal thread and the lock watcher
-//! send, the watcher that checks the lock (`watch`), the loop that waits for the command,
-//! passes signals on and stops it if the lock is lost (`supervise`), and `--min-hold`
-//! (`hold_at_least`).
+//! send, the watcher that checks the lock (`watch`, at the pace `watch_plan` sets: the CLI's
+//! one `match` on the strategy), the loop that waits for the command, passes signals on and
+//! stops it if the lock is lost (`supervise`), and `--min-hold` (`hold_at_least`).
 
 use crate::args::{chain, deadline_after, round_ms, Failure};
 use crate::job::{signal_name, Job};
-use diesel_lock::{AnyConnection, Error, LockGuard};
+use diesel_lock::{AnyConnection, Error, LockGuard, Strategy};
 use nix::sys::signal::Signal;
 use signal_hook::consts::signal::SIGCHLD;
 use signal_hook::low_level::siginfo::{Cause, Origin};
@@ -18,6 +18,28 @@ use std::time::{Duration, Instant};
 pub(crate) enum Event {
     Signal(Origin),
     Lost(String),
+}
+
+/// How `watch` keeps an eye on a lock of `strategy`: how often it checks the lock, and how
+/// long it may go without a successful check before the lock must be presumed lost (`None`:
+/// never; only a check that finds the lock gone ends it).
+///
+/// The one place the CLI tells the strategies apart: whatever a new strategy needs from the
+/// watcher goes here. The library is to answer this itself one day (issue 9: no `match` on
+/// the strategy outside the strategy module); this function then asks it instead.
+pub(crate) fn watch_plan(strategy: Strategy) -> (Duration, Option<Duration>) {
+    match strategy {
+        // Renewals also happen every ttl/3; a watcher that cannot reach the database for a
+        // whole ttl must assume the lease has run out.
+        Strategy::Lease { ttl } => (ttl / 3, Some(ttl)),
+        Strategy::Row {
+            stale_after: Some(s),
+        } => ((s / 3).min(Duration::from_secs(5)), None),
+        // Session strategies: a cheap query on the session that holds the lock; a session
+        // ended by the server is noticed within a second.
+        Strategy::ForUpdate | Strategy::Advisory => (Duration::from_secs(1), None),
+        _ => (Duration::from_secs(5), None),
+    }
 }
 
 /// Checks the lock every `every` until told to stop; reports a loss on `tx`.
@@ -168,5 +190,25 @@ pub(crate) fn hold_at_least(
             }
             Err(_) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watch_plan_per_strategy() {
+        let s = Duration::from_secs;
+        assert_eq!(
+            watch_plan(Strategy::Lease { ttl: s(30) }),
+            (s(10), Some(s(30)))
+        );
+        let row = |stale_after| Strategy::Row { stale_after };
+        assert_eq!(watch_plan(row(Some(s(6)))), (s(2), None));
+        assert_eq!(watch_plan(row(Some(s(60)))), (s(5), None));
+        assert_eq!(watch_plan(row(None)), (s(5), None));
+        assert_eq!(watch_plan(Strategy::ForUpdate), (s(1), None));
+        assert_eq!(watch_plan(Strategy::Advisory), (s(1), None));
     }
 }

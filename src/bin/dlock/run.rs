@@ -1,0 +1,274 @@
+//! `dlock run`: the `Locker` built from the options, taking the lock (waiting as `--wait`
+//! says, creating the tables on first use), the command started under it with
+//! `DLOCK_KEY/TOKEN/OWNER`, watched and supervised until it exits, the lock released, and the
+//! command's status returned. A lock held elsewhere ends it with `not_acquired`.
+
+use crate::args::{
+    chain, deadline_after, Failure, RunArgs, StrategyArg, Wait, EXIT_CANNOT_EXECUTE,
+    EXIT_NOT_ACQUIRED, EXIT_NOT_FOUND, EXIT_RUNTIME,
+};
+use crate::database::Database;
+use crate::job::{describe, exit_code, signal_name, Job};
+use crate::supervise::{hold_at_least, supervise, watch, watch_plan, Event};
+use diesel::r2d2::{ConnectionManager, Pool};
+use diesel_lock::{admin, AnyConnection, Error, LockGuard, Locker, Strategy};
+use signal_hook::consts::signal::{SIGCHLD, SIGHUP, SIGINT, SIGTERM};
+use signal_hook::iterator::exfiltrator::WithOrigin;
+use signal_hook::iterator::SignalsInfo;
+use std::io;
+use std::os::fd::RawFd;
+use std::process::Command as ProcessCommand;
+use std::sync::mpsc::{self, Receiver};
+use std::time::{Duration, Instant};
+
+fn locker(
+    db: &Database,
+    args: &RunArgs,
+) -> Result<
+    (
+        Locker<AnyConnection>,
+        Pool<ConnectionManager<AnyConnection>>,
+    ),
+    Failure,
+> {
+    let strategy = match args.strategy {
+        StrategyArg::Lease => Strategy::Lease { ttl: args.ttl },
+        StrategyArg::Row => Strategy::Row {
+            stale_after: args.stale_after,
+        },
+        StrategyArg::ForUpdate => Strategy::ForUpdate,
+        StrategyArg::Advisory => Strategy::Advisory,
+    };
+    let pool = db.connect()?;
+    let mut builder = Locker::builder(pool.clone()).strategy(strategy);
+    if let Some(owner) = &args.owner {
+        builder = builder.owner(owner.clone());
+    }
+    // A run that waits on PostgreSQL listens for releases, so it starts the moment the holder
+    // (another dlock, another machine) releases instead of at its next poll.
+    let url = db.url.trim();
+    if args.wait.is_some()
+        && !args.no_wait
+        && (url.starts_with("postgres://") || url.starts_with("postgresql://"))
+    {
+        builder = builder.listen_url(url.to_owned());
+    }
+    Ok((builder.build()?, pool))
+}
+
+pub(crate) fn run(
+    db: &Database,
+    args: RunArgs,
+    verbose: bool,
+    inherited_fds: Vec<RawFd>,
+) -> Result<u8, Failure> {
+    let (locker, pool) = locker(db, &args)?;
+    // From here on SIGINT/SIGTERM no longer end dlock by themselves: they are read from this
+    // channel, so a lock taken at that moment is still released.
+    let (tx, events) = mpsc::channel();
+    let mut signals = SignalsInfo::<WithOrigin>::new([SIGINT, SIGTERM, SIGHUP, SIGCHLD])?;
+    let signal_tx = tx.clone();
+    std::thread::Builder::new()
+        .name("dlock-signals".into())
+        .spawn(move || {
+            for origin in signals.forever() {
+                if signal_tx.send(Event::Signal(origin)).is_err() {
+                    break;
+                }
+            }
+        })?;
+
+    let wait = match (args.no_wait, args.wait) {
+        (true, _) | (false, None) => Wait::For(Duration::ZERO),
+        (false, Some(w)) => w,
+    };
+    let guard = match acquire(&locker, &args.key, wait, &events)? {
+        Some(guard) => guard,
+        None => return Ok(not_acquired(&pool, &args, verbose)),
+    };
+    let acquired = Instant::now();
+    log::info!(
+        "lock {:?} acquired ({}, token {}, owner {:?})",
+        guard.key(),
+        locker.strategy().name(),
+        guard.token(),
+        guard.owner()
+    );
+
+    // The command's background jobs whose parent exits become dlock's children rather than
+    // init's, so that dlock can tell when they have all ended (`Job::stop_leftovers`).
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    // SAFETY: a plain system call with integer arguments.
+    unsafe {
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    }
+    let mut command = ProcessCommand::new(&args.command[0]);
+    command
+        .args(&args.command[1..])
+        .env("DLOCK_KEY", guard.key())
+        .env("DLOCK_TOKEN", guard.token().to_string())
+        .env("DLOCK_OWNER", guard.owner());
+    let job = match Job::spawn(command, inherited_fds) {
+        Ok(job) => job,
+        Err(e) => {
+            let code = match e.kind() {
+                io::ErrorKind::NotFound => EXIT_NOT_FOUND,
+                io::ErrorKind::PermissionDenied => EXIT_CANNOT_EXECUTE,
+                _ => EXIT_RUNTIME,
+            };
+            let name = args.command[0].to_string_lossy();
+            release_guard(guard);
+            return Err(Failure::new(code, format!("cannot run {name:?}: {e}")));
+        }
+    };
+    log::debug!(
+        "command started, pid {}{}",
+        job.child.id(),
+        if job.own_group {
+            " (in a process group of its own)"
+        } else {
+            " (in dlock's process group, which has the terminal)"
+        }
+    );
+
+    let (check_every, give_up_after) = watch_plan(locker.strategy());
+    let outcome = std::thread::scope(|scope| {
+        // Owned by this closure, so that a panic below drops it while unwinding: the watcher
+        // then stops, the scope ends, and the panic reaches main instead of waiting here for
+        // ever (with the lease renewed all the while).
+        let (stop_tx, stop_rx) = mpsc::channel::<()>();
+        let guard = &guard;
+        let lost_tx = tx.clone();
+        scope.spawn(move || watch(guard, check_every, give_up_after, &stop_rx, &lost_tx));
+        let outcome = supervise(job, &events, args.kill_after);
+        let outcome = match outcome {
+            Ok(o) if o.lost.is_none() => hold_at_least(o, acquired, args.min_hold, &events),
+            other => other,
+        };
+        let _ = stop_tx.send(());
+        outcome
+    });
+    let outcome = outcome?;
+    if let Some(why) = outcome.lost {
+        drop(guard); // nothing of ours left to release; Drop logs what it finds
+        log::debug!("{why}");
+        return Err(Failure::new(
+            EXIT_RUNTIME,
+            format!(
+                "the command was stopped because the lock on {:?} was lost ({})",
+                args.key,
+                describe(outcome.status)
+            ),
+        ));
+    }
+    match guard.release() {
+        Ok(()) => {}
+        Err(Error::LockLost { .. }) if outcome.lost_after_command => {}
+        Err(Error::LockLost { key }) => {
+            return Err(Failure::new(
+                EXIT_RUNTIME,
+                format!(
+                    "the lock on {key:?} was lost before the command finished ({})",
+                    describe(outcome.status)
+                ),
+            ));
+        }
+        Err(e) => eprintln!(
+            "dlock: warning: could not release the lock: {} (a lease frees itself after its ttl; a row needs `dlock release --force`)",
+            db.scrub(&chain(&e))
+        ),
+    }
+    Ok(exit_code(outcome.status))
+}
+
+/// Takes the lock, waiting as `wait` says; `None` if it stayed held elsewhere. Waiting is
+/// done in short slices so that SIGINT/SIGTERM end it promptly, and the tables are created
+/// on first use.
+fn acquire(
+    locker: &Locker<AnyConnection>,
+    key: &str,
+    wait: Wait,
+    events: &Receiver<Event>,
+) -> Result<Option<LockGuard<AnyConnection>>, Failure> {
+    const SLICE: Duration = Duration::from_millis(200);
+    let deadline = match wait {
+        Wait::For(d) => Some(deadline_after(Instant::now(), d)),
+        Wait::Forever => None,
+    };
+    let mut migrated = false;
+    let mut first = true;
+    loop {
+        while let Ok(event) = events.try_recv() {
+            if let Event::Signal(origin) = event {
+                if origin.signal != SIGCHLD {
+                    return Err(Failure::new(
+                        128 + origin.signal as u8,
+                        format!(
+                            "interrupted by {} while waiting for the lock",
+                            signal_name(origin.signal)
+                        ),
+                    ));
+                }
+            }
+        }
+        let left = deadline.map_or(SLICE, |d| {
+            d.saturating_duration_since(Instant::now()).min(SLICE)
+        });
+        // The first attempt never waits, so that a held lock is reported (and logged) at once.
+        let attempt = if first || left.is_zero() {
+            locker.try_lock(key)
+        } else {
+            locker.try_lock_for(key, left)
+        };
+        match attempt {
+            Ok(Some(guard)) => return Ok(Some(guard)),
+            Ok(None) if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(None),
+            Ok(None) => {
+                if first {
+                    log::info!("{key:?} is held elsewhere; waiting for it");
+                }
+                first = false;
+            }
+            Err(Error::MissingTable(_)) if !migrated => {
+                log::info!("creating the lock tables");
+                locker.migrate()?;
+                migrated = true;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// The one line printed when the lock is held elsewhere, and the exit code.
+fn not_acquired(
+    pool: &Pool<ConnectionManager<AnyConnection>>,
+    args: &RunArgs,
+    verbose: bool,
+) -> u8 {
+    let holder = pool
+        .get()
+        .ok()
+        .and_then(|mut c| admin::lock_info(&mut *c, &args.key).ok())
+        .and_then(|held| held.into_iter().next())
+        .map(|i| format!(" by {:?} (token {})", i.owner, i.token))
+        .unwrap_or_default();
+    let message = format!(
+        "dlock: {:?} is held{holder}; not running the command",
+        args.key
+    );
+    if args.skip_ok {
+        if verbose {
+            eprintln!("{message}");
+        }
+        0
+    } else {
+        eprintln!("{message}");
+        EXIT_NOT_ACQUIRED
+    }
+}
+
+fn release_guard(guard: LockGuard<AnyConnection>) {
+    if let Err(e) = guard.release() {
+        log::warn!("could not release the lock: {e}");
+    }
+}

@@ -288,3 +288,18 @@ pub(crate) fn deadline_after(now: Instant, d: Duration) -> Instant {
 pub(crate) fn round_ms(d: Duration) -> Duration {
     Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A thread the library could not start (its listener) is a runtime failure, exit 1, not
+    /// a usage error (exit 2), as it was while the library reported it as `InvalidConfig`.
+    #[test]
+    fn a_thread_that_cannot_start_is_a_runtime_failure() {
+        let f = Failure::from(Error::Thread(io::Error::other("no more threads")));
+        assert_eq!(f.code, EXIT_RUNTIME);
+        let f = Failure::from(Error::InvalidConfig("ttl".into()));
+        assert_eq!(f.code, EXIT_USAGE);
+    }
+}

@@ -11,14 +11,14 @@ use crate::database::Database;
 use crate::job::{describe, exit_code, signal_name, Job};
 use crate::supervise::{hold_at_least, supervise, watch, watch_plan, Event};
 use diesel::r2d2::{ConnectionManager, Pool};
-use diesel_lock::{admin, AnyConnection, Error, LockGuard, Locker, Strategy};
+use diesel_lock::{admin, AnyConnection, Cancel, Error, LockGuard, Locker, Strategy};
 use signal_hook::consts::signal::{SIGCHLD, SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::exfiltrator::WithOrigin;
 use signal_hook::iterator::SignalsInfo;
 use std::io;
 use std::os::fd::RawFd;
 use std::process::Command as ProcessCommand;
-use std::sync::mpsc::{self, Receiver};
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::{Duration, Instant};
 
 fn locker(
@@ -82,7 +82,7 @@ pub(crate) fn run(
         (true, _) | (false, None) => Wait::For(Duration::ZERO),
         (false, Some(w)) => w,
     };
-    let guard = match acquire(&locker, &args.key, wait, &events)? {
+    let guard = match acquire(&locker, &args.key, wait, &events, &tx)? {
         Some(guard) => guard,
         None => return Ok(not_acquired(&pool, &args, verbose)),
     };
@@ -181,54 +181,27 @@ pub(crate) fn run(
     Ok(exit_code(outcome.status))
 }
 
-/// Takes the lock, waiting as `wait` says; `None` if it stayed held elsewhere. Waiting is
-/// done in short slices so that SIGINT/SIGTERM end it promptly, and the tables are created
-/// on first use.
+/// Takes the lock, waiting as `wait` says; `None` if it stayed held elsewhere. The tables
+/// are created on first use. The first attempt never waits, so that a held lock is reported
+/// (and logged) at once; the wait after it is ONE call, which keeps its place in line
+/// throughout (in the server's lock queue for `advisory` and `for-update`), and which
+/// SIGINT/SIGTERM/SIGHUP cancel.
 fn acquire(
     locker: &Locker<AnyConnection>,
     key: &str,
     wait: Wait,
     events: &Receiver<Event>,
+    tx: &Sender<Event>,
 ) -> Result<Option<LockGuard<AnyConnection>>, Failure> {
-    const SLICE: Duration = Duration::from_millis(200);
     let deadline = match wait {
         Wait::For(d) => Some(deadline_after(Instant::now(), d)),
         Wait::Forever => None,
     };
     let mut migrated = false;
-    let mut first = true;
     loop {
-        while let Ok(event) = events.try_recv() {
-            if let Event::Signal(origin) = event {
-                if origin.signal != SIGCHLD {
-                    return Err(Failure::new(
-                        128 + origin.signal as u8,
-                        format!(
-                            "interrupted by {} while waiting for the lock",
-                            signal_name(origin.signal)
-                        ),
-                    ));
-                }
-            }
-        }
-        let left = deadline.map_or(SLICE, |d| {
-            d.saturating_duration_since(Instant::now()).min(SLICE)
-        });
-        // The first attempt never waits, so that a held lock is reported (and logged) at once.
-        let attempt = if first || left.is_zero() {
-            locker.try_lock(key)
-        } else {
-            locker.try_lock_for(key, left)
-        };
-        match attempt {
+        match locker.try_lock(key) {
             Ok(Some(guard)) => return Ok(Some(guard)),
-            Ok(None) if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(None),
-            Ok(None) => {
-                if first {
-                    log::info!("{key:?} is held elsewhere; waiting for it");
-                }
-                first = false;
-            }
+            Ok(None) => break,
             Err(Error::MissingTable(_)) if !migrated => {
                 log::info!("creating the lock tables");
                 locker.migrate()?;
@@ -237,6 +210,55 @@ fn acquire(
             Err(e) => return Err(e.into()),
         }
     }
+    if deadline.is_some_and(|d| Instant::now() >= d) {
+        return Ok(None);
+    }
+    log::info!("{key:?} is held elsewhere; waiting for it");
+    let cancel = Cancel::new();
+    let (waited, interrupted) = std::thread::scope(|scope| {
+        let waiter = std::thread::Builder::new()
+            .name("dlock-wait".into())
+            .spawn_scoped(scope, || {
+                let waited = locker.try_lock_cancellable(key, deadline, &cancel);
+                let _ = tx.send(Event::Waited);
+                waited
+            });
+        let waiter = match waiter {
+            Ok(w) => w,
+            Err(e) => return (Err(Error::Thread(e)), None),
+        };
+        let mut interrupted = None;
+        loop {
+            match events.recv() {
+                Ok(Event::Signal(origin)) if origin.signal == SIGCHLD => {}
+                Ok(Event::Signal(origin)) => {
+                    if interrupted.is_none() {
+                        log::debug!("{}: cancelling the wait", signal_name(origin.signal));
+                        interrupted = Some(origin.signal);
+                        cancel.cancel();
+                    }
+                }
+                Ok(Event::Waited) | Err(_) => break,
+                Ok(Event::Lost(_)) => {}
+            }
+        }
+        let waited = waiter
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        (waited, interrupted)
+    });
+    if let Some(signal) = interrupted {
+        // A lock granted as the wait was cancelled has been released by the library.
+        drop(waited);
+        return Err(Failure::new(
+            128 + signal as u8,
+            format!(
+                "interrupted by {} while waiting for the lock",
+                signal_name(signal)
+            ),
+        ));
+    }
+    Ok(waited?)
 }
 
 /// The one line printed when the lock is held elsewhere, and the exit code.

@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 pub(crate) enum Event {
     Signal(Origin),
     Lost(String),
+    /// The wait for the lock has ended (with the lock or without).
+    Waited,
 }
 
 /// How `watch` keeps an eye on a lock of `strategy`: how often it checks the lock, and how
@@ -122,6 +124,7 @@ pub(crate) fn supervise(
                     }
                 }
             }
+            Ok(Event::Waited) => {}
             Ok(Event::Lost(why)) => {
                 if lost.is_none() {
                     eprintln!("dlock: {why}; sending SIGTERM to the command");
@@ -182,6 +185,7 @@ pub(crate) fn hold_at_least(
                 );
                 return Ok(outcome);
             }
+            Ok(Event::Waited) => {}
             Ok(Event::Lost(why)) => {
                 // The command is done; losing the lock now only shortens the hold.
                 log::warn!("{why} (during --min-hold, after the command finished)");

@@ -32,6 +32,23 @@ use chrono::{DateTime, Utc};
 use std::time::Duration;
 
 /// One held lock, as the database saw it.
+///
+/// ```
+/// use diesel_lock::{admin, Locker, Strategy};
+///
+/// # fn main() -> diesel_lock::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let pool = diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?;
+/// let rows = Locker::builder(pool.clone()).strategy(Strategy::Row { stale_after: None });
+/// let locker = rows.build()?;
+/// locker.migrate()?;
+/// let _guard = locker.lock("export")?;
+/// for info in admin::held_locks(&mut *pool.get()?)? {
+///     println!("{} held by {} ({}) for {:?}", info.key, info.owner, info.strategy, info.age());
+///     assert_eq!(info.expires_at, None); // rows do not expire
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LockInfo {
@@ -57,6 +74,19 @@ pub struct LockInfo {
 impl LockInfo {
     /// How long the lock had been held when it was read (database clock; zero if the clock
     /// went backwards).
+    ///
+    /// ```
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let pool = diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?;
+    /// # let locker = diesel_lock::Locker::builder(pool.clone()).build()?;
+    /// # locker.migrate()?;
+    /// let _guard = locker.lock("k")?;
+    /// std::thread::sleep(std::time::Duration::from_millis(20));
+    /// let info = &diesel_lock::admin::lock_info(&mut *pool.get()?, "k")?[0];
+    /// assert!(info.age() >= std::time::Duration::from_millis(10)); // database clock, ms steps
+    /// # Ok(()) }
+    /// ```
     pub fn age(&self) -> Duration {
         (self.observed_at - self.acquired_at)
             .to_std()
@@ -64,6 +94,22 @@ impl LockInfo {
     }
 
     /// How long a lease had left when it was read; `None` for rows.
+    ///
+    /// ```
+    /// use diesel_lock::{admin, Locker, Strategy};
+    /// use std::time::Duration;
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let pool = diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?;
+    /// let ttl = Duration::from_secs(30);
+    /// let locker = Locker::builder(pool.clone()).strategy(Strategy::Lease { ttl }).build()?;
+    /// locker.migrate()?;
+    /// let _guard = locker.lock("k")?;
+    /// let left = admin::lock_info(&mut *pool.get()?, "k")?[0].remaining().unwrap();
+    /// assert!(left <= ttl && left > ttl / 2); // renewed every ttl/3 while the guard lives
+    /// # Ok(()) }
+    /// ```
     pub fn remaining(&self) -> Option<Duration> {
         self.expires_at
             .map(|e| (e - self.observed_at).to_std().unwrap_or_default())
@@ -76,6 +122,22 @@ impl LockInfo {
 /// # Errors
 /// [`Error::MissingTable`](crate::Error::MissingTable) before the tables were created (nothing
 /// can be held then); [`Error::Database`](crate::Error::Database) for other failures.
+///
+/// # Examples
+/// ```
+/// use diesel_lock::admin;
+///
+/// # fn main() -> diesel_lock::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let pool = diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?;
+/// # let locker = diesel_lock::Locker::builder(pool.clone()).build()?;
+/// # locker.migrate()?;
+/// let (_b, _a) = (locker.lock("b")?, locker.lock("a")?);
+/// let held = admin::held_locks(&mut *pool.get()?)?;
+/// let keys: Vec<&str> = held.iter().map(|info| info.key.as_str()).collect();
+/// assert_eq!(keys, ["a", "b"]); // ordered by key
+/// # Ok(()) }
+/// ```
 pub fn held_locks<C: LockConnection>(conn: &mut C) -> Result<Vec<LockInfo>> {
     let mut all: Vec<LockInfo> = conn
         .sql()
@@ -93,6 +155,11 @@ pub fn held_locks<C: LockConnection>(conn: &mut C) -> Result<Vec<LockInfo>> {
 /// A plain read on every backend: it locks nothing, so calling it inside a long transaction
 /// never holds up a holder's renewals or release.
 ///
+/// # Errors
+/// [`Error::InvalidKey`](crate::Error::InvalidKey) before any SQL runs; otherwise as for
+/// [`held_locks`].
+///
+/// # Examples
 /// ```
 /// # fn main() -> diesel_lock::Result<()> {
 /// # let dir = tempfile::tempdir().unwrap();
@@ -105,10 +172,6 @@ pub fn held_locks<C: LockConnection>(conn: &mut C) -> Result<Vec<LockInfo>> {
 /// assert_eq!(diesel_lock::admin::lock_info(&mut *conn, "k")?.len(), 1);
 /// # Ok(()) }
 /// ```
-///
-/// # Errors
-/// [`Error::InvalidKey`](crate::Error::InvalidKey) before any SQL runs; otherwise as for
-/// [`held_locks`].
 pub fn lock_info<C: LockConnection>(conn: &mut C, key: &str) -> Result<Vec<LockInfo>> {
     key::validate(key)?;
     let mut held: Vec<LockInfo> = conn
@@ -131,6 +194,11 @@ pub fn lock_info<C: LockConnection>(conn: &mut C, key: &str) -> Result<Vec<LockI
 /// is lost, and a lease's heartbeat notices at its next renewal. What is removed is exactly
 /// what is returned: the holders are read and removed in one transaction.
 ///
+/// # Errors
+/// [`Error::InvalidKey`](crate::Error::InvalidKey) before any SQL runs; otherwise as for
+/// [`held_locks`].
+///
+/// # Examples
 /// ```
 /// # fn main() -> diesel_lock::Result<()> {
 /// # let dir = tempfile::tempdir().unwrap();
@@ -143,10 +211,6 @@ pub fn lock_info<C: LockConnection>(conn: &mut C, key: &str) -> Result<Vec<LockI
 /// assert!(guard.check().is_err()); // its holder has lost it
 /// # Ok(()) }
 /// ```
-///
-/// # Errors
-/// [`Error::InvalidKey`](crate::Error::InvalidKey) before any SQL runs; otherwise as for
-/// [`held_locks`].
 pub fn force_release<C: LockConnection>(conn: &mut C, key: &str) -> Result<Vec<LockInfo>> {
     key::validate(key)?;
     let mut removed = conn.sql().admin_force_release(key)?;

@@ -3,6 +3,25 @@
 use std::fmt;
 
 /// `Result` with [`Error`] as the default error type.
+///
+/// ```
+/// use diesel_lock::{AnyConnection, Locker};
+///
+/// fn run_once(locker: &Locker<AnyConnection>) -> diesel_lock::Result<bool> {
+///     let Some(guard) = locker.try_lock("nightly-report")? else {
+///         return Ok(false); // another process is running it
+///     };
+///     // ... the work ...
+///     guard.release()?;
+///     Ok(true)
+/// }
+/// # fn main() -> diesel_lock::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let locker = Locker::builder(diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?).build()?;
+/// # locker.migrate()?;
+/// assert!(run_once(&locker)?);
+/// # Ok(()) }
+/// ```
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything that can go wrong while taking, keeping or releasing a lock.
@@ -10,6 +29,24 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// "Someone else holds the key" is not an error: `try_lock` and `try_lock_for` return
 /// `Ok(None)` for it. Database deadlocks and lock-wait timeouts met while *competing* for a
 /// key are contention too, and are retried or reported as `Ok(None)`, never as an error.
+///
+/// ```
+/// use diesel_lock::{Error, Locker};
+///
+/// # fn main() -> diesel_lock::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let pool = diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?;
+/// let locker = Locker::builder(pool).build()?; // (no `migrate` yet)
+/// let outcome = match locker.try_lock("report") {
+///     Ok(Some(_guard)) => "ran",
+///     Ok(None) => "busy", // contention is not an error
+///     Err(Error::MissingTable(_)) => "run `dlock migrate` first",
+///     Err(Error::Pool(_) | Error::Connection(_)) => "database unreachable, try later",
+///     Err(e) => return Err(e), // the enum is non-exhaustive
+/// };
+/// assert_eq!(outcome, "run `dlock migrate` first");
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Error {

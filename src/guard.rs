@@ -12,6 +12,21 @@ use std::sync::Arc;
 /// reports failure, which `Drop` can only log (at `warn`).
 ///
 /// A guard is `Send`: it may be released by another thread than the one that took it.
+///
+/// ```
+/// # fn main() -> diesel_lock::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let locker = diesel_lock::Locker::builder(diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?).build()?;
+/// # locker.migrate()?;
+/// {
+///     let guard = locker.lock("nightly-report")?;
+///     assert!(locker.try_lock("nightly-report")?.is_none());
+///     println!("{} holds it with token {}", guard.owner(), guard.token());
+/// } // dropped: released
+/// let guard = locker.try_lock("nightly-report")?.expect("free again");
+/// std::thread::spawn(move || guard.release()).join().unwrap()?; // from another thread
+/// # Ok(()) }
+/// ```
 #[must_use = "if unused the lock is released immediately"]
 pub struct LockGuard<C: LockConnection> {
     /// The `Locker`'s owner name and line of waiters (not the `Locker` itself).
@@ -54,6 +69,16 @@ impl<C: LockConnection> LockGuard<C> {
     }
 
     /// The key this guard holds.
+    ///
+    /// ```
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let locker = diesel_lock::Locker::builder(diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?).build()?;
+    /// # locker.migrate()?;
+    /// let guard = locker.lock("jobs/42")?;
+    /// assert_eq!(guard.key(), "jobs/42");
+    /// # Ok(()) }
+    /// ```
     pub fn key(&self) -> &str {
         &self.key
     }
@@ -61,32 +86,58 @@ impl<C: LockConnection> LockGuard<C> {
     /// The fencing token: strictly greater than every token issued earlier for this key by
     /// this strategy. Pass it to whatever the lock protects, and have that refuse writes
     /// carrying a token lower than one it has seen.
-    pub fn token(&self) -> i64 {
-        self.token
-    }
-
-    /// The owner name stored with the lock.
-    pub fn owner(&self) -> &str {
-        &self.shared.owner
-    }
-
-    /// The database's time at which the lock was taken: for a guard that waited in the
-    /// server's lock queue (`ForUpdate`, `Advisory`), when the wait ended, not when it began.
-    pub fn acquired_at(&self) -> DateTime<Utc> {
-        self.acquired_at
-    }
-
-    /// Asks the database whether the lock is still held by this guard.
     ///
     /// ```
     /// # fn main() -> diesel_lock::Result<()> {
     /// # let dir = tempfile::tempdir().unwrap();
     /// # let locker = diesel_lock::Locker::builder(diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?).build()?;
     /// # locker.migrate()?;
-    /// let guard = locker.lock("invoices")?;
-    /// guard.check()?; // before an irreversible step
+    /// let mut storage_seen = 0; // kept by the protected resource
+    /// for _ in 0..3 {
+    ///     let guard = locker.lock("ledger")?;
+    ///     assert!(guard.token() > storage_seen); // a lapsed holder's write would be refused
+    ///     storage_seen = guard.token();
+    /// }
     /// # Ok(()) }
     /// ```
+    pub fn token(&self) -> i64 {
+        self.token
+    }
+
+    /// The owner name stored with the lock.
+    ///
+    /// ```
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let pool = diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?;
+    /// let locker = diesel_lock::Locker::builder(pool).owner("worker-3").build()?;
+    /// locker.migrate()?;
+    /// assert_eq!(locker.lock("k")?.owner(), "worker-3");
+    /// # Ok(()) }
+    /// ```
+    pub fn owner(&self) -> &str {
+        &self.shared.owner
+    }
+
+    /// The database's time at which the lock was taken: for a guard that waited in the
+    /// server's lock queue (`ForUpdate`, `Advisory`), when the wait ended, not when it began.
+    ///
+    /// ```
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let pool = diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?;
+    /// # let locker = diesel_lock::Locker::builder(pool.clone()).build()?;
+    /// # locker.migrate()?;
+    /// let guard = locker.lock("k")?;
+    /// let info = &diesel_lock::admin::lock_info(&mut *pool.get()?, "k")?[0];
+    /// assert_eq!(guard.acquired_at(), info.acquired_at); // as the database recorded it
+    /// # Ok(()) }
+    /// ```
+    pub fn acquired_at(&self) -> DateTime<Utc> {
+        self.acquired_at
+    }
+
+    /// Asks the database whether the lock is still held by this guard.
     ///
     /// Session strategies (`ForUpdate`, `Advisory`) ask on the guard's own connection:
     /// pg_locks for this backend, `IS_USED_LOCK(name) = CONNECTION_ID()`, or whether the
@@ -97,6 +148,17 @@ impl<C: LockConnection> LockGuard<C> {
     /// heartbeat could not renew it in time), the row was taken over as stale, or the
     /// session holding it ended; a session strategy whose connection fails counts as lost
     /// too, for good. Other errors if the database could not be asked.
+    ///
+    /// # Examples
+    /// ```
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let locker = diesel_lock::Locker::builder(diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?).build()?;
+    /// # locker.migrate()?;
+    /// let guard = locker.lock("invoices")?;
+    /// guard.check()?; // before an irreversible step
+    /// # Ok(()) }
+    /// ```
     pub fn check(&self) -> Result<()> {
         match &self.hold {
             Some(hold) if hold.held(&self.key)? => Ok(()),
@@ -114,6 +176,25 @@ impl<C: LockConnection> LockGuard<C> {
     /// manual `dlock release --force`. A session strategy's connection is closed instead of
     /// pooled whenever its release fails (reported as `LockLost`: the connection that held
     /// the lock failed), which frees the lock on the server.
+    ///
+    /// # Examples
+    /// ```
+    /// use diesel_lock::{admin, Error};
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let pool = diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?;
+    /// # let locker = diesel_lock::Locker::builder(pool.clone()).build()?;
+    /// # locker.migrate()?;
+    /// locker.lock("a")?.release()?;
+    /// let guard = locker.lock("b")?;
+    /// admin::force_release(&mut *pool.get()?, "b")?; // an administrator steps in
+    /// match guard.release() {
+    ///     Err(Error::LockLost { key }) => assert_eq!(key, "b"), // it was no longer ours
+    ///     other => panic!("{other:?}"),
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn release(mut self) -> Result<()> {
         self.release_inner()
     }

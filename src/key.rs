@@ -4,6 +4,19 @@ use crate::{Error, Result};
 use sha2::{Digest, Sha256};
 
 /// The longest key accepted, in bytes.
+///
+/// ```
+/// use diesel_lock::{Error, MAX_KEY_LEN};
+///
+/// # fn main() -> diesel_lock::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let locker = diesel_lock::Locker::builder(diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?).build()?;
+/// # locker.migrate()?;
+/// assert!(locker.try_lock(&"k".repeat(MAX_KEY_LEN))?.is_some());
+/// let too_long = "k".repeat(MAX_KEY_LEN + 1);
+/// assert!(matches!(locker.try_lock(&too_long), Err(Error::InvalidKey { .. })));
+/// # Ok(()) }
+/// ```
 pub const MAX_KEY_LEN: usize = 255;
 
 /// Checks a key before any SQL runs: 1 to 255 bytes of UTF-8 without NUL.

@@ -10,6 +10,27 @@
 //! It suits short read-modify-write work where conflicts are rare; under heavy contention a
 //! lock ([`Locker`](crate::Locker)) wastes less. Every writer of the protected data must go
 //! through `transaction` with the same key: the version is what makes writes conflict.
+//!
+//! ```
+//! use diesel_lock::{optimistic, Error};
+//!
+//! # fn main() -> diesel_lock::Result<()> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! # let pool = diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?;
+//! # diesel_lock::Locker::builder(pool.clone()).build()?.migrate()?;
+//! let (mut conn, mut other) = (pool.get()?, pool.get()?);
+//! let mut runs = 0;
+//! optimistic::transaction(&mut *conn, "stock/42", 5, |_conn, _version| {
+//!     runs += 1;
+//!     if runs == 1 {
+//!         // Another writer commits for the key meanwhile: this attempt must run again.
+//!         optimistic::transaction(&mut *other, "stock/42", 1, |_, _| Ok::<_, Error>(()))?;
+//!     }
+//!     Ok::<_, Error>(())
+//! })?;
+//! assert_eq!(runs, 2);
+//! # Ok(()) }
+//! ```
 
 use crate::backend::LockConnection;
 use crate::backend::Sql;
@@ -32,6 +53,14 @@ const MAX_PAUSE: Duration = Duration::from_millis(50);
 /// SQLite, a transaction that has read cannot start writing while another writer commits,
 /// and `f`'s own write is where that shows.
 ///
+/// # Errors
+/// [`Error::Conflict`] when the version changed under every attempt;
+/// [`Error::InvalidKey`] before any SQL runs; [`Error::InvalidConfig`] for zero `attempts`;
+/// [`Error::MissingTable`] before [`Locker::migrate`](crate::Locker::migrate); whatever `f`
+/// returned, converted into [`Error`]. Deadlocks and busy databases met on the way count as
+/// conflicts and are retried.
+///
+/// # Examples
 /// ```
 /// use diesel::prelude::*;
 /// use diesel::sql_types::Text;
@@ -57,13 +86,6 @@ const MAX_PAUSE: Duration = Duration::from_millis(50);
 /// assert_eq!(version, 0); // the first transaction on a key sees version 0
 /// # Ok(()) }
 /// ```
-///
-/// # Errors
-/// [`Error::Conflict`] when the version changed under every attempt;
-/// [`Error::InvalidKey`] before any SQL runs; [`Error::InvalidConfig`] for zero `attempts`;
-/// [`Error::MissingTable`] before [`Locker::migrate`](crate::Locker::migrate); whatever `f`
-/// returned, converted into [`Error`]. Deadlocks and busy databases met on the way count as
-/// conflicts and are retried.
 pub fn transaction<C, T, E, F>(conn: &mut C, key: &str, attempts: u32, mut f: F) -> Result<T>
 where
     C: LockConnection,

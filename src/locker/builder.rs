@@ -11,6 +11,24 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Configures a [`Locker`]. Made by [`Locker::builder`].
+///
+/// ```
+/// use diesel_lock::{Locker, Strategy};
+/// use std::time::Duration;
+///
+/// # fn main() -> diesel_lock::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let pool = diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?;
+/// let locker = Locker::builder(pool)
+///     .strategy(Strategy::Lease { ttl: Duration::from_secs(10) })
+///     .heartbeat(Duration::from_secs(2)) // renew every 2 s instead of every 3.3 s
+///     .max_backoff(Duration::from_millis(20))
+///     .owner("billing-worker")
+///     .build()?;
+/// locker.migrate()?;
+/// assert_eq!(locker.lock("invoices")?.owner(), "billing-worker");
+/// # Ok(()) }
+/// ```
 pub struct LockerBuilder<C: LockConnection> {
     pub(super) pool: Pool<ConnectionManager<C>>,
     pub(super) strategy: Strategy,
@@ -31,6 +49,21 @@ impl<C: LockConnection> std::fmt::Debug for LockerBuilder<C> {
 
 impl<C: LockConnection> LockerBuilder<C> {
     /// The strategy used for every lock. Defaults to `Strategy::Lease { ttl: 30 s }`.
+    ///
+    /// ```
+    /// use diesel_lock::{admin, Locker, Strategy};
+    /// use std::time::Duration;
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let pool = diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?;
+    /// let row = Strategy::Row { stale_after: Some(Duration::from_secs(600)) };
+    /// let locker = Locker::builder(pool.clone()).strategy(row).build()?;
+    /// locker.migrate()?;
+    /// let _guard = locker.lock("import")?;
+    /// assert_eq!(admin::lock_info(&mut *pool.get()?, "import")?[0].strategy, "row");
+    /// # Ok(()) }
+    /// ```
     pub fn strategy(mut self, strategy: Strategy) -> Self {
         self.strategy = strategy;
         self
@@ -39,6 +72,20 @@ impl<C: LockConnection> LockerBuilder<C> {
     /// The owner name stored with each lock, for people reading the tables. Defaults to
     /// `host:pid:random`. Owner names need not be unique: releases are checked against a
     /// per-acquisition id, not against the owner.
+    ///
+    /// ```
+    /// use diesel_lock::{admin, Locker};
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let pool = diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?;
+    /// let locker = Locker::builder(pool.clone()).owner("nightly@host-3").build()?;
+    /// locker.migrate()?;
+    /// let _guard = locker.lock("report")?;
+    /// let held = admin::held_locks(&mut *pool.get()?)?; // what `dlock list` shows
+    /// assert_eq!(held[0].owner, "nightly@host-3");
+    /// # Ok(()) }
+    /// ```
     pub fn owner(mut self, owner: impl Into<String>) -> Self {
         self.owner = Some(owner.into());
         self
@@ -60,6 +107,21 @@ impl<C: LockConnection> LockerBuilder<C> {
     /// *table* lock (`LOCK TABLE`, `VACUUM FULL`, an `ALTER TABLE` under way) or for a server
     /// that stopped answering; the guards then learn that their leases are lost once a ttl
     /// has passed without a renewal.
+    ///
+    /// ```
+    /// use diesel_lock::{Error, Locker, Strategy};
+    /// use std::time::Duration;
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let pool = diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?;
+    /// let lease = Strategy::Lease { ttl: Duration::from_secs(6) };
+    /// let builder = || Locker::builder(pool.clone()).strategy(lease);
+    /// builder().heartbeat(Duration::from_secs(1)).build()?; // 5 s to spare for a renewal
+    /// let too_slow = builder().heartbeat(Duration::from_secs(6)).build(); // not under the ttl
+    /// assert!(matches!(too_slow, Err(Error::InvalidConfig(_))));
+    /// # Ok(()) }
+    /// ```
     pub fn heartbeat(mut self, every: Duration) -> Self {
         self.heartbeat = Some(every);
         self
@@ -69,6 +131,20 @@ impl<C: LockConnection> LockerBuilder<C> {
     ///
     /// With [`listen_url`](Self::listen_url) this is also how often a waiter looks
     /// regardless of notifications (a lost notification, a lease that expired).
+    ///
+    /// ```
+    /// use diesel_lock::{Error, Locker};
+    /// use std::time::Duration;
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let pool = diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?;
+    /// // Waiters in other processes look at least every 5 ms: quicker handovers, more queries.
+    /// Locker::builder(pool.clone()).max_backoff(Duration::from_millis(5)).build()?;
+    /// let never = Locker::builder(pool).max_backoff(Duration::ZERO).build();
+    /// assert!(matches!(never, Err(Error::InvalidConfig(_))));
+    /// # Ok(()) }
+    /// ```
     pub fn max_backoff(mut self, max: Duration) -> Self {
         self.max_backoff = max;
         self
@@ -90,15 +166,14 @@ impl<C: LockConnection> LockerBuilder<C> {
     /// Defaults to none: waiters in other processes poll with backoff. Ignored on other
     /// backends and by the session strategies, which wait on the server.
     ///
+    /// # Examples
     /// ```no_run
-    /// use diesel::r2d2::{ConnectionManager, Pool};
     /// use diesel_lock::{Locker, Strategy};
     /// use std::time::Duration;
     ///
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # fn main() -> diesel_lock::Result<()> {
     /// let url = "postgres://app@db/app";
-    /// let pool = Pool::new(ConnectionManager::<diesel::PgConnection>::new(url))?;
-    /// let locker = Locker::builder(pool)
+    /// let locker = Locker::builder(diesel_lock::connect(url)?)
     ///     .strategy(Strategy::Lease { ttl: Duration::from_secs(30) })
     ///     .listen_url(url)
     ///     .build()?;
@@ -123,6 +198,25 @@ impl<C: LockConnection> LockerBuilder<C> {
     /// [`Error::Unsupported`] for a strategy the backend cannot honour; [`Error::Pool`] if a
     /// connection was needed and none could be had; [`Error::Thread`] if the listener's
     /// thread (with [`listen_url`](Self::listen_url)) could not be started.
+    ///
+    /// # Examples
+    /// ```
+    /// use diesel_lock::{Error, Locker, Strategy};
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let pool = diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?;
+    /// let locker = Locker::builder(pool.clone()).build()?;
+    /// assert_eq!(locker.strategy(), Strategy::default()); // Lease, 30 s
+    /// // SQLite has no session locks:
+    /// match Locker::builder(pool).strategy(Strategy::Advisory).build() {
+    ///     Err(Error::Unsupported { strategy, backend }) => {
+    ///         assert_eq!((strategy, backend), ("advisory", "sqlite"))
+    ///     }
+    ///     other => panic!("{other:?}"),
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn build(self) -> Result<Locker<C>> {
         let owner = self.owner.unwrap_or_else(random::default_owner);
         if owner.is_empty() || owner.len() > 255 || owner.contains('\0') {

@@ -100,6 +100,16 @@ impl Cancel {
     }
 
     /// True once [`cancel`](Self::cancel) was called on this handle or a clone.
+    ///
+    /// ```
+    /// use diesel_lock::Cancel;
+    ///
+    /// let cancel = Cancel::new();
+    /// let on_ctrl_c = cancel.clone(); // e.g. moved into a signal handler's thread
+    /// assert!(!cancel.is_cancelled());
+    /// on_ctrl_c.cancel();
+    /// assert!(cancel.is_cancelled()); // clones share the state
+    /// ```
     pub fn is_cancelled(&self) -> bool {
         self.inner.cancelled.load(Ordering::SeqCst)
     }

@@ -35,6 +35,25 @@ use wait::Deadline;
 /// Locks are not reentrant: a second `try_lock` of a held key returns `Ok(None)`, even from the
 /// same `Locker` and thread, and a second `lock` would wait forever. There is no poisoning:
 /// a guard dropped during a panic releases its lock.
+///
+/// # Examples
+/// ```
+/// use diesel_lock::Locker;
+///
+/// # fn main() -> diesel_lock::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let pool = diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?;
+/// let locker = Locker::builder(pool).build()?;
+/// locker.migrate()?;
+/// let guard = locker.lock("deploy")?;
+/// let other = locker.clone(); // shares the pool and the line of waiters
+/// let waiter = std::thread::spawn(move || other.lock("deploy").map(|g| g.token()));
+/// assert!(locker.try_lock("deploy")?.is_none()); // held, and not reentrant
+/// let token = guard.token();
+/// drop(guard); // wakes the waiting thread at once
+/// assert!(waiter.join().unwrap()? > token);
+/// # Ok(()) }
+/// ```
 pub struct Locker<C: LockConnection> {
     inner: Arc<Inner<C>>,
 }
@@ -83,6 +102,7 @@ pub(crate) struct Shared {
 impl<C: LockConnection> Locker<C> {
     /// Starts configuring a `Locker` over `pool`.
     ///
+    /// # Examples
     /// ```
     /// use diesel_lock::{Locker, Strategy};
     /// use std::time::Duration;
@@ -113,8 +133,24 @@ impl<C: LockConnection> Locker<C> {
     /// safe to call from many processes at once.
     ///
     /// # Errors
-    /// [`Error::Pool`] without a connection, [`Error::Migration`] if the DDL fails (for
-    /// example, missing privileges).
+    /// [`Error::Pool`](crate::Error::Pool) without a connection,
+    /// [`Error::Migration`](crate::Error::Migration) if the DDL fails (for example, missing
+    /// privileges).
+    ///
+    /// # Examples
+    /// ```
+    /// use diesel_lock::{Error, Locker};
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let pool = diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?;
+    /// let locker = Locker::builder(pool).build()?;
+    /// assert!(matches!(locker.try_lock("k"), Err(Error::MissingTable(_))));
+    /// locker.migrate()?;
+    /// locker.migrate()?; // a second call finds nothing to do
+    /// assert!(locker.try_lock("k")?.is_some());
+    /// # Ok(()) }
+    /// ```
     pub fn migrate(&self) -> Result<()> {
         self.inner.pool.get()?.sql().run_migrations()
     }
@@ -124,6 +160,14 @@ impl<C: LockConnection> Locker<C> {
     /// If this method returns `Ok`, the lock is held until the guard is dropped or released
     /// (or, for leases, until the heartbeat fails to renew it: see [`LockGuard::check`]).
     ///
+    /// # Errors
+    /// [`Error::InvalidKey`](crate::Error::InvalidKey) before any SQL runs;
+    /// [`Error::Pool`](crate::Error::Pool) when no connection can be had in the pool's
+    /// `connection_timeout`; [`Error::MissingTable`](crate::Error::MissingTable) before
+    /// `migrate`; [`Error::Database`](crate::Error::Database) for other database failures.
+    /// Contention is never an error.
+    ///
+    /// # Examples
     /// ```
     /// # fn main() -> diesel_lock::Result<()> {
     /// # let dir = tempfile::tempdir().unwrap();
@@ -134,11 +178,6 @@ impl<C: LockConnection> Locker<C> {
     /// guard.release()?;
     /// # Ok(()) }
     /// ```
-    ///
-    /// # Errors
-    /// [`Error::InvalidKey`] before any SQL runs; [`Error::Pool`] when no connection can be
-    /// had in the pool's `connection_timeout`; [`Error::MissingTable`] before `migrate`;
-    /// [`Error::Database`] for other database failures. Contention is never an error.
     pub fn lock(&self, key: &str) -> Result<LockGuard<C>> {
         match self.acquire(key, Deadline::Never, None)? {
             Some(guard) => Ok(guard),
@@ -149,6 +188,10 @@ impl<C: LockConnection> Locker<C> {
     /// One attempt: `Ok(None)` when someone else holds the key. It never waits for the lock;
     /// it does wait for a pooled connection, as long as the pool's `connection_timeout`.
     ///
+    /// # Errors
+    /// As for [`lock`](Self::lock).
+    ///
+    /// # Examples
     /// ```
     /// # fn main() -> diesel_lock::Result<()> {
     /// # let dir = tempfile::tempdir().unwrap();
@@ -160,9 +203,6 @@ impl<C: LockConnection> Locker<C> {
     /// assert!(locker.try_lock("k")?.is_some());
     /// # Ok(()) }
     /// ```
-    ///
-    /// # Errors
-    /// As for [`lock`](Self::lock).
     pub fn try_lock(&self, key: &str) -> Result<Option<LockGuard<C>>> {
         self.acquire(key, Deadline::Once, None)
     }
@@ -177,9 +217,27 @@ impl<C: LockConnection> Locker<C> {
     /// year) is asked again when that runs out, until the deadline.
     ///
     /// # Errors
-    /// As for [`lock`](Self::lock); [`Error::Pool`] also when the pool has no free connection
-    /// before the deadline (every connection held elsewhere, e.g. by session strategies'
-    /// guards: each keeps one).
+    /// As for [`lock`](Self::lock); [`Error::Pool`](crate::Error::Pool) also when the pool has
+    /// no free connection before the deadline (every connection held elsewhere, e.g. by
+    /// session strategies' guards: each keeps one).
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let locker = diesel_lock::Locker::builder(diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?).build()?;
+    /// # locker.migrate()?;
+    /// let held = locker.lock("k")?;
+    /// assert!(locker.try_lock_for("k", Duration::from_millis(20))?.is_none()); // timed out
+    /// std::thread::spawn(move || {
+    ///     std::thread::sleep(Duration::from_millis(50));
+    ///     drop(held); // released by another thread
+    /// });
+    /// assert!(locker.try_lock_for("k", Duration::from_secs(10))?.is_some()); // waited for it
+    /// # Ok(()) }
+    /// ```
     pub fn try_lock_for(&self, key: &str, timeout: Duration) -> Result<Option<LockGuard<C>>> {
         self.acquire(key, Deadline::after(timeout), None)
     }
@@ -188,6 +246,10 @@ impl<C: LockConnection> Locker<C> {
     /// [`try_lock_for`](Self::try_lock_for), for callers that keep one deadline across
     /// several steps.
     ///
+    /// # Errors
+    /// As for [`try_lock_for`](Self::try_lock_for).
+    ///
+    /// # Examples
     /// ```
     /// use std::time::{Duration, Instant};
     ///
@@ -201,9 +263,6 @@ impl<C: LockConnection> Locker<C> {
     /// # drop((a, b));
     /// # Ok(()) }
     /// ```
-    ///
-    /// # Errors
-    /// As for [`try_lock_for`](Self::try_lock_for).
     pub fn try_lock_until(&self, key: &str, deadline: Instant) -> Result<Option<LockGuard<C>>> {
         self.acquire(key, Deadline::At(deadline), None)
     }
@@ -220,6 +279,24 @@ impl<C: LockConnection> Locker<C> {
     ///
     /// # Errors
     /// As for [`try_lock_for`](Self::try_lock_for).
+    ///
+    /// # Examples
+    /// ```
+    /// use diesel_lock::Cancel;
+    /// use std::time::{Duration, Instant};
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let locker = diesel_lock::Locker::builder(diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?).build()?;
+    /// # locker.migrate()?;
+    /// let cancel = Cancel::new(); // never cancelled here: see `Cancel` for that
+    /// let held = locker.lock("k")?;
+    /// let soon = Instant::now() + Duration::from_millis(20);
+    /// assert!(locker.try_lock_cancellable("k", Some(soon), &cancel)?.is_none()); // deadline
+    /// drop(held);
+    /// assert!(locker.try_lock_cancellable("k", None, &cancel)?.is_some());
+    /// # Ok(()) }
+    /// ```
     pub fn try_lock_cancellable(
         &self,
         key: &str,
@@ -258,6 +335,11 @@ impl<C: LockConnection> Locker<C> {
     /// purging is about disk space, not speed. It scans the table; run it now and then, not
     /// on every lock.
     ///
+    /// # Errors
+    /// [`Error::Pool`](crate::Error::Pool) without a connection,
+    /// [`Error::Database`](crate::Error::Database) if a statement fails.
+    ///
+    /// # Examples
     /// ```
     /// # fn main() -> diesel_lock::Result<()> {
     /// # let dir = tempfile::tempdir().unwrap();
@@ -271,9 +353,6 @@ impl<C: LockConnection> Locker<C> {
     /// assert!(locker.lock("k")?.token() > 1); // the token carried on
     /// # Ok(()) }
     /// ```
-    ///
-    /// # Errors
-    /// [`Error::Pool`] without a connection, [`Error::Database`] if a statement fails.
     pub fn purge(&self, idle: Duration) -> Result<u64> {
         let n = self.inner.raw.purge(idle)?;
         log::debug!("purge: {n} rows deleted");
@@ -281,16 +360,55 @@ impl<C: LockConnection> Locker<C> {
     }
 
     /// The strategy this `Locker` uses.
+    ///
+    /// ```
+    /// use diesel_lock::{Locker, Strategy};
+    /// use std::time::Duration;
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let pool = diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?;
+    /// let row = Strategy::Row { stale_after: Some(Duration::from_secs(60)) };
+    /// let locker = Locker::builder(pool).strategy(row).build()?;
+    /// assert_eq!(locker.strategy(), row);
+    /// assert_eq!(locker.strategy().name(), "row");
+    /// # Ok(()) }
+    /// ```
     pub fn strategy(&self) -> Strategy {
         self.inner.strategy
     }
 
     /// The owner name stored with each lock.
+    ///
+    /// ```
+    /// use diesel_lock::Locker;
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let pool = diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?;
+    /// let named = Locker::builder(pool.clone()).owner("billing-7").build()?;
+    /// assert_eq!(named.owner(), "billing-7");
+    /// let unnamed = Locker::builder(pool).build()?; // host:pid:random
+    /// assert!(unnamed.owner().contains(&format!(":{}:", std::process::id())));
+    /// # Ok(()) }
+    /// ```
     pub fn owner(&self) -> &str {
         &self.inner.shared.owner
     }
 
     /// The backend behind the pool.
+    ///
+    /// ```
+    /// use diesel_lock::{Backend, Locker};
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let path = dir.path().join("l.db");
+    /// let pool = diesel_lock::connect(path.to_str().unwrap())?; // a file path: SQLite
+    /// let locker = Locker::builder(pool).build()?;
+    /// assert_eq!(locker.backend(), Backend::Sqlite);
+    /// # Ok(()) }
+    /// ```
     pub fn backend(&self) -> Backend {
         self.inner.backend
     }

@@ -52,6 +52,27 @@ pub(crate) use session::Pooled;
 /// A guard's connection goes back to the pool only if its release worked; after a failed
 /// release, a lost session or a panic it is closed, which makes the server free the lock.
 ///
+/// # Examples
+/// On SQLite, `Row` and `Lease`:
+/// ```
+/// use diesel_lock::{Error, Locker, Strategy};
+/// use std::time::Duration;
+///
+/// # fn main() -> diesel_lock::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let pool = diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?;
+/// let ttl = Duration::from_secs(10);
+/// let lease = Locker::builder(pool.clone()).strategy(Strategy::Lease { ttl }).build()?;
+/// lease.migrate()?;
+/// let row = Locker::builder(pool.clone()).strategy(Strategy::Row { stale_after: None }).build()?;
+/// // Locks of different strategies do not exclude each other: give a key one strategy.
+/// let (_a, _b) = (lease.lock("k")?, row.lock("k")?);
+/// let for_update = Locker::builder(pool).strategy(Strategy::ForUpdate).build();
+/// assert!(matches!(for_update, Err(Error::Unsupported { .. })));
+/// # Ok(()) }
+/// ```
+///
+/// On PostgreSQL (or MySQL), a session strategy:
 /// ```no_run
 /// use diesel_lock::{Locker, Strategy};
 /// use std::time::Duration;
@@ -124,6 +145,13 @@ pub enum Strategy {
 
 impl Default for Strategy {
     /// `Lease { ttl: 30 s }`.
+    ///
+    /// ```
+    /// use diesel_lock::Strategy;
+    /// use std::time::Duration;
+    ///
+    /// assert_eq!(Strategy::default(), Strategy::Lease { ttl: Duration::from_secs(30) });
+    /// ```
     fn default() -> Self {
         Strategy::Lease {
             ttl: Duration::from_secs(30),
@@ -133,6 +161,13 @@ impl Default for Strategy {
 
 impl Strategy {
     /// The strategy's name, as used in messages and by the CLI.
+    ///
+    /// ```
+    /// use diesel_lock::Strategy;
+    ///
+    /// assert_eq!(Strategy::ForUpdate.name(), "for-update");
+    /// assert_eq!(Strategy::default().name(), "lease"); // as in `dlock run --strategy lease`
+    /// ```
     pub fn name(&self) -> &'static str {
         match self {
             Strategy::Row { .. } => "row",

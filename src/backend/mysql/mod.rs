@@ -43,6 +43,23 @@ fn lock_unavailable(e: &diesel::result::Error) -> bool {
     }
 }
 
+/// True if `e` means someone else is competing for the lock (see `Dialect::is_contention`):
+/// every error `lock_unavailable` accepts, and a deadlock.
+fn contention(e: &diesel::result::Error) -> bool {
+    use diesel::result::{DatabaseErrorKind, Error as E};
+    match e {
+        // 1213 (deadlock) is mapped to SerializationFailure by diesel.
+        E::DatabaseError(DatabaseErrorKind::SerializationFailure, _) => true,
+        // 1205 "Lock wait timeout exceeded" (also MariaDB's answer to NOWAIT) and 3572
+        // (MySQL's NOWAIT) come through with their message only, which `lock_unavailable`
+        // reads; a deadlock reported without its kind is recognised by its message too.
+        E::DatabaseError(_, info) => {
+            info.message().starts_with("Deadlock found") || lock_unavailable(e)
+        }
+        _ => false,
+    }
+}
+
 /// Runs `f` with the session's `innodb_lock_wait_timeout` set to `seconds` (whole seconds,
 /// 1 to 100,000,000, the range the server takes), then puts the session's own setting back,
 /// as the connection goes back to the pool and on to other users. What `f` returns is
@@ -96,20 +113,7 @@ impl Dialect for MysqlConnection {
     }
 
     fn is_contention(&self, e: &diesel::result::Error) -> bool {
-        use diesel::result::{DatabaseErrorKind, Error as E};
-        match e {
-            // 1213 (deadlock) is mapped to SerializationFailure by diesel.
-            E::DatabaseError(DatabaseErrorKind::SerializationFailure, _) => true,
-            // 1205 "Lock wait timeout exceeded" (also MariaDB's answer to NOWAIT) and 3572
-            // (MySQL's NOWAIT) come through with their message only.
-            E::DatabaseError(_, info) => {
-                let m = info.message();
-                m.starts_with("Lock wait timeout exceeded")
-                    || m.contains("NOWAIT is set")
-                    || m.starts_with("Deadlock found")
-            }
-            _ => false,
-        }
+        contention(e)
     }
 
     fn sessions(&mut self) -> Option<&mut dyn SessionLocks> {
@@ -136,25 +140,53 @@ mod tests {
         E::DatabaseError(DatabaseErrorKind::Unknown, Box::new(message.to_owned()))
     }
 
+    /// MySQL 8's NOWAIT (3572), and MariaDB's NOWAIT or either server's lock wait timeout
+    /// (1205): busy.
+    const BUSY: [&str; 2] = [
+        "Statement aborted because lock(s) could not be acquired immediately and NOWAIT is set.",
+        "Lock wait timeout exceeded; try restarting transaction",
+    ];
+
+    /// Failures that are not "busy"; the deadlock (first) is contention nonetheless.
+    const NOT_BUSY: [&str; 5] = [
+        "Deadlock found when trying to get lock; try restarting transaction",
+        "Lost connection to MySQL server during query",
+        "MySQL server has gone away",
+        "Query execution was interrupted",
+        "Table 'dlock_test.dlock_for_update' doesn't exist",
+    ];
+
     /// The exact texts of MySQL 8 (3572) and of MariaDB / MySQL (1205). Only MariaDB runs
     /// here, so the 3572 path is tested by its text alone; tests/session_faults.rs meets
     /// 1205 from both NOWAIT and innodb_lock_wait_timeout against the real server.
     #[test]
     fn lock_unavailable_is_told_from_real_errors() {
-        for busy in [
-            "Statement aborted because lock(s) could not be acquired immediately and NOWAIT is set.",
-            "Lock wait timeout exceeded; try restarting transaction",
-        ] {
+        for busy in BUSY {
             assert!(lock_unavailable(&db_error(busy)), "{busy}");
         }
-        for real in [
-            "Deadlock found when trying to get lock; try restarting transaction",
-            "Lost connection to MySQL server during query",
-            "MySQL server has gone away",
-            "Query execution was interrupted",
-            "Table 'dlock_test.dlock_for_update' doesn't exist",
-        ] {
+        for real in NOT_BUSY {
             assert!(!lock_unavailable(&db_error(real)), "{real}");
         }
+    }
+
+    /// A lock someone else holds is contention (the locker retries it), and so is a
+    /// deadlock, with or without its diesel kind; a lost connection or a missing table is
+    /// neither. `contention` asks `lock_unavailable` rather than keeping a list of its own,
+    /// so the two cannot disagree on a busy lock.
+    #[test]
+    fn contention_is_every_busy_lock_and_a_deadlock() {
+        for busy in BUSY {
+            assert!(contention(&db_error(busy)), "{busy}");
+        }
+        let (deadlock, real) = NOT_BUSY.split_first().unwrap();
+        assert!(contention(&db_error(deadlock)));
+        assert!(contention(&E::DatabaseError(
+            DatabaseErrorKind::SerializationFailure,
+            Box::new(deadlock.to_string())
+        )));
+        for real in real {
+            assert!(!contention(&db_error(real)), "{real}");
+        }
+        assert!(!contention(&E::NotFound));
     }
 }

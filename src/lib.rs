@@ -109,3 +109,6 @@ pub use guard::LockGuard;
 pub use key::{key_hash, MAX_KEY_LEN};
 pub use locker::{Cancel, Locker, LockerBuilder};
 pub use strategy::Strategy;
+
+#[doc(hidden)]
+pub use backend::bench_sql as __bench_sql;

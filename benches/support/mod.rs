@@ -3,9 +3,9 @@
 //! (the same SQL statements issued directly through diesel on a connection of the same pool,
 //! no library code), the Redis yardstick, the contention runner and the scale fixtures.
 //!
-//! The raw statements are copies of the library's own (src/backend/*.rs); they go through
-//! the same cached-prepared-statement helper (`stmt`, included from src/ by path), so the
-//! floor and the library differ only by the library's own code.
+//! The raw statements are the library's own texts (`diesel_lock::__bench_sql`, never a
+//! copy); they go through the same cached-prepared-statement helper (`stmt`, included from
+//! src/ by path), so the floor and the library differ only by the library's own code.
 #![allow(dead_code, unreachable_pub)]
 
 #[allow(dead_code, unreachable_pub)]

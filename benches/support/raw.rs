@@ -1,11 +1,11 @@
 //! Each strategy × backend's cycle through the library beside its raw floor: the library's
-//! own SQL statements (copied from src/backend/*.rs), issued in the same order on a
-//! connection from the same pool, with no library code around them.
+//! own SQL statements (its very texts, from `diesel_lock::__bench_sql`, never a copy), issued
+//! in the same order on a connection from the same pool, with no library code around them.
 
 use super::{sql, Db, TTL};
 use diesel::r2d2::{ConnectionManager, Pool};
 use diesel::sql_types::{BigInt, Text};
-use diesel::{Connection, QueryableByName, RunQueryDsl};
+use diesel::{QueryableByName, RunQueryDsl};
 use diesel_lock::{LockConnection, Locker, Strategy};
 
 /// A cycle through the library and the same statements issued raw, on one pool.
@@ -71,7 +71,8 @@ pub mod pg {
     use super::*;
     use chrono::{DateTime, Utc};
     use diesel::sql_types::{Bool, Timestamptz};
-    use diesel::PgConnection;
+    use diesel::{Connection, PgConnection};
+    use diesel_lock::__bench_sql::{pg as lib, shared};
 
     #[derive(QueryableByName)]
     pub struct Acquired {
@@ -89,52 +90,15 @@ pub mod pg {
         released: bool,
     }
 
-    pub const ROW_ACQUIRE: &str = "WITH t AS ( \
-               INSERT INTO dlock_tokens AS t (lock_key, token) \
-               SELECT ?, 1 WHERE NOT EXISTS (SELECT 1 FROM dlock_rows WHERE lock_key = ?) \
-               ON CONFLICT (lock_key) DO UPDATE SET token = t.token + 1 \
-               RETURNING token) \
-             INSERT INTO dlock_rows (lock_key, owner, holder, token, acquired_at, stale_at) \
-             SELECT ?, ?, ?, t.token, now(), now() + ? * interval '1 microsecond' FROM t \
-             ON CONFLICT (lock_key) DO NOTHING \
-             RETURNING id, token, acquired_at";
-    pub const ROW_RELEASE: &str =
-        "WITH d AS (DELETE FROM dlock_rows WHERE id = ? RETURNING lock_key) \
-             SELECT count(pg_notify('dlock_release', lock_key)) AS n FROM d";
-    pub const ROW_RELEASE_SILENT: &str = "DELETE FROM dlock_rows WHERE id = ?";
-    pub const LEASE_ACQUIRE: &str = "WITH u AS ( \
-               UPDATE dlock_leases SET owner = ?, holder = ?, token = token + 1, \
-                 acquired_at = now(), expires_at = now() + ? * interval '1 microsecond' \
-               WHERE lock_key = ? AND (holder IS NULL OR expires_at <= now()) \
-               RETURNING token, acquired_at), \
-             t AS ( \
-               INSERT INTO dlock_tokens AS t (lock_key, token) \
-               SELECT ?, 1 WHERE NOT EXISTS (SELECT 1 FROM dlock_leases WHERE lock_key = ?) \
-               ON CONFLICT (lock_key) DO UPDATE SET token = t.token + 1 \
-               RETURNING token), \
-             i AS ( \
-               INSERT INTO dlock_leases (lock_key, owner, holder, token, acquired_at, expires_at) \
-               SELECT ?, ?, ?, t.token, now(), now() + ? * interval '1 microsecond' FROM t \
-               ON CONFLICT (lock_key) DO NOTHING \
-               RETURNING token, acquired_at) \
-             SELECT 0::int8 AS id, token, acquired_at FROM u \
-             UNION ALL SELECT 0::int8 AS id, token, acquired_at FROM i";
-    pub const LEASE_RELEASE: &str =
-        "WITH u AS (UPDATE dlock_leases SET holder = NULL, expires_at = NULL \
-                        WHERE lock_key = ? AND holder = ? RETURNING lock_key) \
-             SELECT count(pg_notify('dlock_release', lock_key)) AS n FROM u";
-    pub const LEASE_RELEASE_SILENT: &str =
-        "UPDATE dlock_leases SET holder = NULL, expires_at = NULL \
-             WHERE lock_key = ? AND holder = ?";
-
+    /// The releases' count of notified rows.
     #[derive(QueryableByName)]
-    struct Count {
+    struct One {
         #[diesel(sql_type = BigInt)]
-        n: i64,
+        one: i64,
     }
 
     pub fn row_acquire(c: &mut PgConnection, key: &str) -> i64 {
-        sql(ROW_ACQUIRE)
+        sql(lib::ROW_ACQUIRE)
             .bind::<Text, _>(key)
             .bind::<Text, _>(key)
             .bind::<Text, _>(key)
@@ -146,15 +110,17 @@ pub mod pg {
             .id
     }
 
+    /// `notify: false` runs the release of the backends without notifications (the same
+    /// DELETE, without the `pg_notify` around it).
     pub fn row_release(c: &mut PgConnection, id: i64, notify: bool) {
         let n = if notify {
-            sql(ROW_RELEASE)
+            sql(lib::ROW_RELEASE)
                 .bind::<BigInt, _>(id)
-                .get_result::<Count>(c)
+                .get_result::<One>(c)
                 .expect("row release")
-                .n as usize
+                .one as usize
         } else {
-            sql(ROW_RELEASE_SILENT)
+            sql(shared::ROW_RELEASE)
                 .bind::<BigInt, _>(id)
                 .execute(c)
                 .expect("row release")
@@ -163,7 +129,7 @@ pub mod pg {
     }
 
     pub fn lease_acquire(c: &mut PgConnection, key: &str) {
-        sql(LEASE_ACQUIRE)
+        sql(lib::LEASE_ACQUIRE)
             .bind::<Text, _>(OWNER)
             .bind::<Text, _>(HOLDER)
             .bind::<BigInt, _>(TTL.as_micros() as i64)
@@ -178,16 +144,17 @@ pub mod pg {
             .expect("lease acquire");
     }
 
+    /// `notify: false` as in `row_release`.
     pub fn lease_release(c: &mut PgConnection, key: &str, notify: bool) {
         let n = if notify {
-            sql(LEASE_RELEASE)
+            sql(lib::LEASE_RELEASE)
                 .bind::<Text, _>(key)
                 .bind::<Text, _>(HOLDER)
-                .get_result::<Count>(c)
+                .get_result::<One>(c)
                 .expect("lease release")
-                .n as usize
+                .one as usize
         } else {
-            sql(LEASE_RELEASE_SILENT)
+            sql(shared::LEASE_RELEASE)
                 .bind::<Text, _>(key)
                 .bind::<Text, _>(HOLDER)
                 .execute(c)
@@ -225,47 +192,41 @@ pub mod pg {
                     lease_acquire(&mut pool.get().unwrap(), &k);
                     lease_release(&mut pool.get().unwrap(), &k, true);
                 }),
-                "INSERT … ON CONFLICT DO UPDATE … WHERE free RETURNING; UPDATE … holder = NULL + pg_notify (CTE)",
+                "UPDATE if free, else token upsert + INSERT (one CTE) RETURNING; UPDATE … holder = NULL + pg_notify (CTE)",
             ),
-                Strategy::ForUpdate => (
-                    Box::new(move || {
-                        let mut c = pool.get().unwrap();
-                        c.transaction(|c| {
-                        sql("UPDATE dlock_for_update SET version = version + 1 WHERE lock_key = \
-                             (SELECT lock_key FROM dlock_for_update WHERE lock_key = ? FOR UPDATE) \
-                             RETURNING version AS id, nextval('dlock_fence_seq') AS token, \
-                                       now() AS acquired_at")
-                        .bind::<Text, _>(&k)
-                        .get_result::<Acquired>(c)
+            Strategy::ForUpdate => (
+                Box::new(move || {
+                    let mut c = pool.get().unwrap();
+                    c.transaction(|c| {
+                        sql(lib::FOR_UPDATE_LOCK)
+                            .bind::<Text, _>(&k)
+                            .get_result::<Acquired>(c)
                     })
                     .expect("for update");
-                    }),
-                    "BEGIN; UPDATE … (SELECT … FOR UPDATE) RETURNING nextval(…); COMMIT",
-                ),
-                Strategy::Advisory => {
-                    let hash = diesel_lock::key_hash(&k);
-                    (
-                        Box::new(move || {
-                            let mut c = pool.get().unwrap();
-                            sql("WITH l AS (SELECT pg_advisory_lock(?) AS got) \
-                             INSERT INTO dlock_tokens AS t (lock_key, token) SELECT ?, 1 FROM l \
-                             ON CONFLICT (lock_key) DO UPDATE SET token = t.token + 1 \
-                             RETURNING 0::int8 AS id, token, now() AS acquired_at")
+                }),
+                "BEGIN; UPDATE … (SELECT … FOR UPDATE) RETURNING nextval(…); COMMIT",
+            ),
+            Strategy::Advisory => {
+                let hash = diesel_lock::key_hash(&k);
+                (
+                    Box::new(move || {
+                        let mut c = pool.get().unwrap();
+                        sql(lib::ADVISORY_LOCK)
                             .bind::<BigInt, _>(hash)
                             .bind::<Text, _>(&k)
                             .get_result::<Acquired>(&mut c)
                             .expect("advisory lock");
-                            let r = sql("SELECT pg_advisory_unlock(?) AS released")
-                                .bind::<BigInt, _>(hash)
-                                .get_result::<Released>(&mut c)
-                                .expect("unlock");
-                            assert!(r.released);
-                        }),
-                        "pg_advisory_lock + token upsert (one statement); pg_advisory_unlock",
-                    )
-                }
-                _ => unreachable!(),
-            };
+                        let r = sql(lib::ADVISORY_UNLOCK)
+                            .bind::<BigInt, _>(hash)
+                            .get_result::<Released>(&mut c)
+                            .expect("unlock");
+                        assert!(r.released);
+                    }),
+                    "pg_advisory_lock + token upsert (one statement); pg_advisory_unlock",
+                )
+            }
+            _ => unreachable!(),
+        };
         Pair {
             ours: ours(l, key.to_owned()),
             raw,
@@ -280,7 +241,8 @@ pub mod mysql {
     use super::*;
     use chrono::NaiveDateTime;
     use diesel::sql_types::Datetime;
-    use diesel::MysqlConnection;
+    use diesel::{Connection, MysqlConnection};
+    use diesel_lock::__bench_sql::mysql as lib;
 
     #[derive(QueryableByName)]
     pub struct Acquired {
@@ -294,15 +256,18 @@ pub mod mysql {
 
     #[derive(QueryableByName)]
     #[allow(dead_code)]
-    struct Locked {
-        #[diesel(sql_type = Datetime)]
-        acquired_at: NaiveDateTime,
+    struct One {
+        #[diesel(sql_type = BigInt)]
+        one: i64,
     }
 
     #[derive(QueryableByName)]
+    #[allow(dead_code)]
     struct Fence {
         #[diesel(sql_type = BigInt)]
         id: i64,
+        #[diesel(sql_type = Datetime)]
+        acquired_at: NaiveDateTime,
     }
 
     pub fn pair(url: &str, strategy: Strategy, key: &str) -> Pair {
@@ -313,23 +278,19 @@ pub mod mysql {
             Strategy::Row { .. } => (
                 Box::new(move || {
                     let mut c = pool.get().unwrap();
-                    let n = sql(
-                        "INSERT IGNORE INTO dlock_rows (lock_key, owner, holder, token, acquired_at) \
-                         VALUES (?, ?, ?, 0, UTC_TIMESTAMP(6))",
-                    )
-                    .bind::<Text, _>(&k)
-                    .bind::<Text, _>(OWNER)
-                    .bind::<Text, _>(HOLDER)
-                    .execute(&mut c)
-                    .unwrap();
+                    let n = sql(lib::ROW_INSERT)
+                        .bind::<Text, _>(&k)
+                        .bind::<Text, _>(OWNER)
+                        .bind::<Text, _>(HOLDER)
+                        .bind::<diesel::sql_types::Nullable<BigInt>, _>(None::<i64>)
+                        .execute(&mut c)
+                        .unwrap();
                     assert_eq!(n, 1);
-                    let a = sql(
-                        "SELECT id, token, acquired_at FROM dlock_rows WHERE id = LAST_INSERT_ID()",
-                    )
-                    .get_result::<Acquired>(&mut c)
-                    .unwrap();
+                    let a = sql(lib::ROW_READ_BACK)
+                        .get_result::<Acquired>(&mut c)
+                        .unwrap();
                     drop(c);
-                    let n = sql("DELETE FROM dlock_rows WHERE id = ?")
+                    let n = sql(lib::ROW_RELEASE)
                         .bind::<BigInt, _>(a.id)
                         .execute(&mut pool.get().unwrap())
                         .unwrap();
@@ -340,42 +301,25 @@ pub mod mysql {
             Strategy::Lease { .. } => (
                 Box::new(move || {
                     let mut c = pool.get().unwrap();
-                    sql(
-                        "INSERT INTO dlock_leases (lock_key, owner, holder, token, acquired_at, expires_at) \
-                         VALUES (?, ?, ?, COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0) + 1, \
-                                 UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
-                         ON DUPLICATE KEY UPDATE \
-                           holder = IF(holder IS NULL OR expires_at <= UTC_TIMESTAMP(6), \
-                                       VALUES(holder), holder), \
-                           token = IF(holder <=> VALUES(holder), token + 1, token), \
-                           owner = IF(holder <=> VALUES(holder), VALUES(owner), owner), \
-                           acquired_at = IF(holder <=> VALUES(holder), VALUES(acquired_at), acquired_at), \
-                           expires_at = IF(holder <=> VALUES(holder), VALUES(expires_at), expires_at)",
-                    )
-                    .bind::<Text, _>(&k)
-                    .bind::<Text, _>(OWNER)
-                    .bind::<Text, _>(HOLDER)
-                    .bind::<Text, _>(&k)
-                    .bind::<BigInt, _>(TTL.as_micros() as i64)
-                    .execute(&mut c)
-                    .unwrap();
-                    sql(
-                        "SELECT CAST(0 AS SIGNED) AS id, token, acquired_at FROM dlock_leases \
-                         WHERE lock_key = ? AND holder = ?",
-                    )
-                    .bind::<Text, _>(&k)
-                    .bind::<Text, _>(HOLDER)
-                    .get_result::<Acquired>(&mut c)
-                    .unwrap();
+                    sql(lib::LEASE_UPSERT)
+                        .bind::<Text, _>(&k)
+                        .bind::<Text, _>(OWNER)
+                        .bind::<Text, _>(HOLDER)
+                        .bind::<Text, _>(&k)
+                        .bind::<BigInt, _>(TTL.as_micros() as i64)
+                        .execute(&mut c)
+                        .unwrap();
+                    sql(lib::LEASE_READ_BACK)
+                        .bind::<Text, _>(&k)
+                        .bind::<Text, _>(HOLDER)
+                        .get_result::<Acquired>(&mut c)
+                        .unwrap();
                     drop(c);
-                    let n = sql(
-                        "UPDATE dlock_leases SET holder = NULL, expires_at = NULL \
-                         WHERE lock_key = ? AND holder = ?",
-                    )
-                    .bind::<Text, _>(&k)
-                    .bind::<Text, _>(HOLDER)
-                    .execute(&mut pool.get().unwrap())
-                    .unwrap();
+                    let n = sql(lib::LEASE_RELEASE)
+                        .bind::<Text, _>(&k)
+                        .bind::<Text, _>(HOLDER)
+                        .execute(&mut pool.get().unwrap())
+                        .unwrap();
                     assert_eq!(n, 1);
                 }),
                 "INSERT … ON DUPLICATE KEY UPDATE; SELECT token; UPDATE … holder = NULL",
@@ -384,18 +328,12 @@ pub mod mysql {
                 Box::new(move || {
                     let mut c = pool.get().unwrap();
                     c.transaction(|c| {
-                        sql(
-                            "SELECT UTC_TIMESTAMP(6) AS acquired_at FROM dlock_for_update \
-                             WHERE lock_key = ? FOR UPDATE",
-                        )
-                        .bind::<Text, _>(&k)
-                        .get_result::<Locked>(c)?;
-                        sql("INSERT INTO dlock_fences (lock_key) VALUES (?)")
+                        sql(lib::FOR_UPDATE_LOCK)
                             .bind::<Text, _>(&k)
-                            .execute(c)?;
-                        let fence = sql("SELECT id FROM dlock_fences WHERE id = LAST_INSERT_ID()")
-                            .get_result::<Fence>(c)?;
-                        sql("DELETE FROM dlock_fences WHERE id = ?")
+                            .get_result::<One>(c)?;
+                        sql(lib::FENCE_INSERT).bind::<Text, _>(&k).execute(c)?;
+                        let fence = sql(lib::FENCE_READ).get_result::<Fence>(c)?;
+                        sql(lib::FENCE_DELETE)
                             .bind::<BigInt, _>(fence.id)
                             .execute(c)
                     })
@@ -406,25 +344,21 @@ pub mod mysql {
             Strategy::Advisory => (
                 Box::new(move || {
                     let mut c = pool.get().unwrap();
-                    let got = sql("SELECT CAST(GET_LOCK(?, 31536000) AS SIGNED) AS answer")
+                    // The library binds the key's GET_LOCK name: the key itself, for a bench
+                    // key (lowercase ASCII, at most 64 characters).
+                    let got = sql(lib::ADVISORY_LOCK)
                         .bind::<Text, _>(&k)
                         .get_result::<Answer>(&mut c)
                         .unwrap();
                     assert_eq!(got.answer, Some(1));
-                    sql(
-                        "INSERT INTO dlock_tokens (lock_key, token) VALUES (?, LAST_INSERT_ID(1)) \
-                         ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1)",
-                    )
-                    .bind::<Text, _>(&k)
-                    .execute(&mut c)
-                    .unwrap();
-                    sql(
-                        "SELECT CAST(0 AS SIGNED) AS id, CAST(LAST_INSERT_ID() AS SIGNED) AS token, \
-                         UTC_TIMESTAMP(6) AS acquired_at",
-                    )
-                    .get_result::<Acquired>(&mut c)
-                    .unwrap();
-                    let r = sql("SELECT CAST(RELEASE_LOCK(?) AS SIGNED) AS answer")
+                    sql(lib::ADVISORY_TOKEN_BUMP)
+                        .bind::<Text, _>(&k)
+                        .execute(&mut c)
+                        .unwrap();
+                    sql(lib::ADVISORY_TOKEN_READ)
+                        .get_result::<Acquired>(&mut c)
+                        .unwrap();
+                    let r = sql(lib::ADVISORY_UNLOCK)
                         .bind::<Text, _>(&k)
                         .get_result::<Answer>(&mut c)
                         .unwrap();
@@ -448,6 +382,7 @@ pub mod sqlite {
     use super::*;
     use chrono::NaiveDateTime;
     use diesel::sql_types::Timestamp;
+    use diesel_lock::__bench_sql::sqlite as lib;
 
     #[derive(QueryableByName)]
     pub struct Acquired {
@@ -467,20 +402,16 @@ pub mod sqlite {
         let (raw, statements): (Box<dyn FnMut()>, _) = match strategy {
             Strategy::Row { .. } => (
                 Box::new(move || {
-                    let a = sql(
-                        "INSERT INTO dlock_rows (lock_key, owner, holder, token, acquired_at) \
-                         VALUES (?, ?, ?, COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0) + 1, \
-                                 strftime('%Y-%m-%d %H:%M:%f', 'now')) \
-                         ON CONFLICT (lock_key) DO NOTHING \
-                         RETURNING id, token, acquired_at",
-                    )
-                    .bind::<Text, _>(&k)
-                    .bind::<Text, _>(OWNER)
-                    .bind::<Text, _>(HOLDER)
-                    .bind::<Text, _>(&k)
-                    .get_result::<Acquired>(&mut pool.get().unwrap())
-                    .unwrap();
-                    let n = sql("DELETE FROM dlock_rows WHERE id = ?")
+                    let a = sql(lib::ROW_ACQUIRE)
+                        .bind::<Text, _>(&k)
+                        .bind::<Text, _>(OWNER)
+                        .bind::<Text, _>(HOLDER)
+                        .bind::<Text, _>(&k)
+                        // No stale_after: a NULL modifier, as the library binds it.
+                        .bind::<diesel::sql_types::Nullable<Text>, _>(None::<String>)
+                        .get_result::<Acquired>(&mut pool.get().unwrap())
+                        .unwrap();
+                    let n = sql(lib::ROW_RELEASE)
                         .bind::<BigInt, _>(a.id)
                         .execute(&mut pool.get().unwrap())
                         .unwrap();
@@ -490,32 +421,19 @@ pub mod sqlite {
             ),
             Strategy::Lease { .. } => (
                 Box::new(move || {
-                    sql(
-                        "INSERT INTO dlock_leases (lock_key, owner, holder, token, acquired_at, expires_at) \
-                         VALUES (?, ?, ?, COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0) + 1, \
-                                 strftime('%Y-%m-%d %H:%M:%f', 'now'), \
-                                 strftime('%Y-%m-%d %H:%M:%f', 'now', ?)) \
-                         ON CONFLICT (lock_key) DO UPDATE SET \
-                           owner = excluded.owner, holder = excluded.holder, \
-                           token = dlock_leases.token + 1, \
-                           acquired_at = excluded.acquired_at, expires_at = excluded.expires_at \
-                         WHERE dlock_leases.holder IS NULL \
-                            OR dlock_leases.expires_at <= excluded.acquired_at \
-                         RETURNING 0 AS id, token, acquired_at",
-                    )
-                    .bind::<Text, _>(&k)
-                    .bind::<Text, _>(OWNER)
-                    .bind::<Text, _>(HOLDER)
-                    .bind::<Text, _>(&k)
-                    .bind::<Text, _>(&ttl)
-                    .get_result::<Acquired>(&mut pool.get().unwrap())
-                    .unwrap();
-                    let n = sql("UPDATE dlock_leases SET holder = NULL, expires_at = NULL \
-                         WHERE lock_key = ? AND holder = ?")
-                    .bind::<Text, _>(&k)
-                    .bind::<Text, _>(HOLDER)
-                    .execute(&mut pool.get().unwrap())
-                    .unwrap();
+                    sql(lib::LEASE_ACQUIRE)
+                        .bind::<Text, _>(&k)
+                        .bind::<Text, _>(OWNER)
+                        .bind::<Text, _>(HOLDER)
+                        .bind::<Text, _>(&k)
+                        .bind::<Text, _>(&ttl)
+                        .get_result::<Acquired>(&mut pool.get().unwrap())
+                        .unwrap();
+                    let n = sql(lib::LEASE_RELEASE)
+                        .bind::<Text, _>(&k)
+                        .bind::<Text, _>(HOLDER)
+                        .execute(&mut pool.get().unwrap())
+                        .unwrap();
                     assert_eq!(n, 1);
                 }),
                 "INSERT … ON CONFLICT DO UPDATE … WHERE free RETURNING; UPDATE … holder = NULL",

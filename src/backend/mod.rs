@@ -1,102 +1,23 @@
-//! What differs per database: one module per backend holds all of that backend's SQL, behind
-//! one internal trait (`Dialect`). Strategy code calls the trait and never asks which
-//! database it talks to.
+//! What differs per database: one folder per backend (`pg/`, `mysql/`, `sqlite/`) holds all
+//! of that backend's SQL, a file per concern, behind one internal trait (`Dialect`, with its
+//! supertraits `Locks` and `Admin`, and `SessionLocks` where the backend has session locks).
+//! Strategy code calls the trait and never asks which database it talks to. SQL that is the
+//! same on several backends is written once, in `shared.rs`.
 
 use crate::Result;
 use chrono::{DateTime, Utc};
 use diesel::QueryResult;
 
-/// The row every backend's admin queries return (`Dialect::admin_rows`/`admin_leases`) and
-/// its conversion to `Held`, written once: backends differ only in their SQL time type and in
-/// how its Rust value becomes UTC.
-macro_rules! held_row {
-    ($time_sql:ty, $time:ty, $utc:expr) => {
-        #[derive(diesel::QueryableByName)]
-        struct HeldRow {
-            #[diesel(sql_type = diesel::sql_types::BigInt)]
-            id: i64,
-            #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
-            holder: Option<String>,
-            #[diesel(sql_type = diesel::sql_types::Text)]
-            lock_key: String,
-            #[diesel(sql_type = diesel::sql_types::Text)]
-            owner: String,
-            #[diesel(sql_type = diesel::sql_types::BigInt)]
-            token: i64,
-            #[diesel(sql_type = $time_sql)]
-            acquired_at: $time,
-            #[diesel(sql_type = diesel::sql_types::Nullable<$time_sql>)]
-            expires_at: Option<$time>,
-            #[diesel(sql_type = $time_sql)]
-            observed_at: $time,
-        }
-
-        fn held(
-            rows: diesel::QueryResult<Vec<HeldRow>>,
-            strategy: &'static str,
-        ) -> diesel::QueryResult<Vec<super::Held>> {
-            let utc: fn($time) -> chrono::DateTime<chrono::Utc> = $utc;
-            rows.map(|v| {
-                v.into_iter()
-                    .map(|r| super::Held {
-                        info: crate::admin::LockInfo {
-                            key: r.lock_key,
-                            strategy,
-                            owner: r.owner,
-                            token: r.token,
-                            acquired_at: utc(r.acquired_at),
-                            expires_at: r.expires_at.map(utc),
-                            observed_at: utc(r.observed_at),
-                        },
-                        id: r.id,
-                        holder: r.holder,
-                    })
-                    .collect()
-            })
-        }
-    };
-}
-pub(crate) use held_row;
-
-/// The statements whose SQL is the same on every backend (optimistic versions), written once
-/// and expanded inside each backend's `impl Dialect`.
-macro_rules! same_sql_everywhere {
-    () => {
-        fn version_read(&mut self, key: &str) -> diesel::QueryResult<Option<i64>> {
-            #[derive(diesel::QueryableByName)]
-            struct Version {
-                #[diesel(sql_type = diesel::sql_types::BigInt)]
-                version: i64,
-            }
-            super::stmt::stmt("SELECT version FROM dlock_versions WHERE lock_key = ?")
-                .bind::<diesel::sql_types::Text, _>(key)
-                .get_result::<Version>(self)
-                .optional()
-                .map(|r| r.map(|v| v.version))
-        }
-
-        fn version_bump(&mut self, key: &str, seen: i64) -> diesel::QueryResult<bool> {
-            // On MySQL diesel sets CLIENT_FOUND_ROWS, so the count is of matched rows there too.
-            super::stmt::stmt(
-                "UPDATE dlock_versions SET version = version + 1 WHERE lock_key = ? AND version = ?",
-            )
-            .bind::<diesel::sql_types::Text, _>(key)
-            .bind::<diesel::sql_types::BigInt, _>(seen)
-            .execute(self)
-            .map(|n| n == 1)
-        }
-    };
-}
-pub(crate) use same_sql_everywhere;
-
 mod any;
-mod interrupt;
+pub mod bench_sql;
+pub(crate) mod interrupt;
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "postgres")]
 mod pg;
 #[cfg(feature = "postgres")]
 pub(crate) mod pg_listen;
+mod shared;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 pub(crate) mod stmt;
@@ -239,12 +160,12 @@ pub(crate) mod sealed {
         Forever,
     }
 
-    /// The SQL of every strategy, per backend. Durations are whole microseconds.
-    ///
-    /// `retry` is true when the caller already failed an attempt on this key: backends where
-    /// a failed write attempt is costly (MySQL's insert locks, SQLite's single writer) then
-    /// look first with a plain read and skip the write while the key is visibly held.
-    pub trait Dialect {
+    /// The SQL of every strategy, per backend, by concern: [`Locks`] (`Row` and `Lease`),
+    /// [`Admin`] (admin reads, force release, purge, optimistic versions) and, on the
+    /// backends that have them, [`SessionLocks`] (through [`Dialect::sessions`]). This trait
+    /// itself classifies the connection and its errors and runs the migrations. Durations
+    /// are whole microseconds.
+    pub trait Dialect: Locks + Admin {
         /// The backend of this connection.
         fn backend(&self) -> Backend;
         /// Creates or upgrades the tables; safe to run from many processes at once.
@@ -263,6 +184,14 @@ pub(crate) mod sealed {
         fn sessions(&mut self) -> Option<&mut dyn SessionLocks> {
             None
         }
+    }
+
+    /// The statements of the `Row` and `Lease` strategies.
+    ///
+    /// `retry` is true when the caller already failed an attempt on this key: backends where
+    /// a failed write attempt is costly (MySQL's insert locks, SQLite's single writer) then
+    /// look first with a plain read and skip the write while the key is visibly held.
+    pub trait Locks {
         /// Inserts the key's row stamped with `holder` (unique per acquisition), if absent.
         /// `stale_us`: the row goes stale that long after it is inserted (stored with it as
         /// `stale_at`, database clock); `None`: never.
@@ -305,7 +234,11 @@ pub(crate) mod sealed {
         /// Clears the lease if `holder` still holds it; false if it did not.
         fn lease_release(&mut self, key: &str, holder: &str) -> QueryResult<bool>;
         fn lease_held(&mut self, key: &str, holder: &str) -> QueryResult<bool>;
+    }
 
+    /// The statements of `optimistic::transaction`, of the admin functions and of
+    /// `Locker::purge`.
+    pub trait Admin {
         // optimistic::transaction.
 
         /// The key's version, `None` if it has no row yet.
@@ -314,6 +247,9 @@ pub(crate) mod sealed {
         fn version_create(&mut self, key: &str) -> QueryResult<()>;
         /// `version = version + 1` if it is still `seen`; true if it was.
         fn version_bump(&mut self, key: &str, seen: i64) -> QueryResult<bool>;
+
+        // The admin functions.
+
         /// The `Row` locks held now, of every key or of one, ordered by key. A plain read: it
         /// never locks a row, so it cannot hold up a holder's renewal or release.
         fn admin_rows(&mut self, key: Option<&str>) -> QueryResult<Vec<Held>>;

@@ -5,7 +5,7 @@
 //! Renewals run side by side: a thread that takes a due renewal while no other thread is
 //! idle starts one more (up to the pool's size), so a renewal stuck behind another session's
 //! row lock holds up only its own key. Each renewal also waits for a row lock at most a
-//! quarter interval (`Dialect::lease_renew`; on MySQL whole seconds, at least 1), then is
+//! quarter interval (`Locks::lease_renew`; on MySQL whole seconds, at least 1), then is
 //! retried, and due renewals of keys whose last renewal worked go before those of failing
 //! keys. So S stuck keys on a pool of P connections delay the healthy renewals once, by about
 //! S/P such waits, and not again. A thread idle for two intervals

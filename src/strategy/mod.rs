@@ -178,6 +178,55 @@ impl Strategy {
     }
 }
 
+impl Strategy {
+    /// How often a holder that must notice a lost lock in time (a supervisor like `dlock
+    /// run`) should call [`LockGuard::check`](crate::LockGuard::check): a third of a lease's
+    /// ttl (renewals run at that pace too), a third of a row's `stale_after` but at most 5 s,
+    /// 1 s for the session strategies (a cheap query on the holding session), else 5 s.
+    ///
+    /// ```
+    /// use diesel_lock::Strategy;
+    /// use std::time::Duration;
+    ///
+    /// let lease = Strategy::Lease { ttl: Duration::from_secs(30) };
+    /// assert_eq!(lease.check_every(), Duration::from_secs(10));
+    /// assert_eq!(Strategy::Advisory.check_every(), Duration::from_secs(1));
+    /// ```
+    pub fn check_every(&self) -> Duration {
+        match *self {
+            Strategy::Lease { ttl } => ttl / 3,
+            Strategy::Row {
+                stale_after: Some(s),
+            } => (s / 3).min(Duration::from_secs(5)),
+            Strategy::Row { stale_after: None } => Duration::from_secs(5),
+            Strategy::ForUpdate | Strategy::Advisory => Duration::from_secs(1),
+        }
+    }
+
+    /// How long a holder may go without a successful [`check`](crate::LockGuard::check)
+    /// before it must presume its lock lost even though it could not ask (the database out of
+    /// reach): a lease's ttl, after which the lease has run out unrenewed. `None` for the
+    /// other strategies, whose locks do not lapse by time alone while their holder lives (a
+    /// row is taken over only past its `stale_after`, which the holder cannot outlive
+    /// unnoticed while checks succeed; a session's lock ends with the session, which its
+    /// next check sees).
+    ///
+    /// ```
+    /// use diesel_lock::Strategy;
+    /// use std::time::Duration;
+    ///
+    /// let ttl = Duration::from_secs(30);
+    /// assert_eq!(Strategy::Lease { ttl }.expires_after(), Some(ttl));
+    /// assert_eq!(Strategy::ForUpdate.expires_after(), None);
+    /// ```
+    pub fn expires_after(&self) -> Option<Duration> {
+        match *self {
+            Strategy::Lease { ttl } => Some(ttl),
+            _ => None,
+        }
+    }
+}
+
 /// The pool every part of a `Locker` shares.
 pub(crate) type Pool<C> = r2d2::Pool<ConnectionManager<C>>;
 
@@ -234,6 +283,7 @@ pub(crate) trait RawLock<C: LockConnection>: Send + Sync + 'static {
 
     /// True if releases notify listeners (PostgreSQL `pg_notify`), so that a `Locker` with
     /// `listen_url` can wake its waiters when another process releases.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     fn notifies_releases(&self) -> bool {
         false
     }

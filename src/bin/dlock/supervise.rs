@@ -1,7 +1,7 @@
 //! While the command of `dlock run` runs: the events the signal thread and the lock watcher
-//! send, the watcher that checks the lock (`watch`, at the pace `watch_plan` sets: the CLI's
-//! one `match` on the strategy), the loop that waits for the command, passes signals on and
-//! stops it if the lock is lost (`supervise`), and `--min-hold` (`hold_at_least`).
+//! send, the watcher that checks the lock (`watch`, at the pace `watch_plan` sets from what
+//! the library says about the strategy), the loop that waits for the command, passes signals
+//! on and stops it if the lock is lost (`supervise`), and `--min-hold` (`hold_at_least`).
 
 use crate::args::{chain, deadline_after, round_ms, Failure};
 use crate::job::{signal_name, Job};
@@ -24,24 +24,9 @@ pub(crate) enum Event {
 
 /// How `watch` keeps an eye on a lock of `strategy`: how often it checks the lock, and how
 /// long it may go without a successful check before the lock must be presumed lost (`None`:
-/// never; only a check that finds the lock gone ends it).
-///
-/// The one place the CLI tells the strategies apart: whatever a new strategy needs from the
-/// watcher goes here. The library is to answer this itself one day (issue 9: no `match` on
-/// the strategy outside the strategy module); this function then asks it instead.
+/// never; only a check that finds the lock gone ends it). The library answers both.
 pub(crate) fn watch_plan(strategy: Strategy) -> (Duration, Option<Duration>) {
-    match strategy {
-        // Renewals also happen every ttl/3; a watcher that cannot reach the database for a
-        // whole ttl must assume the lease has run out.
-        Strategy::Lease { ttl } => (ttl / 3, Some(ttl)),
-        Strategy::Row {
-            stale_after: Some(s),
-        } => ((s / 3).min(Duration::from_secs(5)), None),
-        // Session strategies: a cheap query on the session that holds the lock; a session
-        // ended by the server is noticed within a second.
-        Strategy::ForUpdate | Strategy::Advisory => (Duration::from_secs(1), None),
-        _ => (Duration::from_secs(5), None),
-    }
+    (strategy.check_every(), strategy.expires_after())
 }
 
 /// Checks the lock every `every` until told to stop; reports a loss on `tx`.

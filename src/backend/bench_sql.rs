@@ -1,0 +1,36 @@
+//! The library's own SQL texts, for the benches' raw floors (`benches/support/raw.rs`): a
+//! floor issues exactly the statements the library issues, never a copy that can drift.
+//! Exposed as `diesel_lock::__bench_sql`, hidden and outside the API: the texts change
+//! whenever the library's SQL does. Parameters are `?`, bound in the order they appear.
+
+/// Statements that are the same on several backends.
+pub mod shared {
+    pub use crate::backend::shared::{LEASE_RELEASE, ROW_RELEASE};
+}
+
+/// PostgreSQL's statements.
+#[cfg(feature = "postgres")]
+pub mod pg {
+    pub use crate::backend::pg::locks::{LEASE_ACQUIRE, LEASE_RELEASE, ROW_ACQUIRE, ROW_RELEASE};
+    pub use crate::backend::pg::sessions::{ADVISORY_LOCK, ADVISORY_UNLOCK, FOR_UPDATE_LOCK};
+}
+
+/// MySQL's and MariaDB's statements.
+#[cfg(feature = "mysql")]
+pub mod mysql {
+    pub use crate::backend::mysql::locks::{
+        LEASE_READ_BACK, LEASE_UPSERT, ROW_INSERT, ROW_READ_BACK,
+    };
+    pub use crate::backend::mysql::sessions::{
+        ADVISORY_LOCK, ADVISORY_TOKEN_BUMP, ADVISORY_TOKEN_READ, ADVISORY_UNLOCK, FENCE_DELETE,
+        FENCE_INSERT, FENCE_READ, FOR_UPDATE_LOCK,
+    };
+    pub use crate::backend::shared::{LEASE_RELEASE, ROW_RELEASE};
+}
+
+/// SQLite's statements.
+#[cfg(feature = "sqlite")]
+pub mod sqlite {
+    pub use crate::backend::shared::{LEASE_RELEASE, ROW_RELEASE};
+    pub use crate::backend::sqlite::locks::{LEASE_ACQUIRE, ROW_ACQUIRE};
+}

@@ -1,0 +1,211 @@
+//! MySQL's `Row` and `Lease` statements.
+
+use super::{with_lock_wait_timeout, AcquiredRow};
+use crate::backend::sealed::Locks;
+use crate::backend::shared;
+use crate::backend::shared::{exists, One};
+use crate::backend::stmt::stmt;
+use crate::backend::Acquired;
+use diesel::mysql::MysqlConnection;
+use diesel::sql_types::{BigInt, Nullable, Text};
+use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
+
+// The texts of the statements the benches' raw floors run too (`diesel_lock::__bench_sql`);
+// the others are written where they run. The releases are in `shared.rs` (the same on
+// SQLite).
+
+/// `row_acquire`, the insert. The BEFORE INSERT trigger bumps the key's counter (locking its
+/// row until the statement commits) and stamps the token, so tokens follow insertion order.
+pub const ROW_INSERT: &str =
+    "INSERT IGNORE INTO dlock_rows (lock_key, owner, holder, token, acquired_at, stale_at) \
+     VALUES (?, ?, ?, 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)";
+
+/// `row_acquire`, after an insert: the row's id, token and time.
+pub const ROW_READ_BACK: &str =
+    "SELECT id, token, acquired_at FROM dlock_rows WHERE id = LAST_INSERT_ID()";
+
+/// `lease_acquire`, the upsert.
+///
+/// MySQL applies ON DUPLICATE KEY UPDATE assignments left to right, each seeing the ones
+/// before it, unless MariaDB's sql_mode SIMULTANEOUS_ASSIGNMENT is set, when each sees the
+/// old row. Every condition reads only `expires_at`, which is assigned last, so both orders
+/// decide alike. (A free lease has expires_at NULL: release clears it together with the
+/// holder.)
+pub const LEASE_UPSERT: &str =
+    "INSERT INTO dlock_leases (lock_key, owner, holder, token, acquired_at, expires_at) \
+     VALUES (?, ?, ?, COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0) + 1, \
+             UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
+     ON DUPLICATE KEY UPDATE \
+       token = IF(expires_at IS NULL OR expires_at <= UTC_TIMESTAMP(6), \
+                  token + 1, token), \
+       owner = IF(expires_at IS NULL OR expires_at <= UTC_TIMESTAMP(6), \
+                  VALUES(owner), owner), \
+       holder = IF(expires_at IS NULL OR expires_at <= UTC_TIMESTAMP(6), \
+                   VALUES(holder), holder), \
+       acquired_at = IF(expires_at IS NULL OR expires_at <= UTC_TIMESTAMP(6), \
+                        VALUES(acquired_at), acquired_at), \
+       expires_at = IF(expires_at IS NULL OR expires_at <= UTC_TIMESTAMP(6), \
+                       VALUES(expires_at), expires_at)";
+
+/// `lease_acquire`, after the upsert: the token and time, if the lease is ours.
+pub const LEASE_READ_BACK: &str =
+    "SELECT CAST(0 AS SIGNED) AS id, token, acquired_at FROM dlock_leases \
+     WHERE lock_key = ? AND holder = ?";
+
+#[derive(QueryableByName)]
+struct Id {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+}
+
+impl Locks for MysqlConnection {
+    shared::statements!(row_release, row_held, lease_release);
+
+    fn row_acquire(
+        &mut self,
+        key: &str,
+        owner: &str,
+        holder: &str,
+        stale_us: Option<i64>,
+        retry: bool,
+    ) -> QueryResult<Option<Acquired>> {
+        // A waiter first looks with a consistent (non-locking) read: every failed INSERT
+        // takes a shared lock on the holder's index record, and a crowd of them is what
+        // makes InnoDB deadlock when the holder deletes the row.
+        if retry
+            && exists(
+                stmt("SELECT CAST(1 AS SIGNED) AS one FROM dlock_rows WHERE lock_key = ?")
+                    .bind::<Text, _>(key)
+                    .get_result::<One>(self)
+                    .optional(),
+            )?
+        {
+            return Ok(None);
+        }
+        let inserted = stmt(ROW_INSERT)
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(owner)
+            .bind::<Text, _>(holder)
+            .bind::<Nullable<BigInt>, _>(stale_us)
+            .execute(self)?;
+        if inserted != 1 {
+            return Ok(None);
+        }
+        // Gone already means a stale takeover deleted it in between: not ours after all.
+        stmt(ROW_READ_BACK)
+            .get_result::<AcquiredRow>(self)
+            .optional()
+            .map(|r| r.map(Into::into))
+    }
+
+    fn row_forget(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
+        // Read, then delete by id, as row_delete_stale does, for the same lock order.
+        let ours = stmt("SELECT id FROM dlock_rows WHERE lock_key = ? AND holder = ?")
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(holder)
+            .get_result::<Id>(self)
+            .optional()?;
+        let Some(Id { id }) = ours else {
+            return Ok(false);
+        };
+        stmt("DELETE FROM dlock_rows WHERE id = ? AND holder = ?")
+            .bind::<BigInt, _>(id)
+            .bind::<Text, _>(holder)
+            .execute(self)
+            .map(|n| n > 0)
+    }
+
+    fn row_delete_stale(&mut self, key: &str) -> QueryResult<bool> {
+        // Find the stale row with a consistent (non-locking) read, then delete it by id.
+        // A DELETE by key would lock the unique index before the primary key, the opposite
+        // order of a holder's DELETE by id, and the two deadlock.
+        let stale =
+            stmt("SELECT id FROM dlock_rows WHERE lock_key = ? AND stale_at <= UTC_TIMESTAMP(6)")
+                .bind::<Text, _>(key)
+                .get_result::<Id>(self)
+                .optional()?;
+        let Some(Id { id }) = stale else {
+            return Ok(false);
+        };
+        stmt("DELETE FROM dlock_rows WHERE id = ? AND stale_at <= UTC_TIMESTAMP(6)")
+            .bind::<BigInt, _>(id)
+            .execute(self)
+            .map(|n| n > 0)
+    }
+
+    fn lease_acquire(
+        &mut self,
+        key: &str,
+        owner: &str,
+        holder: &str,
+        ttl_us: i64,
+        retry: bool,
+    ) -> QueryResult<Option<Acquired>> {
+        if retry && lease_visibly_held(self, key)? {
+            return Ok(None);
+        }
+        stmt(LEASE_UPSERT)
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(owner)
+            .bind::<Text, _>(holder)
+            .bind::<Text, _>(key)
+            .bind::<BigInt, _>(ttl_us)
+            .execute(self)?;
+        stmt(LEASE_READ_BACK)
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(holder)
+            .get_result::<AcquiredRow>(self)
+            .optional()
+            .map(|r| r.map(Into::into))
+    }
+
+    fn lease_renew(
+        &mut self,
+        key: &str,
+        holder: &str,
+        ttl_us: i64,
+        bound: std::time::Duration,
+    ) -> QueryResult<bool> {
+        // innodb_lock_wait_timeout counts whole seconds, 1 to 100,000,000. The session's own
+        // setting is put back, as the connection goes back to the pool.
+        let seconds = bound.as_secs() + u64::from(bound.subsec_nanos() > 0);
+        with_lock_wait_timeout(self, seconds, |c| {
+            // diesel sets CLIENT_FOUND_ROWS, so the count is of matched rows.
+            stmt(
+                "UPDATE dlock_leases SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+                 WHERE lock_key = ? AND holder = ? AND expires_at > UTC_TIMESTAMP(6)",
+            )
+            .bind::<BigInt, _>(ttl_us)
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(holder)
+            .execute(c)
+            .map(|n| n == 1)
+        })
+    }
+
+    fn lease_held(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
+        exists(
+            stmt(
+                "SELECT CAST(1 AS SIGNED) AS one FROM dlock_leases \
+                 WHERE lock_key = ? AND holder = ? AND expires_at > UTC_TIMESTAMP(6)",
+            )
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(holder)
+            .get_result::<One>(self)
+            .optional(),
+        )
+    }
+}
+
+/// A plain consistent read: is the lease held and unexpired right now?
+fn lease_visibly_held(conn: &mut MysqlConnection, key: &str) -> QueryResult<bool> {
+    exists(
+        stmt(
+            "SELECT CAST(1 AS SIGNED) AS one FROM dlock_leases WHERE lock_key = ? \
+             AND holder IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)",
+        )
+        .bind::<Text, _>(key)
+        .get_result::<One>(conn)
+        .optional(),
+    )
+}

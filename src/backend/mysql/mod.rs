@@ -1,0 +1,192 @@
+//! MySQL and MariaDB. Without `RETURNING` on MySQL, an acquisition that wins reads its token
+//! back with a second statement; a failed one costs one statement.
+//!
+//! This file classifies the connection and its errors and runs the migrations; the
+//! statements are in `locks.rs` (`Row`, `Lease`), `sessions.rs` (`ForUpdate`, `Advisory`)
+//! and `admin.rs` (admin reads, force release, purge, optimistic versions).
+
+mod admin;
+pub(super) mod locks;
+pub(super) mod sessions;
+
+use super::sealed::{Dialect, Seal, Sealed, SessionLocks};
+use super::shared::One;
+use super::stmt::stmt;
+use super::{migrate_with_retry, Backend};
+use crate::{Error, Result};
+use chrono::NaiveDateTime;
+use diesel::mysql::MysqlConnection;
+use diesel::sql_types::{BigInt, Datetime};
+use diesel::{QueryResult, RunQueryDsl};
+use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
+
+const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/mysql");
+
+super::shared::acquired_row!(Datetime, NaiveDateTime, |t| t.and_utc());
+
+/// True if `e` says the lock is someone else's (see `SessionLocks::is_lock_unavailable`).
+fn lock_unavailable(e: &diesel::result::Error) -> bool {
+    // diesel maps neither error to a kind of its own (DatabaseErrorKind::Unknown) and
+    // keeps no error number, so the server's English message is matched:
+    // - MySQL 8, NOWAIT (3572, ER_LOCK_NOWAIT): "Statement aborted because lock(s)
+    //   could not be acquired immediately and NOWAIT is set."
+    // - MariaDB, NOWAIT, and both servers when innodb_lock_wait_timeout runs out (1205,
+    //   ER_LOCK_WAIT_TIMEOUT): "Lock wait timeout exceeded; try restarting transaction"
+    // MariaDB cannot tell its NOWAIT refusal from a real wait timeout, and need not:
+    // either way the row is someone else's.
+    match e {
+        diesel::result::Error::DatabaseError(_, info) => {
+            let m = info.message();
+            m.starts_with("Lock wait timeout exceeded") || m.contains("NOWAIT is set")
+        }
+        _ => false,
+    }
+}
+
+/// True if `e` means someone else is competing for the lock (see `Dialect::is_contention`):
+/// every error `lock_unavailable` accepts, and a deadlock.
+fn contention(e: &diesel::result::Error) -> bool {
+    use diesel::result::{DatabaseErrorKind, Error as E};
+    match e {
+        // 1213 (deadlock) is mapped to SerializationFailure by diesel.
+        E::DatabaseError(DatabaseErrorKind::SerializationFailure, _) => true,
+        // 1205 "Lock wait timeout exceeded" (also MariaDB's answer to NOWAIT) and 3572
+        // (MySQL's NOWAIT) come through with their message only, which `lock_unavailable`
+        // reads; a deadlock reported without its kind is recognised by its message too.
+        E::DatabaseError(_, info) => {
+            info.message().starts_with("Deadlock found") || lock_unavailable(e)
+        }
+        _ => false,
+    }
+}
+
+/// Runs `f` with the session's `innodb_lock_wait_timeout` set to `seconds` (whole seconds,
+/// 1 to 100,000,000, the range the server takes), then puts the session's own setting back,
+/// as the connection goes back to the pool and on to other users. What `f` returns is
+/// returned, unless putting the setting back fails.
+fn with_lock_wait_timeout<T>(
+    conn: &mut MysqlConnection,
+    seconds: u64,
+    f: impl FnOnce(&mut MysqlConnection) -> QueryResult<T>,
+) -> QueryResult<T> {
+    stmt(
+        "SET @dlock_saved_wait = @@SESSION.innodb_lock_wait_timeout, \
+         SESSION innodb_lock_wait_timeout = ?",
+    )
+    .bind::<BigInt, _>(seconds.clamp(1, 100_000_000) as i64)
+    .execute(conn)?;
+    let result = f(conn);
+    stmt("SET SESSION innodb_lock_wait_timeout = @dlock_saved_wait").execute(conn)?;
+    result
+}
+
+impl Dialect for MysqlConnection {
+    fn backend(&self) -> Backend {
+        Backend::Mysql
+    }
+
+    fn run_migrations(&mut self) -> Result<()> {
+        // GET_LOCK serialises concurrent migrate() calls from many processes.
+        let got = stmt("SELECT CAST(GET_LOCK('diesel_lock.migrate', 60) AS SIGNED) AS one")
+            .get_result::<One>(self)?;
+        if got.one != 1 {
+            return Err(Error::Migration(
+                "another process held the migration lock for 60 s".into(),
+            ));
+        }
+        let result = migrate_with_retry(self, |c| {
+            c.run_pending_migrations(MIGRATIONS)
+                .map(drop)
+                .map_err(Error::Migration)
+        });
+        let unlocked = stmt("SELECT CAST(RELEASE_LOCK('diesel_lock.migrate') AS SIGNED) AS one")
+            .get_result::<One>(self);
+        result?;
+        unlocked?;
+        Ok(())
+    }
+
+    fn autocommits(&mut self) -> QueryResult<bool> {
+        stmt("SELECT CAST(@@SESSION.autocommit AS SIGNED) AS one")
+            .get_result::<One>(self)
+            .map(|r| r.one == 1)
+    }
+
+    fn is_contention(&self, e: &diesel::result::Error) -> bool {
+        contention(e)
+    }
+
+    fn sessions(&mut self) -> Option<&mut dyn SessionLocks> {
+        Some(self)
+    }
+}
+
+impl Sealed for MysqlConnection {
+    fn dialect(&mut self, _: Seal) -> &mut dyn Dialect {
+        self
+    }
+
+    fn static_backend(_: Seal) -> Option<Backend> {
+        Some(Backend::Mysql)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use diesel::result::{DatabaseErrorKind, Error as E};
+
+    fn db_error(message: &str) -> E {
+        E::DatabaseError(DatabaseErrorKind::Unknown, Box::new(message.to_owned()))
+    }
+
+    /// MySQL 8's NOWAIT (3572), and MariaDB's NOWAIT or either server's lock wait timeout
+    /// (1205): busy.
+    const BUSY: [&str; 2] = [
+        "Statement aborted because lock(s) could not be acquired immediately and NOWAIT is set.",
+        "Lock wait timeout exceeded; try restarting transaction",
+    ];
+
+    /// Failures that are not "busy"; the deadlock (first) is contention nonetheless.
+    const NOT_BUSY: [&str; 5] = [
+        "Deadlock found when trying to get lock; try restarting transaction",
+        "Lost connection to MySQL server during query",
+        "MySQL server has gone away",
+        "Query execution was interrupted",
+        "Table 'dlock_test.dlock_for_update' doesn't exist",
+    ];
+
+    /// The exact texts of MySQL 8 (3572) and of MariaDB / MySQL (1205). Only MariaDB runs
+    /// here, so the 3572 path is tested by its text alone; tests/session_faults.rs meets
+    /// 1205 from both NOWAIT and innodb_lock_wait_timeout against the real server.
+    #[test]
+    fn lock_unavailable_is_told_from_real_errors() {
+        for busy in BUSY {
+            assert!(lock_unavailable(&db_error(busy)), "{busy}");
+        }
+        for real in NOT_BUSY {
+            assert!(!lock_unavailable(&db_error(real)), "{real}");
+        }
+    }
+
+    /// A lock someone else holds is contention (the locker retries it), and so is a
+    /// deadlock, with or without its diesel kind; a lost connection or a missing table is
+    /// neither. `contention` asks `lock_unavailable` rather than keeping a list of its own,
+    /// so the two cannot disagree on a busy lock.
+    #[test]
+    fn contention_is_every_busy_lock_and_a_deadlock() {
+        for busy in BUSY {
+            assert!(contention(&db_error(busy)), "{busy}");
+        }
+        let (deadlock, real) = NOT_BUSY.split_first().unwrap();
+        assert!(contention(&db_error(deadlock)));
+        assert!(contention(&E::DatabaseError(
+            DatabaseErrorKind::SerializationFailure,
+            Box::new(deadlock.to_string())
+        )));
+        for real in real {
+            assert!(!contention(&db_error(real)), "{real}");
+        }
+        assert!(!contention(&E::NotFound));
+    }
+}

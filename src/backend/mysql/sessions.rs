@@ -1,0 +1,288 @@
+//! MySQL's session strategies: `ForUpdate` (a row locked by `SELECT … FOR UPDATE`, tokens
+//! from `dlock_fences`) and `Advisory` (`GET_LOCK`).
+
+use super::{lock_unavailable, with_lock_wait_timeout, AcquiredRow};
+use crate::backend::interrupt::EndSession;
+use crate::backend::sealed::SessionLocks;
+use crate::backend::shared::{exists, One};
+use crate::backend::stmt::stmt;
+use crate::backend::{Acquired, Wait};
+use chrono::NaiveDateTime;
+use diesel::mysql::MysqlConnection;
+use diesel::sql_types::{BigInt, Datetime, Double, Nullable, Text};
+use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
+
+// The texts of the statements the benches' raw floors run too (`diesel_lock::__bench_sql`);
+// the others are written where they run.
+
+/// `for_update_lock`, the lock: with `Wait::Forever`, or inside a bounded
+/// `innodb_lock_wait_timeout`.
+pub const FOR_UPDATE_LOCK: &str =
+    "SELECT CAST(1 AS SIGNED) AS one FROM dlock_for_update WHERE lock_key = ? FOR UPDATE";
+
+/// `for_update_lock`, once the row is locked: the fence row whose AUTO_INCREMENT id is the
+/// token.
+pub const FENCE_INSERT: &str = "INSERT INTO dlock_fences (lock_key) VALUES (?)";
+
+/// `for_update_lock`, after `FENCE_INSERT`: the token and the time.
+pub const FENCE_READ: &str =
+    "SELECT id, UTC_TIMESTAMP(6) AS acquired_at FROM dlock_fences WHERE id = LAST_INSERT_ID()";
+
+/// `for_update_finish`.
+pub const FENCE_DELETE: &str = "DELETE FROM dlock_fences WHERE id = ?";
+
+/// `advisory_lock` with `Wait::Forever`, or a wait of at least `GET_LOCK_MAX_SECS`.
+pub const ADVISORY_LOCK: &str = "SELECT CAST(GET_LOCK(?, 31536000) AS SIGNED) AS answer";
+
+/// `advisory_lock`, once the lock is held: the key's counter.
+///
+/// The counter is bumped only once the lock is held, and committed at once (autocommit), so
+/// a token outlives its holder. LAST_INSERT_ID(expr) hands the new value back to this
+/// session without a race, on both the insert and update paths.
+pub const ADVISORY_TOKEN_BUMP: &str =
+    "INSERT INTO dlock_tokens (lock_key, token) VALUES (?, LAST_INSERT_ID(1)) \
+     ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1)";
+
+/// `advisory_lock`, after `ADVISORY_TOKEN_BUMP`: the token and the time.
+pub const ADVISORY_TOKEN_READ: &str =
+    "SELECT CAST(0 AS SIGNED) AS id, CAST(LAST_INSERT_ID() AS SIGNED) AS token, \
+     UTC_TIMESTAMP(6) AS acquired_at";
+
+/// `advisory_unlock`.
+pub const ADVISORY_UNLOCK: &str = "SELECT CAST(RELEASE_LOCK(?) AS SIGNED) AS answer";
+
+#[derive(QueryableByName)]
+struct Fence {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+    #[diesel(sql_type = Datetime)]
+    acquired_at: NaiveDateTime,
+}
+
+#[derive(QueryableByName)]
+struct Answer {
+    #[diesel(sql_type = Nullable<BigInt>)]
+    answer: Option<i64>,
+}
+
+/// The longest `GET_LOCK` name MySQL accepts (5.7 and later), in characters.
+const MAX_LOCK_NAME_CHARS: usize = 64;
+
+/// What marks a name as a hash; keys that start with it are hashed too, so a key used
+/// verbatim can never equal another key's hashed name.
+const HASHED_PREFIX: &str = "dlock-sha256:";
+
+/// The `GET_LOCK` name of a key: the key itself when it has at most 64 characters, all of
+/// them lowercase ASCII letters, digits or `.` `_` `:` `/` `-`, else `dlock-sha256:` and the 16
+/// lowercase hex digits of [`key_hash`](crate::key_hash) (the first 8 bytes of SHA-256).
+/// MySQL (unlike MariaDB) lowercases lock names and converts them to utf8mb3, which would make
+/// `Report` and `report` one lock and refuse 4-byte characters; those keys are hashed, so keys
+/// stay exact on both. Lock names are server-wide: the same key in two databases on one
+/// server is one lock.
+pub(crate) fn lock_name(key: &str) -> std::borrow::Cow<'_, str> {
+    let plain = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || "._:/-".contains(c);
+    if key.len() <= MAX_LOCK_NAME_CHARS && key.chars().all(plain) && !key.starts_with(HASHED_PREFIX)
+    {
+        key.into()
+    } else {
+        format!("{HASHED_PREFIX}{:016x}", crate::key_hash(key) as u64).into()
+    }
+}
+
+/// A database error diesel has no kind for, with our own message.
+fn error(message: &str) -> diesel::result::Error {
+    diesel::result::Error::DatabaseError(
+        diesel::result::DatabaseErrorKind::Unknown,
+        Box::new(message.to_owned()),
+    )
+}
+
+/// The longest `GET_LOCK` wait asked for (a year); the locker waits again after it.
+const GET_LOCK_MAX_SECS: u64 = 31_536_000;
+
+impl SessionLocks for MysqlConnection {
+    fn is_lock_unavailable(&self, e: &diesel::result::Error) -> bool {
+        lock_unavailable(e)
+    }
+    fn for_update_create(&mut self, key: &str) -> QueryResult<()> {
+        stmt("INSERT IGNORE INTO dlock_for_update (lock_key, version) VALUES (?, 0)")
+            .bind::<Text, _>(key)
+            .execute(self)
+            .map(drop)
+    }
+    fn for_update_lock(&mut self, key: &str, wait: Wait) -> QueryResult<Option<Acquired>> {
+        // innodb_lock_wait_timeout counts whole seconds (and MariaDB's `WAIT n` rounds a
+        // fraction down to 0), so a bounded wait waits the whole seconds it has server-side
+        // and leaves the rest to the locker's NOWAIT retries, never overshooting.
+        // At most 100,000,000 s, the largest the server takes; a longer wait ends there as
+        // busy and the locker waits again until its deadline.
+        let seconds = match wait {
+            Wait::For(d) => d.as_secs().min(100_000_000),
+            _ => 0,
+        };
+        let locked = match wait {
+            Wait::Forever => stmt(FOR_UPDATE_LOCK)
+                .bind::<Text, _>(key)
+                .get_result::<One>(self)
+                .optional(),
+            Wait::For(_) if seconds > 0 => {
+                // The session's own setting is saved and put back, as the connection goes
+                // back to the pool and on to other users.
+                with_lock_wait_timeout(self, seconds, |c| {
+                    Ok(stmt(FOR_UPDATE_LOCK)
+                        .bind::<Text, _>(key)
+                        .get_result::<One>(c)
+                        .optional())
+                })?
+            }
+            _ => stmt(
+                "SELECT CAST(1 AS SIGNED) AS one FROM dlock_for_update \
+                 WHERE lock_key = ? FOR UPDATE NOWAIT",
+            )
+            .bind::<Text, _>(key)
+            .get_result::<One>(self)
+            .optional(),
+        }?;
+        if locked.is_none() {
+            return Ok(None);
+        }
+        // The token is an AUTO_INCREMENT id drawn now that the row is ours: a rollback
+        // does not give an id back, so a dead holder's token is never reissued. The row
+        // itself stays uncommitted, visible only to this transaction, until
+        // for_update_finish deletes it: it is the proof for for_update_held.
+        stmt(FENCE_INSERT).bind::<Text, _>(key).execute(self)?;
+        // The time is read here, once the lock is ours: the locking statement's own clock
+        // stopped when it began, before any wait.
+        let fence = stmt(FENCE_READ).get_result::<Fence>(self)?;
+        Ok(Some(Acquired {
+            id: fence.id,
+            token: fence.id,
+            acquired_at: fence.acquired_at.and_utc(),
+        }))
+    }
+    fn for_update_held(&mut self, _key: &str, fence: i64) -> QueryResult<bool> {
+        // Only the holder's own open transaction can see its uncommitted fence row.
+        exists(
+            stmt("SELECT CAST(1 AS SIGNED) AS one FROM dlock_fences WHERE id = ?")
+                .bind::<BigInt, _>(fence)
+                .get_result::<One>(self)
+                .optional(),
+        )
+    }
+    fn for_update_finish(&mut self, fence: i64) -> QueryResult<bool> {
+        stmt(FENCE_DELETE)
+            .bind::<BigInt, _>(fence)
+            .execute(self)
+            .map(|n| n == 1)
+    }
+    fn advisory_lock(&mut self, key: &str, wait: Wait) -> QueryResult<Option<Acquired>> {
+        let name = lock_name(key);
+        let got = match wait {
+            Wait::No => stmt("SELECT CAST(GET_LOCK(?, 0) AS SIGNED) AS answer")
+                .bind::<Text, _>(&*name)
+                .get_result::<Answer>(self),
+            // MySQL reads a negative timeout as "forever", MariaDB refuses it (NULL and
+            // warning 1411); a year is accepted by both and ends as an ordinary timeout.
+            // (MariaDB answers a much longer one, 10^12 s, with 0 at once.)
+            Wait::Forever => stmt(ADVISORY_LOCK)
+                .bind::<Text, _>(&*name)
+                .get_result::<Answer>(self),
+            Wait::For(d) if d.as_secs() >= GET_LOCK_MAX_SECS => stmt(ADVISORY_LOCK)
+                .bind::<Text, _>(&*name)
+                .get_result::<Answer>(self),
+            // MariaDB honours fractions of a second; MySQL may round the timeout to whole
+            // seconds, up as well as down, so it is given only the whole seconds.
+            Wait::For(d) => stmt(
+                "SELECT CAST(GET_LOCK(?, IF(VERSION() LIKE '%MariaDB%', ?, FLOOR(?))) \
+                 AS SIGNED) AS answer",
+            )
+            .bind::<Text, _>(&*name)
+            .bind::<Double, _>(d.as_secs_f64())
+            .bind::<Double, _>(d.as_secs_f64())
+            .get_result::<Answer>(self),
+        }?;
+        match got.answer {
+            Some(1) => {}
+            Some(_) => {
+                // 0 is a timeout. GET_LOCK decides atomically, but a lock that this session
+                // holds must not stay behind whatever it said, so make sure.
+                if self.advisory_held(key)? {
+                    log::warn!("lock {key:?}: GET_LOCK timed out yet the lock is ours; releasing");
+                    self.advisory_unlock(key)?;
+                }
+                return Ok(None);
+            }
+            None => return Err(error("GET_LOCK failed (returned NULL)")),
+        }
+        stmt(ADVISORY_TOKEN_BUMP)
+            .bind::<Text, _>(key)
+            .execute(self)?;
+        stmt(ADVISORY_TOKEN_READ)
+            .get_result::<AcquiredRow>(self)
+            .map(|r| Some(r.into()))
+    }
+    fn advisory_unlock(&mut self, key: &str) -> QueryResult<bool> {
+        // 1: released; 0: held by another session; NULL: not held by anyone.
+        stmt(ADVISORY_UNLOCK)
+            .bind::<Text, _>(&*lock_name(key))
+            .get_result::<Answer>(self)
+            .map(|r| r.answer == Some(1))
+    }
+    fn advisory_held(&mut self, key: &str) -> QueryResult<bool> {
+        stmt("SELECT CAST(IS_USED_LOCK(?) = CONNECTION_ID() AS SIGNED) AS answer")
+            .bind::<Text, _>(&*lock_name(key))
+            .get_result::<Answer>(self)
+            .map(|r| r.answer == Some(1))
+    }
+}
+
+#[derive(QueryableByName)]
+struct SessionId {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+}
+
+impl EndSession for MysqlConnection {
+    fn session_id(&mut self) -> QueryResult<i64> {
+        stmt("SELECT CAST(CONNECTION_ID() AS SIGNED) AS id")
+            .get_result::<SessionId>(self)
+            .map(|r| r.id)
+    }
+
+    fn end_session(&mut self, id: i64) -> QueryResult<bool> {
+        match stmt("KILL CONNECTION ?")
+            .bind::<BigInt, _>(id)
+            .execute(self)
+        {
+            Ok(_) => Ok(true),
+            // ER_NO_SUCH_THREAD: the session has ended already.
+            Err(diesel::result::Error::DatabaseError(_, info))
+                if info.message().starts_with("Unknown thread id") =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lock_names_are_verbatim_up_to_64_characters_then_hashed() {
+        assert_eq!(lock_name("nightly-report"), "nightly-report");
+        let x64 = "x".repeat(64);
+        assert_eq!(lock_name(&x64), x64.as_str());
+        // Upper case, spaces and non-ASCII are hashed: MySQL folds case and charset.
+        assert_eq!(lock_name("Nightly-Report"), "dlock-sha256:3869aaf865c191f5");
+        assert_eq!(lock_name("ключ-🔒"), "dlock-sha256:01ee05df8e3fd0cb");
+        // Test vector: sha256("x" × 65) starts 9537c5fdf120482f.
+        assert_eq!(lock_name(&"x".repeat(65)), "dlock-sha256:9537c5fdf120482f");
+        // A key that looks like a hashed name is hashed too, so it cannot collide with one.
+        let lookalike = "dlock-sha256:9537c5fdf120482f";
+        assert_ne!(lock_name(lookalike), lookalike);
+        assert!(lock_name(lookalike).starts_with(HASHED_PREFIX));
+    }
+}

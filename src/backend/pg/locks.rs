@@ -1,0 +1,183 @@
+//! PostgreSQL's `Row` and `Lease` statements.
+
+use super::{lock_timeout_ms, AcquiredRow};
+use crate::backend::sealed::Locks;
+use crate::backend::shared;
+use crate::backend::shared::{exists, One};
+use crate::backend::stmt::stmt;
+use crate::backend::Acquired;
+use diesel::pg::PgConnection;
+use diesel::sql_types::{BigInt, Nullable, Text};
+use diesel::{OptionalExtension, QueryResult, RunQueryDsl};
+
+// The texts of the statements the benches' raw floors run too (`diesel_lock::__bench_sql`);
+// the others are written where they run.
+
+/// `row_acquire`.
+///
+/// The token counter's row lock serialises every transaction that can insert the key's
+/// row, so tokens are handed out in the order the rows are inserted and a later holder
+/// always has a larger token (an id from a sequence would not: nextval runs before the
+/// unique check, so a slow inserter can win with an older id). While the row is visibly
+/// held, the counter is not touched at all. The times are clock_timestamp(): now() is when
+/// the statement began, before any wait for the counter's row lock.
+pub const ROW_ACQUIRE: &str = "WITH t AS ( \
+       INSERT INTO dlock_tokens AS t (lock_key, token) \
+       SELECT ?, 1 WHERE NOT EXISTS (SELECT 1 FROM dlock_rows WHERE lock_key = ?) \
+       ON CONFLICT (lock_key) DO UPDATE SET token = t.token + 1 \
+       RETURNING token) \
+     INSERT INTO dlock_rows (lock_key, owner, holder, token, acquired_at, stale_at) \
+     SELECT ?, ?, ?, t.token, clock_timestamp(), clock_timestamp() + ? * interval '1 microsecond' FROM t \
+     ON CONFLICT (lock_key) DO NOTHING \
+     RETURNING id, token, acquired_at";
+
+/// `row_release`. The notification wakes waiters whose Locker listens (pg_listen.rs); it is
+/// sent at commit, so it never arrives before the row is gone.
+pub const ROW_RELEASE: &str = "WITH d AS (DELETE FROM dlock_rows WHERE id = ? RETURNING lock_key) \
+     SELECT count(pg_notify('dlock_release', lock_key)) AS one FROM d";
+
+/// `lease_acquire`.
+///
+/// One statement. If its snapshot shows the key's row, `u` takes it over when free or
+/// expired: an UPDATE re-checks the row's newest version after any wait, so the token it
+/// bumps is the latest. If the snapshot shows no row, `t` bumps the key's counter in
+/// dlock_tokens (an upsert also acts on the newest version, and locks it) and `i` inserts
+/// the row with that token. A row deleted by `purge` after the snapshot makes `u` find
+/// nothing and `t` not run: the attempt fails and is retried with a fresh snapshot, never
+/// with a token read before the purge saved the row's last one. The new times are
+/// clock_timestamp(), not now() (the statement's start): `u` may wait for another
+/// transaction's update of the row, `t` for the counter's row lock. An expiry a little later
+/// than the caller's own count (from before it sent the statement) is on the safe side.
+pub const LEASE_ACQUIRE: &str = "WITH u AS ( \
+       UPDATE dlock_leases SET owner = ?, holder = ?, token = token + 1, \
+         acquired_at = clock_timestamp(), expires_at = clock_timestamp() + ? * interval '1 microsecond' \
+       WHERE lock_key = ? AND (holder IS NULL OR expires_at <= now()) \
+       RETURNING token, acquired_at), \
+     t AS ( \
+       INSERT INTO dlock_tokens AS t (lock_key, token) \
+       SELECT ?, 1 WHERE NOT EXISTS (SELECT 1 FROM dlock_leases WHERE lock_key = ?) \
+       ON CONFLICT (lock_key) DO UPDATE SET token = t.token + 1 \
+       RETURNING token), \
+     i AS ( \
+       INSERT INTO dlock_leases (lock_key, owner, holder, token, acquired_at, expires_at) \
+       SELECT ?, ?, ?, t.token, clock_timestamp(), clock_timestamp() + ? * interval '1 microsecond' FROM t \
+       ON CONFLICT (lock_key) DO NOTHING \
+       RETURNING token, acquired_at) \
+     SELECT 0::int8 AS id, token, acquired_at FROM u \
+     UNION ALL SELECT 0::int8 AS id, token, acquired_at FROM i";
+
+/// `lease_release`, with the notification `ROW_RELEASE` sends.
+pub const LEASE_RELEASE: &str =
+    "WITH u AS (UPDATE dlock_leases SET holder = NULL, expires_at = NULL \
+                WHERE lock_key = ? AND holder = ? RETURNING lock_key) \
+     SELECT count(pg_notify('dlock_release', lock_key)) AS one FROM u";
+
+impl Locks for PgConnection {
+    shared::statements!(row_forget, row_held);
+
+    fn row_acquire(
+        &mut self,
+        key: &str,
+        owner: &str,
+        holder: &str,
+        stale_us: Option<i64>,
+        _retry: bool,
+    ) -> QueryResult<Option<Acquired>> {
+        stmt(ROW_ACQUIRE)
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(owner)
+            .bind::<Text, _>(holder)
+            .bind::<Nullable<BigInt>, _>(stale_us)
+            .get_result::<AcquiredRow>(self)
+            .optional()
+            .map(|r| r.map(Into::into))
+    }
+
+    fn row_delete_stale(&mut self, key: &str) -> QueryResult<bool> {
+        // The subquery is a plain snapshot read; the DELETE then locks only that row, by id,
+        // and re-checks it: a row deleted and re-inserted meanwhile has another id.
+        stmt(
+            "DELETE FROM dlock_rows WHERE id = (SELECT id FROM dlock_rows WHERE lock_key = ? \
+             AND stale_at <= now())",
+        )
+        .bind::<Text, _>(key)
+        .execute(self)
+        .map(|n| n > 0)
+    }
+
+    fn row_release(&mut self, id: i64) -> QueryResult<bool> {
+        stmt(ROW_RELEASE)
+            .bind::<BigInt, _>(id)
+            .get_result::<One>(self)
+            .map(|r| r.one == 1)
+    }
+
+    fn lease_acquire(
+        &mut self,
+        key: &str,
+        owner: &str,
+        holder: &str,
+        ttl_us: i64,
+        _retry: bool,
+    ) -> QueryResult<Option<Acquired>> {
+        stmt(LEASE_ACQUIRE)
+            .bind::<Text, _>(owner)
+            .bind::<Text, _>(holder)
+            .bind::<BigInt, _>(ttl_us)
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(owner)
+            .bind::<Text, _>(holder)
+            .bind::<BigInt, _>(ttl_us)
+            .get_result::<AcquiredRow>(self)
+            .optional()
+            .map(|r| r.map(Into::into))
+    }
+
+    fn lease_renew(
+        &mut self,
+        key: &str,
+        holder: &str,
+        ttl_us: i64,
+        bound: std::time::Duration,
+    ) -> QueryResult<bool> {
+        // set_config(.., true) lasts until the end of this statement's own transaction, and
+        // runs (on the row's filter) before the UPDATE waits for another session's row lock.
+        stmt(
+            "UPDATE dlock_leases SET expires_at = now() + ? * interval '1 microsecond' \
+             WHERE lock_key = ? AND holder = ? \
+               AND set_config('lock_timeout', ?, true) IS NOT NULL AND expires_at > now()",
+        )
+        .bind::<BigInt, _>(ttl_us)
+        .bind::<Text, _>(key)
+        .bind::<Text, _>(holder)
+        .bind::<Text, _>(lock_timeout_ms(bound))
+        .execute(self)
+        .map(|n| n == 1)
+    }
+
+    fn lease_release(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
+        stmt(LEASE_RELEASE)
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(holder)
+            .get_result::<One>(self)
+            .map(|r| r.one == 1)
+    }
+
+    fn lease_held(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
+        exists(
+            stmt(
+                "SELECT 1::int8 AS one FROM dlock_leases \
+                 WHERE lock_key = ? AND holder = ? AND expires_at > now()",
+            )
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(holder)
+            .get_result::<One>(self)
+            .optional(),
+        )
+    }
+}

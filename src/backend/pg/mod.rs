@@ -1,0 +1,185 @@
+//! PostgreSQL: every acquire and every release is one statement.
+//!
+//! This file classifies the connection and its errors and runs the migrations; the
+//! statements are in `locks.rs` (`Row`, `Lease`), `sessions.rs` (`ForUpdate`, `Advisory`)
+//! and `admin.rs` (admin reads, force release, purge, optimistic versions).
+
+mod admin;
+pub(super) mod locks;
+pub(super) mod sessions;
+
+use super::sealed::{Dialect, Seal, Sealed, SessionLocks};
+use super::stmt::stmt;
+use super::{migrate_with_retry, Backend};
+use crate::{Error, Result};
+use chrono::{DateTime, Utc};
+use diesel::pg::PgConnection;
+use diesel::sql_types::{BigInt, Timestamptz};
+use diesel::Connection;
+use diesel::RunQueryDsl;
+use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
+
+const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/postgres");
+
+/// Serialises concurrent `migrate()` calls across processes (key_hash("diesel-lock/migrate")
+/// is not needed here: any constant outside the range users pick by hand will do).
+const MIGRATION_LOCK: i64 = 0x646c_6f63_6b5f_6d69; // "dlock_mi"
+
+super::shared::acquired_row!(Timestamptz, DateTime<Utc>, |t| t);
+
+/// `lock_timeout` as PostgreSQL reads it: whole milliseconds, rounded up so that the server
+/// never gives up before the caller's deadline; at least 1, because 0 means "no limit"; at
+/// most 2147483647 (~24.8 days), the largest it accepts: a longer wait ends there as busy,
+/// and the locker waits again until its deadline.
+fn lock_timeout_ms(d: std::time::Duration) -> String {
+    let ms = d.as_micros().div_ceil(1000).clamp(1, i32::MAX as u128);
+    ms.to_string()
+}
+
+/// True if `e` says the lock is someone else's (see `SessionLocks::is_lock_unavailable`).
+fn lock_unavailable(e: &diesel::result::Error) -> bool {
+    // Both cases are SQLSTATE 55P03 (lock_not_available), but diesel keeps no SQLSTATE
+    // for it (DatabaseErrorKind::Unknown), so the primary message is matched. These
+    // are the server's English texts: a server whose lc_messages translates them makes
+    // a busy lock surface as Error::Database, never as a false success.
+    // - NOWAIT: `could not obtain lock on row in relation "dlock_for_update"`
+    // - lock_timeout: `canceling statement due to lock timeout`
+    //   (statement_timeout says "due to statement timeout" and is a real error)
+    match e {
+        diesel::result::Error::DatabaseError(_, info) => {
+            let m = info.message();
+            m.starts_with("could not obtain lock on row")
+                || m.starts_with("canceling statement due to lock timeout")
+        }
+        _ => false,
+    }
+}
+
+/// True if `e` means someone else is competing for the lock (see `Dialect::is_contention`):
+/// every error `lock_unavailable` accepts, and a serialization failure or a deadlock.
+fn contention(e: &diesel::result::Error) -> bool {
+    use diesel::result::{DatabaseErrorKind, Error as E};
+    match e {
+        E::DatabaseError(DatabaseErrorKind::SerializationFailure, _) => true,
+        // 40P01 deadlock_detected and 55P03 lock_not_available have no diesel kind.
+        E::DatabaseError(_, info) => {
+            let m = info.message();
+            m.starts_with("deadlock detected") || lock_unavailable(e)
+        }
+        _ => false,
+    }
+}
+
+impl Dialect for PgConnection {
+    fn backend(&self) -> Backend {
+        Backend::Postgres
+    }
+
+    fn run_migrations(&mut self) -> Result<()> {
+        stmt("SELECT pg_advisory_lock(?)")
+            .bind::<BigInt, _>(MIGRATION_LOCK)
+            .execute(self)?;
+        // One transaction for all of them (diesel runs each in a savepoint inside it): DDL is
+        // transactional here, so other sessions see the old schema or the new, never half.
+        let result = migrate_with_retry(self, |c| {
+            c.transaction(|c| {
+                c.run_pending_migrations(MIGRATIONS)
+                    .map(drop)
+                    .map_err(Error::Migration)
+            })
+        });
+        let unlocked = stmt("SELECT pg_advisory_unlock(?)")
+            .bind::<BigInt, _>(MIGRATION_LOCK)
+            .execute(self);
+        result?;
+        unlocked?;
+        Ok(())
+    }
+
+    fn is_contention(&self, e: &diesel::result::Error) -> bool {
+        contention(e)
+    }
+
+    fn sessions(&mut self) -> Option<&mut dyn SessionLocks> {
+        Some(self)
+    }
+}
+
+impl Sealed for PgConnection {
+    fn dialect(&mut self, _: Seal) -> &mut dyn Dialect {
+        self
+    }
+
+    fn static_backend(_: Seal) -> Option<Backend> {
+        Some(Backend::Postgres)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use diesel::result::{DatabaseErrorKind, Error as E};
+
+    fn db_error(message: &str) -> E {
+        E::DatabaseError(DatabaseErrorKind::Unknown, Box::new(message.to_owned()))
+    }
+
+    /// 55P03 from NOWAIT and from lock_timeout: busy.
+    const BUSY: [&str; 2] = [
+        "could not obtain lock on row in relation \"dlock_for_update\"",
+        "canceling statement due to lock timeout",
+    ];
+
+    /// The exact texts PostgreSQL 15 sends (English lc_messages); the integration tests in
+    /// tests/session_faults.rs meet both against a real server.
+    #[test]
+    fn lock_unavailable_is_told_from_real_errors() {
+        for busy in BUSY {
+            assert!(lock_unavailable(&db_error(busy)), "{busy}");
+        }
+        // A statement_timeout (57014), a deadlock (40P01, retried by the locker as
+        // contention, but not "busy") and a lost connection are real errors here.
+        for real in [
+            "canceling statement due to statement timeout",
+            "deadlock detected",
+            "terminating connection due to administrator command",
+            "relation \"dlock_for_update\" does not exist",
+        ] {
+            assert!(!lock_unavailable(&db_error(real)), "{real}");
+        }
+        assert!(!lock_unavailable(&E::NotFound));
+    }
+
+    /// A busy lock is contention too (the locker retries it), and so is a deadlock, which is
+    /// not "busy"; a statement timeout or a lost connection is neither.
+    #[test]
+    fn contention_is_every_busy_lock_and_a_deadlock() {
+        for busy in BUSY {
+            assert!(contention(&db_error(busy)), "{busy}");
+        }
+        assert!(contention(&db_error(
+            "deadlock detected\nDETAIL: Process 1 waits for ShareLock"
+        )));
+        assert!(contention(&E::DatabaseError(
+            DatabaseErrorKind::SerializationFailure,
+            Box::new("could not serialize access".to_owned())
+        )));
+        for real in [
+            "canceling statement due to statement timeout",
+            "terminating connection due to administrator command",
+        ] {
+            assert!(!contention(&db_error(real)), "{real}");
+        }
+        assert!(!contention(&E::NotFound));
+    }
+
+    #[test]
+    fn lock_timeout_is_whole_milliseconds_rounded_up_within_what_postgres_takes() {
+        assert_eq!(lock_timeout_ms(std::time::Duration::from_micros(1)), "1");
+        assert_eq!(lock_timeout_ms(std::time::Duration::from_micros(1001)), "2");
+        assert_eq!(
+            lock_timeout_ms(std::time::Duration::from_secs(30 * 24 * 3600)),
+            "2147483647"
+        );
+    }
+}

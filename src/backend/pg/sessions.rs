@@ -1,0 +1,221 @@
+//! PostgreSQL's session strategies: `ForUpdate` (a row locked by `SELECT … FOR UPDATE`) and
+//! `Advisory` (`pg_advisory_lock`).
+
+use super::{lock_timeout_ms, lock_unavailable, AcquiredRow};
+use crate::backend::interrupt::EndSession;
+use crate::backend::sealed::SessionLocks;
+use crate::backend::shared::{exists, One};
+use crate::backend::stmt::stmt;
+use crate::backend::{Acquired, Wait};
+use diesel::pg::PgConnection;
+use diesel::sql_types::{BigInt, Bool, Text};
+use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
+
+// The texts of the statements the benches' raw floors run too (`diesel_lock::__bench_sql`);
+// the others are written where they run.
+
+/// `for_update_lock` with `Wait::Forever`.
+pub const FOR_UPDATE_LOCK: &str = "UPDATE dlock_for_update SET version = version + 1 WHERE lock_key = \
+     (SELECT lock_key FROM dlock_for_update WHERE lock_key = ? FOR UPDATE) \
+     RETURNING version AS id, nextval('dlock_fence_seq') AS token, clock_timestamp() AS acquired_at";
+
+/// `advisory_lock` with `Wait::Forever`.
+pub const ADVISORY_LOCK: &str = "WITH l AS (SELECT pg_advisory_lock(?) AS got) \
+     INSERT INTO dlock_tokens AS t (lock_key, token) SELECT ?, 1 FROM l \
+     ON CONFLICT (lock_key) DO UPDATE SET token = t.token + 1 \
+     RETURNING 0::int8 AS id, token, clock_timestamp() AS acquired_at";
+
+/// `advisory_unlock`.
+pub const ADVISORY_UNLOCK: &str = "SELECT pg_advisory_unlock(?) AS released";
+
+#[derive(QueryableByName)]
+struct Released {
+    #[diesel(sql_type = Bool)]
+    released: bool,
+}
+
+/// pg_locks shows an advisory lock taken with one bigint key as classid = high 32 bits,
+/// objid = low 32 bits (both oids, so unsigned) and objsubid = 1.
+fn advisory_lock_ids(key: &str) -> (i64, i64) {
+    let k = crate::key_hash(key);
+    (i64::from((k >> 32) as u32), i64::from(k as u32))
+}
+
+impl SessionLocks for PgConnection {
+    fn is_lock_unavailable(&self, e: &diesel::result::Error) -> bool {
+        lock_unavailable(e)
+    }
+    fn for_update_create(&mut self, key: &str) -> QueryResult<()> {
+        stmt(
+            "INSERT INTO dlock_for_update (lock_key, version) VALUES (?, 0) \
+             ON CONFLICT (lock_key) DO NOTHING",
+        )
+        .bind::<Text, _>(key)
+        .execute(self)
+        .map(drop)
+    }
+    fn for_update_lock(&mut self, key: &str, wait: Wait) -> QueryResult<Option<Acquired>> {
+        // One statement locks the row (the subquery's FOR UPDATE) and bumps its version,
+        // which proves to for_update_held that this transaction still holds the row. The
+        // token comes from a sequence, drawn in RETURNING (after the lock is ours): nextval
+        // is not rolled back, so a dead holder's token is never reissued.
+        // An INSERT ... ON CONFLICT here would wait for the holder whatever NOWAIT says:
+        // the holder has updated the row, and the unique check waits for its transaction.
+        // So the row is created apart (for_update_create) and only when it is missing.
+        let q = match wait {
+            Wait::No => stmt(
+                "UPDATE dlock_for_update SET version = version + 1 WHERE lock_key = \
+                 (SELECT lock_key FROM dlock_for_update WHERE lock_key = ? FOR UPDATE NOWAIT) \
+                 RETURNING version AS id, nextval('dlock_fence_seq') AS token, clock_timestamp() AS acquired_at",
+            )
+            .bind::<Text, _>(key)
+            .get_result::<AcquiredRow>(self),
+            // set_config(.., true) is SET LOCAL: it ends with this transaction. It is
+            // evaluated in the scan below the row lock, so it is in force before the wait.
+            Wait::For(d) => stmt(
+                "UPDATE dlock_for_update SET version = version + 1 WHERE lock_key = \
+                 (SELECT lock_key FROM dlock_for_update WHERE lock_key = ? \
+                  AND set_config('lock_timeout', ?, true) IS NOT NULL FOR UPDATE) \
+                 RETURNING version AS id, nextval('dlock_fence_seq') AS token, clock_timestamp() AS acquired_at",
+            )
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(lock_timeout_ms(d))
+            .get_result::<AcquiredRow>(self),
+            Wait::Forever => stmt(FOR_UPDATE_LOCK)
+                .bind::<Text, _>(key)
+                .get_result::<AcquiredRow>(self),
+        };
+        q.optional().map(|r| r.map(Into::into))
+    }
+    fn for_update_held(&mut self, key: &str, version: i64) -> QueryResult<bool> {
+        // Inside the holder's transaction this sees its own uncommitted version; a
+        // transaction that ended (or a session that died) cannot answer yes.
+        exists(
+            stmt("SELECT 1::int8 AS one FROM dlock_for_update WHERE lock_key = ? AND version = ?")
+                .bind::<Text, _>(key)
+                .bind::<BigInt, _>(version)
+                .get_result::<One>(self)
+                .optional(),
+        )
+    }
+    fn advisory_lock(&mut self, key: &str, wait: Wait) -> QueryResult<Option<Acquired>> {
+        // One statement takes the lock and then bumps the key's counter: the CTE holds a
+        // volatile function, so PostgreSQL runs it once and before the INSERT reads it.
+        // The counter is committed with the statement, so a token outlives its holder.
+        let k = crate::key_hash(key);
+        let taken = match wait {
+            Wait::No => {
+                return stmt(
+                    "WITH l AS (SELECT pg_try_advisory_lock(?) AS got) \
+                     INSERT INTO dlock_tokens AS t (lock_key, token) \
+                     SELECT ?, 1 FROM l WHERE l.got \
+                     ON CONFLICT (lock_key) DO UPDATE SET token = t.token + 1 \
+                     RETURNING 0::int8 AS id, token, clock_timestamp() AS acquired_at",
+                )
+                .bind::<BigInt, _>(k)
+                .bind::<Text, _>(key)
+                .get_result::<AcquiredRow>(self)
+                .optional()
+                .map(|r| r.map(Into::into));
+            }
+            // set_config(.., true) lasts until the end of this statement's transaction.
+            Wait::For(d) => stmt(
+                "WITH l AS (SELECT CASE WHEN set_config('lock_timeout', ?, true) IS NOT NULL \
+                                   THEN pg_advisory_lock(?) END AS got) \
+                 INSERT INTO dlock_tokens AS t (lock_key, token) SELECT ?, 1 FROM l \
+                 ON CONFLICT (lock_key) DO UPDATE SET token = t.token + 1 \
+                 RETURNING 0::int8 AS id, token, clock_timestamp() AS acquired_at",
+            )
+            .bind::<Text, _>(lock_timeout_ms(d))
+            .bind::<BigInt, _>(k)
+            .bind::<Text, _>(key)
+            .get_result::<AcquiredRow>(self),
+            Wait::Forever => stmt(ADVISORY_LOCK)
+                .bind::<BigInt, _>(k)
+                .bind::<Text, _>(key)
+                .get_result::<AcquiredRow>(self),
+        };
+        match taken {
+            Ok(row) => Ok(Some(row.into())),
+            Err(e) if self.is_lock_unavailable(&e) => {
+                // A lock granted just as lock_timeout fired stays granted to the session
+                // even though the statement fails (LockErrorCleanup keeps it). So look, and
+                // undo such a grant, unlocking only if pg_locks shows it held (an unlock of
+                // a lock not held would log a WARNING).
+                let (classid, objid) = advisory_lock_ids(key);
+                let raced = stmt(
+                    "SELECT pg_advisory_unlock(?) AS released FROM pg_locks \
+                     WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted \
+                       AND classid::int8 = ? AND objid::int8 = ? AND objsubid = 1",
+                )
+                .bind::<BigInt, _>(k)
+                .bind::<BigInt, _>(classid)
+                .bind::<BigInt, _>(objid)
+                .get_result::<Released>(self)
+                .optional()?;
+                if raced.is_some_and(|r| r.released) {
+                    log::debug!("lock {key:?}: a grant raced the wait's timeout; undone");
+                }
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+    fn advisory_unlock(&mut self, key: &str) -> QueryResult<bool> {
+        stmt(ADVISORY_UNLOCK)
+            .bind::<BigInt, _>(crate::key_hash(key))
+            .get_result::<Released>(self)
+            .map(|r| r.released)
+    }
+    fn advisory_held(&mut self, key: &str) -> QueryResult<bool> {
+        let (classid, objid) = advisory_lock_ids(key);
+        exists(
+            stmt(
+                "SELECT 1::int8 AS one FROM pg_locks \
+                 WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted \
+                   AND classid::int8 = ? AND objid::int8 = ? AND objsubid = 1",
+            )
+            .bind::<BigInt, _>(classid)
+            .bind::<BigInt, _>(objid)
+            .get_result::<One>(self)
+            .optional(),
+        )
+    }
+}
+
+#[derive(QueryableByName)]
+struct SessionId {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+}
+
+impl EndSession for PgConnection {
+    fn session_id(&mut self) -> QueryResult<i64> {
+        stmt("SELECT pg_backend_pid()::bigint AS id")
+            .get_result::<SessionId>(self)
+            .map(|r| r.id)
+    }
+
+    fn end_session(&mut self, id: i64) -> QueryResult<bool> {
+        #[derive(QueryableByName)]
+        struct Ended {
+            #[diesel(sql_type = Bool)]
+            ended: bool,
+        }
+        stmt("SELECT pg_terminate_backend(CAST(? AS integer)) AS ended")
+            .bind::<BigInt, _>(id)
+            .get_result::<Ended>(self)
+            .map(|r| r.ended)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn advisory_ids_split_the_hash_as_pg_locks_shows_it() {
+        // key_hash("x" * 65) = 0x9537c5fdf120482f, a negative i64: both halves unsigned.
+        assert_eq!(advisory_lock_ids(&"x".repeat(65)), (0x9537c5fd, 0xf120482f));
+    }
+}

@@ -1,0 +1,220 @@
+//! What the backends write alike, written once: the rows their acquisitions and admin reads
+//! return (`acquired_row!`, `held_row!`, `One`), and the statements whose SQL is the same on several backends, each as one
+//! text and one method (`statements!`) that a backend expands inside its trait impl. Every
+//! text says which backends run it; a backend whose SQL differs writes its own.
+
+// The texts. Those the benches' raw floors run are `pub`, for `diesel_lock::__bench_sql`.
+
+/// `version_read`, on every backend.
+pub(crate) const VERSION_READ: &str = "SELECT version FROM dlock_versions WHERE lock_key = ?";
+
+/// `version_bump`, on every backend.
+pub(crate) const VERSION_BUMP: &str =
+    "UPDATE dlock_versions SET version = version + 1 WHERE lock_key = ? AND version = ?";
+
+/// `version_create` on PostgreSQL and SQLite (MySQL has no `ON CONFLICT`: `INSERT IGNORE`).
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) const VERSION_CREATE: &str =
+    "INSERT INTO dlock_versions (lock_key, version) VALUES (?, 0) \
+     ON CONFLICT (lock_key) DO NOTHING";
+
+/// `row_forget` on PostgreSQL and SQLite (MySQL reads the id first, for its lock order).
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) const ROW_FORGET: &str = "DELETE FROM dlock_rows WHERE lock_key = ? AND holder = ?";
+
+/// `row_release` on MySQL and SQLite (PostgreSQL's also sends `pg_notify`). On PostgreSQL
+/// the benches run it as the release without a notification, to measure what that costs.
+pub const ROW_RELEASE: &str = "DELETE FROM dlock_rows WHERE id = ?";
+
+/// `row_held`, on every backend. It reads the id itself, a BIGINT on every backend, so that
+/// one text serves all three (a literal `1` would need a cast of its own on each).
+pub(crate) const ROW_HELD: &str = "SELECT id FROM dlock_rows WHERE id = ?";
+
+/// `lease_release` on MySQL and SQLite (PostgreSQL's also sends `pg_notify`). On PostgreSQL
+/// the benches run it as the release without a notification, to measure what that costs.
+pub const LEASE_RELEASE: &str = "UPDATE dlock_leases SET holder = NULL, expires_at = NULL \
+     WHERE lock_key = ? AND holder = ?";
+
+/// A one-column answer (`… AS one`): a count, a flag, or only whether there is a row.
+#[derive(diesel::QueryableByName)]
+pub(crate) struct One {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    #[allow(dead_code)] // SQLite asks only whether there is a row
+    pub(crate) one: i64,
+}
+
+/// Whether a query for a `One` found a row.
+pub(crate) fn exists(q: diesel::QueryResult<Option<One>>) -> diesel::QueryResult<bool> {
+    q.map(|r| r.is_some())
+}
+
+/// The row an acquisition returns (`id, token, acquired_at`) and its conversion to
+/// `Acquired`, written once: backends differ only in their SQL time type and in how its Rust
+/// value becomes UTC.
+macro_rules! acquired_row {
+    ($time_sql:ty, $time:ty, $utc:expr) => {
+        #[derive(diesel::QueryableByName)]
+        struct AcquiredRow {
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            id: i64,
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            token: i64,
+            #[diesel(sql_type = $time_sql)]
+            acquired_at: $time,
+        }
+
+        impl From<AcquiredRow> for $crate::backend::Acquired {
+            fn from(r: AcquiredRow) -> Self {
+                let utc: fn($time) -> chrono::DateTime<chrono::Utc> = $utc;
+                $crate::backend::Acquired {
+                    id: r.id,
+                    token: r.token,
+                    acquired_at: utc(r.acquired_at),
+                }
+            }
+        }
+    };
+}
+pub(crate) use acquired_row;
+
+/// The row every backend's admin queries return (`Admin::admin_rows`/`admin_leases`) and
+/// its conversion to `Held`, written once: backends differ only in their SQL time type and in
+/// how its Rust value becomes UTC.
+macro_rules! held_row {
+    ($time_sql:ty, $time:ty, $utc:expr) => {
+        #[derive(diesel::QueryableByName)]
+        struct HeldRow {
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            id: i64,
+            #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+            holder: Option<String>,
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            lock_key: String,
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            owner: String,
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            token: i64,
+            #[diesel(sql_type = $time_sql)]
+            acquired_at: $time,
+            #[diesel(sql_type = diesel::sql_types::Nullable<$time_sql>)]
+            expires_at: Option<$time>,
+            #[diesel(sql_type = $time_sql)]
+            observed_at: $time,
+        }
+
+        fn held(
+            rows: diesel::QueryResult<Vec<HeldRow>>,
+            strategy: &'static str,
+        ) -> diesel::QueryResult<Vec<$crate::backend::Held>> {
+            let utc: fn($time) -> chrono::DateTime<chrono::Utc> = $utc;
+            rows.map(|v| {
+                v.into_iter()
+                    .map(|r| $crate::backend::Held {
+                        info: $crate::admin::LockInfo {
+                            key: r.lock_key,
+                            strategy,
+                            owner: r.owner,
+                            token: r.token,
+                            acquired_at: utc(r.acquired_at),
+                            expires_at: r.expires_at.map(utc),
+                            observed_at: utc(r.observed_at),
+                        },
+                        id: r.id,
+                        holder: r.holder,
+                    })
+                    .collect()
+            })
+        }
+    };
+}
+pub(crate) use held_row;
+
+/// The methods whose SQL and code are the same on the backends that expand them, written
+/// once: `statements!(version_read, version_bump)` inside a backend's `impl Admin` defines
+/// both there. Each one runs the text of the same name above.
+macro_rules! statements {
+    (@version_read) => {
+        fn version_read(&mut self, key: &str) -> diesel::QueryResult<Option<i64>> {
+            use diesel::{OptionalExtension as _, RunQueryDsl as _};
+            #[derive(diesel::QueryableByName)]
+            struct Version {
+                #[diesel(sql_type = diesel::sql_types::BigInt)]
+                version: i64,
+            }
+            $crate::backend::stmt::stmt($crate::backend::shared::VERSION_READ)
+                .bind::<diesel::sql_types::Text, _>(key)
+                .get_result::<Version>(self)
+                .optional()
+                .map(|r| r.map(|v| v.version))
+        }
+    };
+    (@version_bump) => {
+        fn version_bump(&mut self, key: &str, seen: i64) -> diesel::QueryResult<bool> {
+            use diesel::RunQueryDsl as _;
+            // On MySQL diesel sets CLIENT_FOUND_ROWS, so the count is of matched rows there too.
+            $crate::backend::stmt::stmt($crate::backend::shared::VERSION_BUMP)
+                .bind::<diesel::sql_types::Text, _>(key)
+                .bind::<diesel::sql_types::BigInt, _>(seen)
+                .execute(self)
+                .map(|n| n == 1)
+        }
+    };
+    (@version_create) => {
+        fn version_create(&mut self, key: &str) -> diesel::QueryResult<()> {
+            use diesel::RunQueryDsl as _;
+            $crate::backend::stmt::stmt($crate::backend::shared::VERSION_CREATE)
+                .bind::<diesel::sql_types::Text, _>(key)
+                .execute(self)
+                .map(drop)
+        }
+    };
+    (@row_forget) => {
+        fn row_forget(&mut self, key: &str, holder: &str) -> diesel::QueryResult<bool> {
+            use diesel::RunQueryDsl as _;
+            $crate::backend::stmt::stmt($crate::backend::shared::ROW_FORGET)
+                .bind::<diesel::sql_types::Text, _>(key)
+                .bind::<diesel::sql_types::Text, _>(holder)
+                .execute(self)
+                .map(|n| n > 0)
+        }
+    };
+    (@row_release) => {
+        fn row_release(&mut self, id: i64) -> diesel::QueryResult<bool> {
+            use diesel::RunQueryDsl as _;
+            $crate::backend::stmt::stmt($crate::backend::shared::ROW_RELEASE)
+                .bind::<diesel::sql_types::BigInt, _>(id)
+                .execute(self)
+                .map(|n| n == 1)
+        }
+    };
+    (@row_held) => {
+        fn row_held(&mut self, id: i64) -> diesel::QueryResult<bool> {
+            use diesel::{OptionalExtension as _, RunQueryDsl as _};
+            #[derive(diesel::QueryableByName)]
+            struct Id {
+                #[diesel(sql_type = diesel::sql_types::BigInt)]
+                #[allow(dead_code)]
+                id: i64,
+            }
+            $crate::backend::stmt::stmt($crate::backend::shared::ROW_HELD)
+                .bind::<diesel::sql_types::BigInt, _>(id)
+                .get_result::<Id>(self)
+                .optional()
+                .map(|r| r.is_some())
+        }
+    };
+    (@lease_release) => {
+        fn lease_release(&mut self, key: &str, holder: &str) -> diesel::QueryResult<bool> {
+            use diesel::RunQueryDsl as _;
+            $crate::backend::stmt::stmt($crate::backend::shared::LEASE_RELEASE)
+                .bind::<diesel::sql_types::Text, _>(key)
+                .bind::<diesel::sql_types::Text, _>(holder)
+                .execute(self)
+                .map(|n| n == 1)
+        }
+    };
+    ($($name:ident),+ $(,)?) => {
+        $($crate::backend::shared::statements!(@$name);)+
+    };
+}
+pub(crate) use statements;

@@ -1,0 +1,151 @@
+//! SQLite's `Row` and `Lease` statements.
+
+use super::{seconds, AcquiredRow};
+use crate::backend::sealed::Locks;
+use crate::backend::shared;
+use crate::backend::shared::{exists, One};
+use crate::backend::stmt::stmt;
+use crate::backend::Acquired;
+use diesel::sql_types::{Nullable, Text};
+use diesel::sqlite::SqliteConnection;
+use diesel::{OptionalExtension, QueryResult, RunQueryDsl};
+
+// The texts of the statements the benches' raw floors run too (`diesel_lock::__bench_sql`);
+// the others are written where they run. The releases are in `shared.rs` (the same on
+// MySQL).
+
+/// `row_acquire`. Reading the counter and inserting happen under SQLite's single write lock,
+/// and the AFTER INSERT trigger stores the new token back into dlock_tokens.
+pub const ROW_ACQUIRE: &str =
+    "INSERT INTO dlock_rows (lock_key, owner, holder, token, acquired_at, stale_at) \
+     VALUES (?, ?, ?, COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0) + 1, \
+             strftime('%Y-%m-%d %H:%M:%f', 'now'), \
+             strftime('%Y-%m-%d %H:%M:%f', 'now', ?)) \
+     ON CONFLICT (lock_key) DO NOTHING \
+     RETURNING id, token, acquired_at";
+
+/// `lease_acquire`.
+pub const LEASE_ACQUIRE: &str =
+    "INSERT INTO dlock_leases (lock_key, owner, holder, token, acquired_at, expires_at) \
+     VALUES (?, ?, ?, COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0) + 1, \
+             strftime('%Y-%m-%d %H:%M:%f', 'now'), \
+             strftime('%Y-%m-%d %H:%M:%f', 'now', ?)) \
+     ON CONFLICT (lock_key) DO UPDATE SET \
+       owner = excluded.owner, holder = excluded.holder, \
+       token = dlock_leases.token + 1, \
+       acquired_at = excluded.acquired_at, expires_at = excluded.expires_at \
+     WHERE dlock_leases.holder IS NULL \
+        OR dlock_leases.expires_at <= excluded.acquired_at \
+     RETURNING 0 AS id, token, acquired_at";
+
+impl Locks for SqliteConnection {
+    shared::statements!(row_forget, row_release, row_held, lease_release);
+
+    fn row_acquire(
+        &mut self,
+        key: &str,
+        owner: &str,
+        holder: &str,
+        stale_us: Option<i64>,
+        retry: bool,
+    ) -> QueryResult<Option<Acquired>> {
+        // Waiters look with a read first: in WAL mode reads never wait for the writer, while
+        // every INSERT attempt queues for the single write lock.
+        if retry
+            && exists(
+                stmt("SELECT 1 AS one FROM dlock_rows WHERE lock_key = ?")
+                    .bind::<Text, _>(key)
+                    .get_result::<One>(self)
+                    .optional(),
+            )?
+        {
+            return Ok(None);
+        }
+        stmt(ROW_ACQUIRE)
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(owner)
+            .bind::<Text, _>(holder)
+            .bind::<Text, _>(key)
+            // A NULL modifier makes strftime NULL: a row that never goes stale.
+            .bind::<Nullable<Text>, _>(stale_us.map(|us| seconds('+', us)))
+            .get_result::<AcquiredRow>(self)
+            .optional()
+            .map(|r| r.map(Into::into))
+    }
+
+    fn row_delete_stale(&mut self, key: &str) -> QueryResult<bool> {
+        stmt(
+            "DELETE FROM dlock_rows WHERE lock_key = ? \
+             AND stale_at <= strftime('%Y-%m-%d %H:%M:%f', 'now')",
+        )
+        .bind::<Text, _>(key)
+        .execute(self)
+        .map(|n| n > 0)
+    }
+
+    fn lease_acquire(
+        &mut self,
+        key: &str,
+        owner: &str,
+        holder: &str,
+        ttl_us: i64,
+        retry: bool,
+    ) -> QueryResult<Option<Acquired>> {
+        if retry
+            && exists(
+                stmt(
+                    "SELECT 1 AS one FROM dlock_leases WHERE lock_key = ? \
+                     AND holder IS NOT NULL \
+                     AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')",
+                )
+                .bind::<Text, _>(key)
+                .get_result::<One>(self)
+                .optional(),
+            )?
+        {
+            return Ok(None);
+        }
+        stmt(LEASE_ACQUIRE)
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(owner)
+            .bind::<Text, _>(holder)
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(seconds('+', ttl_us))
+            .get_result::<AcquiredRow>(self)
+            .optional()
+            .map(|r| r.map(Into::into))
+    }
+
+    fn lease_renew(
+        &mut self,
+        key: &str,
+        holder: &str,
+        ttl_us: i64,
+        // A write waits for the whole database, as long as busy_timeout (5 s) lets it.
+        _bound: std::time::Duration,
+    ) -> QueryResult<bool> {
+        stmt(
+            "UPDATE dlock_leases SET expires_at = strftime('%Y-%m-%d %H:%M:%f', 'now', ?) \
+             WHERE lock_key = ? AND holder = ? \
+               AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')",
+        )
+        .bind::<Text, _>(seconds('+', ttl_us))
+        .bind::<Text, _>(key)
+        .bind::<Text, _>(holder)
+        .execute(self)
+        .map(|n| n == 1)
+    }
+
+    fn lease_held(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
+        exists(
+            stmt(
+                "SELECT 1 AS one FROM dlock_leases WHERE lock_key = ? AND holder = ? \
+                 AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')",
+            )
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(holder)
+            .get_result::<One>(self)
+            .optional(),
+        )
+    }
+}

@@ -19,6 +19,20 @@ macro_rules! any_connection {
         mod generated {
             /// A connection to whichever backend the URL named: a diesel `MultiConnection`
             /// over the backends enabled by this crate's features.
+            ///
+            /// ```
+            /// use diesel::r2d2::{ConnectionManager, Pool};
+            /// use diesel_lock::{AnyConnection, Locker};
+            ///
+            /// # fn main() -> diesel_lock::Result<()> {
+            /// # let dir = tempfile::tempdir().unwrap();
+            /// # let url = dir.path().join("l.db");
+            /// // What `connect` returns; the backend is picked from the URL at run time.
+            /// let pool: Pool<ConnectionManager<AnyConnection>> =
+            ///     diesel_lock::connect(url.to_str().unwrap())?;
+            /// let locker: Locker<AnyConnection> = Locker::builder(pool).build()?;
+            /// # Ok(()) }
+            /// ```
             #[derive(diesel::MultiConnection)]
             pub enum AnyConnection {
                 $($(#[$doc])* $variant($conn)),+

@@ -27,6 +27,15 @@ pub use any::{connect, AnyConnection};
 pub use sqlite::SqliteTuning;
 
 /// The database a connection talks to.
+///
+/// ```
+/// # fn main() -> diesel_lock::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let url = dir.path().join("l.db");
+/// let locker = diesel_lock::Locker::builder(diesel_lock::connect(url.to_str().unwrap())?).build()?;
+/// assert_eq!(locker.backend(), diesel_lock::Backend::Sqlite);
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Backend {
@@ -40,6 +49,10 @@ pub enum Backend {
 
 impl Backend {
     /// The backend's name, as used in messages.
+    ///
+    /// ```
+    /// assert_eq!(diesel_lock::Backend::Postgres.name(), "postgresql");
+    /// ```
     pub fn name(self) -> &'static str {
         match self {
             Backend::Postgres => "postgresql",

@@ -124,12 +124,24 @@ impl<C: LockConnection> Locker<C> {
             // pool allows (a new one can take longer than a few ms to open: seen once, a
             // `try_lock` failing with `Error::Pool` on a loaded machine after 20 ms).
             Deadline::Once | Deadline::Never => inner.pool.get()?,
-            // A short deadline still gets a fair chance at a momentarily busy pool.
             Deadline::At(_) => {
-                let left = deadline.remaining().unwrap_or_default();
-                inner
-                    .pool
-                    .get_timeout(left.max(Duration::from_millis(20)))?
+                let pool = &inner.pool;
+                let state = pool.state();
+                let wait = if state.idle_connections == 0 && state.connections < pool.max_size() {
+                    // The pool opens a connection for us: however long that takes on a loaded
+                    // machine, it is not waiting for the lock, and it may take as long as the
+                    // pool allows, as for one attempt (seen: a `try_lock_for(0)` failing with
+                    // `Error::Pool` after 20 ms while a new PostgreSQL connection opened).
+                    pool.connection_timeout()
+                } else {
+                    // Every connection taken: waited for until the deadline, though a short
+                    // deadline still gets a fair chance at a momentarily busy pool.
+                    deadline
+                        .remaining()
+                        .unwrap_or_default()
+                        .max(Duration::from_millis(20))
+                };
+                pool.get_timeout(wait)?
             }
         };
         // Strategies that wait on the server use what is left of the deadline; a

@@ -39,6 +39,21 @@ pub struct SqliteTuning {
 
 impl SqliteTuning {
     /// WAL, `busy_timeout = 5000`, `synchronous = FULL`: every commit is fsynced.
+    ///
+    /// ```
+    /// use diesel::r2d2::{ConnectionManager, Pool};
+    /// use diesel_lock::SqliteTuning;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let path = dir.path().join("l.db");
+    /// let pool = Pool::builder()
+    ///     .connection_customizer(Box::new(SqliteTuning::durable()))
+    ///     .build(ConnectionManager::<diesel::SqliteConnection>::new(path.to_str().unwrap()))?;
+    /// let locker = diesel_lock::Locker::builder(pool).build()?;
+    /// locker.migrate()?;
+    /// # Ok(()) }
+    /// ```
     pub fn durable() -> Self {
         SqliteTuning { durable: true }
     }

@@ -270,9 +270,11 @@ impl<C: LockConnection> Locker<C> {
     /// Waits until `deadline` (`None`: as long as it takes) unless `cancel` is cancelled
     /// first, from another thread: `Ok(None)` then, without the lock. The wait keeps its
     /// place in line throughout: in the `Locker`'s own queue and, for `ForUpdate` and
-    /// `Advisory`, in the server's lock queue, which hands the lock over in the order the
-    /// waiters came (one call waits on the server until the deadline; no call is repeated
-    /// in slices). A cancelled server-side wait is ended by ending its database session from
+    /// `Advisory`, in the server's lock queue (one call waits on the server until the
+    /// deadline; no call is repeated in slices). `Advisory` waiters get the lock in the order
+    /// they came, on PostgreSQL and MariaDB; `ForUpdate` waiters on PostgreSQL only the first
+    /// two of them (each holder updates the row it locked, and the waiters behind the next
+    /// one then compete for the new row version anew). A cancelled server-side wait is ended by ending its database session from
     /// another pooled connection (`pg_terminate_backend`, `KILL CONNECTION`: the same
     /// database user may always do this), so cancelling needs a free connection in the pool
     /// for that moment. See [`Cancel`] for an example.

@@ -37,14 +37,18 @@ struct Guardian {
 }
 
 /// The guardian's script (POSIX sh: dash's `kill` takes a negative pid only after `-s` and
-/// `--`). The group's id comes through the pipe, never through the text.
+/// `--`). The group's id comes through the pipe, never through the text. After the SIGKILL it
+/// waits (a bounded number of checks) until no process of the group is left before it
+/// exits: it holds dlock's database connections, and only its exit lets the server see them
+/// close and free a session lock.
 const GUARDIAN: &str = "trap '' INT HUP TERM QUIT; \
     read g || exit 0; \
     read _ && exit 0; \
-    kill -s KILL -- \"-$g\" 2>/dev/null";
+    kill -s KILL -- \"-$g\" 2>/dev/null; \
+    n=0; while [ $n -lt 20000 ] && kill -s 0 -- \"-$g\" 2>/dev/null; do n=$((n+1)); done";
 
 impl Guardian {
-    /// Starts the guardian, with no descriptor of dlock's but its pipe (as for the command).
+    /// Starts the guardian with its pipe, the descriptors in `keep` and none other of dlock's.
     fn start(keep: &[RawFd]) -> io::Result<Guardian> {
         use std::os::unix::process::CommandExt;
         use std::process::Stdio;
@@ -102,9 +106,18 @@ impl Job {
         keep.retain(|&fd| fd > 2);
         keep.sort_unstable();
         keep.dedup();
-        // Started first, so that no moment of the command's life goes unguarded.
+        // Started first, so that no moment of the command's life goes unguarded. It also
+        // keeps dlock's sockets (the database connections, the session lock's among them):
+        // should dlock die, the server sees the session close, and frees a session lock, only
+        // once the guardian has killed the group and exited, never while the group's work
+        // still runs (when only dlock held them, the next holder could start a few ms before
+        // the guardian's kill landed: seen by the adversary, up to 3 ms of overlap).
         let guardian = if own_group {
-            Some(Guardian::start(&keep)?)
+            let mut guardian_keeps = keep.clone();
+            guardian_keeps.extend(own_sockets());
+            guardian_keeps.sort_unstable();
+            guardian_keeps.dedup();
+            Some(Guardian::start(&guardian_keeps)?)
         } else {
             None
         };
@@ -229,6 +242,20 @@ impl Drop for Job {
         }
         self.disarm();
     }
+}
+
+/// dlock's own open sockets above stderr (its database connections among them).
+fn own_sockets() -> Vec<RawFd> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| {
+        let e = e.ok()?;
+        let fd: RawFd = e.file_name().to_str()?.parse().ok()?;
+        let target = std::fs::read_link(e.path()).ok()?;
+        (fd > 2 && target.to_string_lossy().starts_with("socket:")).then_some(fd)
+    })
+    .collect()
 }
 
 /// `pid` in decimal and a newline, on the stack (for `pre_exec`, which must not allocate):

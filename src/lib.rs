@@ -95,18 +95,19 @@ mod backoff;
 mod error;
 mod guard;
 mod key;
+mod lock_info;
 mod locker;
 pub mod optimistic;
 mod random;
 mod strategy;
 
-pub use admin::LockInfo;
 #[cfg(feature = "sqlite")]
 pub use backend::SqliteTuning;
 pub use backend::{connect, AnyConnection, Backend, LockConnection};
 pub use error::{Error, Result};
 pub use guard::LockGuard;
 pub use key::{key_hash, MAX_KEY_LEN};
+pub use lock_info::LockInfo;
 pub use locker::{Cancel, Locker, LockerBuilder};
 pub use strategy::Strategy;
 

@@ -335,7 +335,7 @@ pub(crate) mod sealed {
     }
 }
 
-use crate::admin::LockInfo;
+use crate::lock_info::LockInfo;
 pub(crate) use sealed::Held;
 
 /// The body of `admin_force_release`, run by each backend inside a transaction. Removal goes

@@ -110,7 +110,7 @@ macro_rules! held_row {
             rows.map(|v| {
                 v.into_iter()
                     .map(|r| $crate::backend::Held {
-                        info: $crate::admin::LockInfo {
+                        info: $crate::lock_info::LockInfo {
                             key: r.lock_key,
                             strategy,
                             owner: r.owner,

@@ -1,10 +1,10 @@
 //! MySQL's admin reads, force release, purge and optimistic versions.
 
-use crate::admin::LockInfo;
 use crate::backend::sealed::Admin;
 use crate::backend::shared;
 use crate::backend::stmt::stmt;
 use crate::backend::{force_release_in, Held};
+use crate::lock_info::LockInfo;
 use chrono::NaiveDateTime;
 use diesel::mysql::MysqlConnection;
 use diesel::sql_types::{BigInt, Datetime, Text};

@@ -1,10 +1,10 @@
 //! PostgreSQL's admin reads, force release, purge and optimistic versions.
 
-use crate::admin::LockInfo;
 use crate::backend::sealed::Admin;
 use crate::backend::shared;
 use crate::backend::stmt::stmt;
 use crate::backend::{force_release_in, Held};
+use crate::lock_info::LockInfo;
 use chrono::{DateTime, Utc};
 use diesel::pg::PgConnection;
 use diesel::sql_types::{BigInt, Text, Timestamptz};

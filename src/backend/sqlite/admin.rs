@@ -1,11 +1,11 @@
 //! SQLite's admin reads, force release, purge and optimistic versions.
 
 use super::seconds;
-use crate::admin::LockInfo;
 use crate::backend::sealed::Admin;
 use crate::backend::shared;
 use crate::backend::stmt::stmt;
 use crate::backend::{force_release_in, Held};
+use crate::lock_info::LockInfo;
 use chrono::NaiveDateTime;
 use diesel::sql_types::{Text, Timestamp};
 use diesel::sqlite::SqliteConnection;

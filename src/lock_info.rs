@@ -1,0 +1,90 @@
+//! `LockInfo`: one held lock as the database saw it. Its own module, used by `admin` and by
+//! the backends' admin statements alike (so that neither depends on the other for it).
+
+use chrono::{DateTime, Utc};
+use std::time::Duration;
+
+/// One held lock, as the database saw it.
+///
+/// ```
+/// use diesel_lock::{admin, Locker, Strategy};
+///
+/// # fn main() -> diesel_lock::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let pool = diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?;
+/// let rows = Locker::builder(pool.clone()).strategy(Strategy::Row { stale_after: None });
+/// let locker = rows.build()?;
+/// locker.migrate()?;
+/// let _guard = locker.lock("export")?;
+/// for info in admin::held_locks(&mut *pool.get()?)? {
+///     println!("{} held by {} ({}) for {:?}", info.key, info.owner, info.strategy, info.age());
+///     assert_eq!(info.expires_at, None); // rows do not expire
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockInfo {
+    /// The lock's key.
+    pub key: String,
+    /// The strategy that holds it, as named by [`Strategy::name`](crate::Strategy::name):
+    /// `"row"` or `"lease"`.
+    pub strategy: &'static str,
+    /// The owner name its holder gave.
+    pub owner: String,
+    /// Its fencing token.
+    pub token: i64,
+    /// When it was taken (database clock).
+    pub acquired_at: DateTime<Utc>,
+    /// When a lease runs out unless renewed (database clock); `None` for rows, which do not
+    /// expire.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// The database's time when this was read: ages and remaining times are measured from it,
+    /// never from the local clock.
+    pub observed_at: DateTime<Utc>,
+}
+
+impl LockInfo {
+    /// How long the lock had been held when it was read (database clock; zero if the clock
+    /// went backwards).
+    ///
+    /// ```
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let pool = diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?;
+    /// # let locker = diesel_lock::Locker::builder(pool.clone()).build()?;
+    /// # locker.migrate()?;
+    /// let _guard = locker.lock("k")?;
+    /// std::thread::sleep(std::time::Duration::from_millis(20));
+    /// let info = &diesel_lock::admin::lock_info(&mut *pool.get()?, "k")?[0];
+    /// assert!(info.age() >= std::time::Duration::from_millis(10)); // database clock, ms steps
+    /// # Ok(()) }
+    /// ```
+    pub fn age(&self) -> Duration {
+        (self.observed_at - self.acquired_at)
+            .to_std()
+            .unwrap_or_default()
+    }
+
+    /// How long a lease had left when it was read; `None` for rows.
+    ///
+    /// ```
+    /// use diesel_lock::{admin, Locker, Strategy};
+    /// use std::time::Duration;
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let pool = diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?;
+    /// let ttl = Duration::from_secs(30);
+    /// let locker = Locker::builder(pool.clone()).strategy(Strategy::Lease { ttl }).build()?;
+    /// locker.migrate()?;
+    /// let _guard = locker.lock("k")?;
+    /// let left = admin::lock_info(&mut *pool.get()?, "k")?[0].remaining().unwrap();
+    /// assert!(left <= ttl && left > ttl / 2); // renewed every ttl/3 while the guard lives
+    /// # Ok(()) }
+    /// ```
+    pub fn remaining(&self) -> Option<Duration> {
+        self.expires_at
+            .map(|e| (e - self.observed_at).to_std().unwrap_or_default())
+    }
+}

@@ -885,6 +885,54 @@ fn waits_on_the_server(db: &Db, pid: u32) -> bool {
     })
 }
 
+/// The guardian holds dlock's database connections (so that a SIGKILLed dlock's session lock
+/// is freed only after the guardian has killed the group), on PostgreSQL too, whose libpq
+/// opens its sockets close-on-exec (the guardian held none there: found by the adversary).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn the_guardian_holds_dlocks_connections(db: &Db) {
+    let mut holder = db.spawn(&[
+        "run",
+        "--strategy",
+        "advisory",
+        "--key",
+        &key("guardian-fds"),
+        "--",
+        "sh",
+        "-c",
+        HOLD,
+    ]);
+    assert_eq!(holder.line(), "ready");
+    let guardians = children_with(holder.child.id(), "trap");
+    assert_eq!(guardians.len(), 1, "one guardian");
+    let sockets = std::fs::read_dir(format!("/proc/{}/fd", guardians[0]))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|l| l.to_string_lossy().starts_with("socket:"))
+        .count();
+    assert!(
+        sockets > 0,
+        "the guardian holds none of dlock's connections"
+    );
+    holder.close_stdin();
+    assert_eq!(holder.finish().0, 0);
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_the_guardian_holds_dlocks_connections() {
+    if let Some(db) = Db::postgres() {
+        the_guardian_holds_dlocks_connections(&db);
+    }
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_the_guardian_holds_dlocks_connections() {
+    if let Some(db) = Db::mysql() {
+        the_guardian_holds_dlocks_connections(&db);
+    }
+}
+
 /// Issue 9: `--wait forever` on Advisory waits in the server's queue in ONE call, so five
 /// waiters started in order get the lock in that order. (Before, dlock waited in 200 ms
 /// slices, each a new place at the back of the queue: with three waiters, 5 of 6 runs out of

@@ -37,15 +37,15 @@ struct Guardian {
 }
 
 /// The guardian's script (POSIX sh: dash's `kill` takes a negative pid only after `-s` and
-/// `--`). The group's id comes through the pipe, never through the text. After the SIGKILL it
-/// waits (a bounded number of checks) until no process of the group is left before it
-/// exits: it holds dlock's database connections, and only its exit lets the server see them
-/// close and free a session lock.
+/// `--`). The group's id comes through the pipe, never through the text. It holds dlock's
+/// database connections, so the server sees them close, and frees a session lock, only at
+/// its exit, after the SIGKILL has been sent to the group. (Waiting for the group to be gone
+/// as well would wait for its zombies, which an init that reaps slowly keeps for seconds;
+/// a process with a pending SIGKILL runs no more of its own code.)
 const GUARDIAN: &str = "trap '' INT HUP TERM QUIT; \
     read g || exit 0; \
     read _ && exit 0; \
-    kill -s KILL -- \"-$g\" 2>/dev/null; \
-    n=0; while [ $n -lt 20000 ] && kill -s 0 -- \"-$g\" 2>/dev/null; do n=$((n+1)); done";
+    kill -s KILL -- \"-$g\" 2>/dev/null";
 
 impl Guardian {
     /// Starts the guardian with its pipe, the descriptors in `keep` and none other of dlock's.
@@ -59,10 +59,16 @@ impl Guardian {
             .stderr(Stdio::null())
             .process_group(0);
         let keep = keep.to_vec();
-        // SAFETY: as for the command's pre_exec below: async-signal-safe system calls only.
+        // SAFETY: as for the command's pre_exec below: async-signal-safe system calls only
+        // (fcntl), on memory allocated before the fork.
         unsafe {
             sh.pre_exec(move || {
                 cloexec_all_but(&keep);
+                // Kept across the exec even where they were opened close-on-exec (libpq's
+                // sockets are): the flag is this process's own copy, dlock's is unchanged.
+                for &fd in &keep {
+                    libc::fcntl(fd, libc::F_SETFD, 0);
+                }
                 Ok(())
             });
         }

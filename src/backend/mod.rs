@@ -183,11 +183,12 @@ pub(crate) mod sealed {
         fn backend(&self) -> Backend;
         /// Creates or upgrades the tables; safe to run from many processes at once.
         fn run_migrations(&mut self) -> Result<()>;
-        /// False if this session does not commit each statement on its own (MySQL with
-        /// `autocommit = 0`): every lock written through it would stay uncommitted, and
-        /// invisible to everyone else, on a pooled connection.
-        fn autocommits(&mut self) -> QueryResult<bool> {
-            Ok(true)
+        /// Why this session's settings cannot keep locks safely, if they cannot: MySQL with
+        /// `autocommit = 0` (every lock written through it would stay uncommitted, and
+        /// invisible to everyone else, on a pooled connection); SQLite without WAL and a busy
+        /// timeout (`SqliteTuning`).
+        fn misconfigured(&mut self) -> QueryResult<Option<String>> {
+            Ok(None)
         }
         /// True if `e` means "someone else is competing for this lock right now" (deadlock,
         /// lock-wait timeout, busy database) rather than a real failure.

@@ -189,12 +189,15 @@ impl<C: LockConnection> LockerBuilder<C> {
     /// For [`AnyConnection`](crate::AnyConnection) pools this takes one connection from the
     /// pool to learn the backend. On MySQL it takes one to check that the pool's sessions
     /// commit each statement (`autocommit = 1`, as [`connect`](crate::connect) sets it):
-    /// with autocommit off, every lock would stay uncommitted on its pooled connection.
+    /// with autocommit off, every lock would stay uncommitted on its pooled connection. On
+    /// SQLite it checks that the connections run in WAL mode with a busy timeout, as
+    /// [`SqliteTuning`](crate::SqliteTuning) (which `connect` installs) sets them: without
+    /// them a lock's commit can fail after its statement returned the lock.
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] for a ttl or `stale_after` under 1 ms, a heartbeat not shorter
-    /// than the ttl, an empty or oversized owner, a zero `max_backoff`, or a MySQL pool with
-    /// autocommit off;
+    /// than the ttl, an empty or oversized owner, a zero `max_backoff`, a MySQL pool with
+    /// autocommit off, or a SQLite pool without WAL or a busy timeout;
     /// [`Error::Unsupported`] for a strategy the backend cannot honour; [`Error::Pool`] if a
     /// connection was needed and none could be had; [`Error::Thread`] if the listener's
     /// thread (with [`listen_url`](Self::listen_url)) could not be started.
@@ -240,13 +243,10 @@ impl<C: LockConnection> LockerBuilder<C> {
                 heartbeat: self.heartbeat,
             },
         )?;
-        if backend == Backend::Mysql && !self.pool.get()?.sql().autocommits()? {
-            return Err(Error::InvalidConfig(
-                "the pool's MySQL connections have autocommit off, so no lock would ever be \
-                 committed: run `SET SESSION autocommit = 1` in the pool's connection \
-                 customizer, or build the pool with diesel_lock::connect"
-                    .into(),
-            ));
+        if backend != Backend::Postgres {
+            if let Some(why) = self.pool.get()?.sql().misconfigured()? {
+                return Err(Error::InvalidConfig(why));
+            }
         }
         let shared = Arc::new(Shared {
             owner,

@@ -11,7 +11,15 @@ use std::sync::{Arc, Mutex};
 /// by ending its database session, from another pooled connection).
 ///
 /// A cancelled wait never returns a guard: a lock granted at the moment of cancelling is
-/// released again. Once cancelled, a `Cancel` stays cancelled; clones share its state.
+/// released again. Once cancelled, a `Cancel` stays cancelled; clones share its state, and
+/// one `Cancel` may serve many waits at once (e.g. every wait of a program, on Ctrl-C).
+///
+/// Ending a server-side wait takes a connection from the waiting `Locker`'s pool: `cancel`
+/// waits for one as the pool allows (its `connection_timeout`), one wait after another. If
+/// none is free, that wait cannot be reached: it goes on until its deadline or until it is
+/// granted the lock, which it then gives back and returns `Ok(None)`. Size the pool with one
+/// connection to spare. Only a wait still under way is ended: a session whose wait has
+/// ended, and which may hold another lock by now, is never touched.
 ///
 /// ```
 /// use diesel_lock::{Cancel, Locker};

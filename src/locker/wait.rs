@@ -7,9 +7,10 @@ use super::Locker;
 use crate::backend::{LockConnection, Wait};
 use crate::backoff::{self, Backoff};
 use crate::guard::LockGuard;
-use crate::strategy::Taken;
+use crate::strategy::session::discard;
+use crate::strategy::{Conn, Pooled, Taken};
 use crate::{key, Result};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// When to give up waiting.
@@ -119,19 +120,86 @@ impl<C: LockConnection> Locker<C> {
         let inner = &*self.inner;
         #[cfg(test)]
         tests::ATTEMPTS.with(|n| n.set(n.get() + 1));
-        let mut conn = match deadline {
+        let Some(conn) = self.connection(deadline, cancel)? else {
+            return Ok(None); // cancelled while waiting for a connection
+        };
+        let mut conn = Conn::new(conn);
+        // Strategies that wait on the server use what is left of the deadline; a
+        // cancellation then ends the server's wait by ending the session, but only while
+        // this attempt is under way (`live`): once it has returned, the connection may go
+        // back to the pool and on to another lock, whose session no late cancellation may
+        // end (found by the adversary: a shared `Cancel` ended sessions that had moved on,
+        // and a second guard was granted the same key).
+        let wait = deadline.server_wait();
+        let live = Arc::new(Mutex::new(true));
+        let registration = match cancel {
+            Some(c) if inner.raw.waits_on_server() && wait != Wait::No => {
+                match inner.raw.interrupter(&mut conn)? {
+                    Some(interrupt) => {
+                        let live = live.clone();
+                        Some(c.on_cancel(Arc::new(move || {
+                            // Taking a connection may block: not while holding `live`.
+                            if let Some(end) = interrupt() {
+                                let live = live.lock().unwrap_or_else(|p| p.into_inner());
+                                if *live {
+                                    end();
+                                }
+                            }
+                        })))
+                    }
+                    None => None,
+                }
+            }
+            _ => None,
+        };
+        let attempt = if cancel.is_some_and(Cancel::is_cancelled) {
+            Ok(None)
+        } else {
+            inner.raw.try_acquire(&mut conn, key, retry, wait)
+        };
+        // From here on no cancellation ends this session (waits for one ending it now).
+        *live.lock().unwrap_or_else(|p| p.into_inner()) = false;
+        let interruptible = registration.is_some();
+        drop(registration);
+        let cancelled = cancel.is_some_and(Cancel::is_cancelled);
+        if cancelled && interruptible {
+            // Its session may have been ended: closed, not pooled.
+            if let Some(c) = conn.get_mut() {
+                discard(&mut **c);
+            }
+        }
+        drop(conn);
+        match attempt {
+            Ok(Some(taken)) if cancelled => {
+                // Granted as it was cancelled; its session may have been ended already.
+                if let Err(e) = taken.hold.release(key) {
+                    log::debug!("lock {key:?}: releasing a lock granted as its wait was cancelled failed ({e})");
+                }
+                Ok(None)
+            }
+            Err(e) if cancelled => {
+                log::debug!("lock {key:?}: wait cancelled ({e})");
+                Ok(None)
+            }
+            attempt => attempt,
+        }
+    }
+
+    /// A pooled connection for one attempt; `None` if the wait was cancelled meanwhile.
+    fn connection(&self, deadline: Deadline, cancel: Option<&Cancel>) -> Result<Option<Pooled<C>>> {
+        let pool = &self.inner.pool;
+        let patience = match deadline {
             // One attempt does not wait for the lock, but may wait for a connection as the
             // pool allows (a new one can take longer than a few ms to open: seen once, a
             // `try_lock` failing with `Error::Pool` on a loaded machine after 20 ms).
-            Deadline::Once | Deadline::Never => inner.pool.get()?,
+            Deadline::Once | Deadline::Never => pool.connection_timeout(),
             Deadline::At(_) => {
-                let pool = &inner.pool;
                 let state = pool.state();
-                let wait = if state.idle_connections == 0 && state.connections < pool.max_size() {
-                    // The pool opens a connection for us: however long that takes on a loaded
-                    // machine, it is not waiting for the lock, and it may take as long as the
-                    // pool allows, as for one attempt (seen: a `try_lock_for(0)` failing with
-                    // `Error::Pool` after 20 ms while a new PostgreSQL connection opened).
+                if state.idle_connections == 0 && state.connections < pool.max_size() {
+                    // The pool opens a connection for us: however long that takes on a
+                    // loaded machine, it is not waiting for the lock, and it may take as long
+                    // as the pool allows, as for one attempt (seen: a `try_lock_for(0)`
+                    // failing with `Error::Pool` after 20 ms while PostgreSQL opened one).
                     pool.connection_timeout()
                 } else {
                     // Every connection taken: waited for until the deadline, though a short
@@ -140,38 +208,24 @@ impl<C: LockConnection> Locker<C> {
                         .remaining()
                         .unwrap_or_default()
                         .max(Duration::from_millis(20))
-                };
-                pool.get_timeout(wait)?
-            }
-        };
-        // Strategies that wait on the server use what is left of the deadline; a
-        // cancellation then ends the server's wait by ending the session.
-        let wait = deadline.server_wait();
-        let interrupt = match cancel {
-            Some(c) if inner.raw.waits_on_server() && wait != Wait::No => inner
-                .raw
-                .interrupter(&mut conn)?
-                .map(|f| c.on_cancel(Arc::from(f))),
-            _ => None,
-        };
-        if cancel.is_some_and(Cancel::is_cancelled) {
-            return Ok(None);
-        }
-        let attempt = inner.raw.try_acquire(conn, key, retry, wait);
-        drop(interrupt);
-        match (attempt, cancel) {
-            (Ok(Some(taken)), Some(c)) if c.is_cancelled() => {
-                // Granted as it was cancelled; its session may have been ended already.
-                if let Err(e) = taken.hold.release(key) {
-                    log::debug!("lock {key:?}: releasing a lock granted as its wait was cancelled failed ({e})");
                 }
-                Ok(None)
             }
-            (Err(e), Some(c)) if c.is_cancelled() => {
-                log::debug!("lock {key:?}: wait cancelled ({e})");
-                Ok(None)
+        };
+        let Some(cancel) = cancel else {
+            return Ok(Some(pool.get_timeout(patience)?));
+        };
+        // Cancellable: in short slices (r2d2 has no other way to give up a wait).
+        let start = Instant::now();
+        loop {
+            if cancel.is_cancelled() {
+                return Ok(None);
             }
-            (attempt, _) => attempt,
+            let left = patience.saturating_sub(start.elapsed());
+            match pool.get_timeout(left.min(Duration::from_millis(20))) {
+                Ok(conn) => return Ok(Some(conn)),
+                Err(e) if left <= Duration::from_millis(20) => return Err(e.into()),
+                Err(_) => {}
+            }
         }
     }
 

@@ -2,7 +2,7 @@
 //! session of a connection that the guard keeps; release = one unlock.
 
 use super::session::{self, discard, Session};
-use super::{Hold, Interrupter, Pool, Pooled, RawLock, Setup, Strategy, Taken};
+use super::{Conn, Hold, Interrupter, Pool, RawLock, Setup, Strategy, Taken};
 use crate::backend::{LockConnection, Sql, Wait};
 use crate::Result;
 
@@ -20,7 +20,7 @@ impl<C: LockConnection> AdvisoryLock<C> {
 impl<C: LockConnection> RawLock<C> for AdvisoryLock<C> {
     fn try_acquire(
         &self,
-        mut conn: Pooled<C>,
+        conn: &mut Conn<C>,
         key: &str,
         _retry: bool,
         wait: Wait,
@@ -31,7 +31,7 @@ impl<C: LockConnection> RawLock<C> for AdvisoryLock<C> {
         match conn.session_sql()?.advisory_lock(key, wait) {
             Ok(Some(a)) => Ok(Some(Taken {
                 hold: Box::new(AdvisoryHold {
-                    session: Session::new(conn),
+                    session: Session::new(conn.take()),
                 }),
                 token: a.token,
                 acquired_at: a.acquired_at,
@@ -40,7 +40,7 @@ impl<C: LockConnection> RawLock<C> for AdvisoryLock<C> {
             Err(e) => {
                 // The lock may have been granted before the error (e.g. the token update
                 // failed): closing the session is the one sure way to let go of it.
-                discard(&mut *conn);
+                discard(&mut **conn);
                 Err(e.into())
             }
         }

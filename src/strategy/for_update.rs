@@ -2,7 +2,7 @@
 //! that the guard keeps open; release = COMMIT.
 
 use super::session::{self, discard, Session};
-use super::{Hold, Interrupter, Pool, Pooled, RawLock, Setup, Strategy, Taken};
+use super::{Conn, Hold, Interrupter, Pool, RawLock, Setup, Strategy, Taken};
 use crate::backend::{LockConnection, Sql, Wait};
 use crate::Result;
 use diesel::connection::{Connection, TransactionManager};
@@ -23,7 +23,7 @@ impl<C: LockConnection> ForUpdateLock<C> {
 impl<C: LockConnection> RawLock<C> for ForUpdateLock<C> {
     fn try_acquire(
         &self,
-        mut conn: Pooled<C>,
+        conn: &mut Conn<C>,
         key: &str,
         _retry: bool,
         wait: Wait,
@@ -31,13 +31,13 @@ impl<C: LockConnection> RawLock<C> for ForUpdateLock<C> {
         // At most twice: a first attempt that finds no row creates it (committed on its own,
         // so that other creators do not wait for our transaction) and tries again.
         for attempt in 0..2 {
-            Tm::<C>::begin_transaction(&mut *conn)?;
+            Tm::<C>::begin_transaction(&mut **conn)?;
             let locked = conn.session_sql()?.for_update_lock(key, wait);
             match locked {
                 Ok(Some(a)) => {
                     return Ok(Some(Taken {
                         hold: Box::new(ForUpdateHold {
-                            session: Session::new(conn),
+                            session: Session::new(conn.take()),
                             proof: a.id,
                         }),
                         token: a.token,
@@ -45,7 +45,7 @@ impl<C: LockConnection> RawLock<C> for ForUpdateLock<C> {
                     }))
                 }
                 Ok(None) => {
-                    rollback(&mut conn);
+                    rollback(conn);
                     if attempt == 0 {
                         conn.session_sql()?.for_update_create(key)?;
                     }
@@ -54,7 +54,7 @@ impl<C: LockConnection> RawLock<C> for ForUpdateLock<C> {
                     // PostgreSQL has aborted the transaction; MySQL rolled back the
                     // statement. Either way nothing of ours may stay open on a pooled
                     // connection.
-                    rollback(&mut conn);
+                    rollback(conn);
                     return if conn.session_sql()?.is_lock_unavailable(&e) {
                         Ok(None)
                     } else {
@@ -77,7 +77,7 @@ impl<C: LockConnection> RawLock<C> for ForUpdateLock<C> {
 }
 
 /// Rolls back; a connection that cannot is closed instead of going back to the pool.
-fn rollback<C: LockConnection>(conn: &mut Pooled<C>) {
+fn rollback<C: LockConnection>(conn: &mut Conn<C>) {
     if let Err(e) = Tm::<C>::rollback_transaction(&mut **conn) {
         log::debug!("rollback failed ({e}); closing the connection");
         discard(&mut **conn);

@@ -3,7 +3,7 @@
 
 use super::heartbeat::{Beat, Heartbeat};
 use super::{check_duration, contention_is_busy, micros, with_conn, Hold, Pool, RawLock, Setup};
-use super::{Pooled, Taken};
+use super::{Conn, Taken};
 use crate::backend::{LockConnection, Sql, Wait};
 use crate::backoff::Backoff;
 use crate::{Error, Result};
@@ -41,19 +41,27 @@ impl<C: LockConnection> LeaseLock<C> {
         let mut tries = 0;
         let (sent, a) = loop {
             let sent = Instant::now();
-            if let Some(a) =
-                conn.sql()
-                    .lease_acquire(key, &self.owner, &holder, self.ttl_us, retry)?
-            {
-                break (sent, a);
-            }
+            let acquired = conn
+                .sql()
+                .lease_acquire(key, &self.owner, &holder, self.ttl_us, retry);
             // A free key looks held for a moment while a purge runs: its first step marks
-            // the rows it is about to delete as held by nobody, its second deletes them. A
-            // first attempt that finds the key held by nobody tries again, a few times over
-            // some 30 ms, instead of reporting it held. (Waiting callers try again anyway.)
+            // the rows it is about to delete as held by nobody, its second deletes them, and
+            // either may make an acquisition a deadlock victim (MariaDB). A first attempt
+            // that finds the key held by nobody, or that met contention, tries again a few
+            // times over some 30 ms instead of reporting it held. (Waiting callers try again
+            // anyway.)
             tries += 1;
-            if retry || tries == 5 || !conn.sql().admin_leases(Some(key))?.is_empty() {
-                return Ok(None);
+            let last = retry || tries == 5;
+            match acquired {
+                Ok(Some(a)) => break (sent, a),
+                Err(e) if !last && conn.sql().is_contention(&e) => {
+                    log::debug!("lock {key:?}: contention ({e}); trying again");
+                }
+                Err(e) => return Err(e.into()),
+                Ok(None) if last || !conn.sql().admin_leases(Some(key))?.is_empty() => {
+                    return Ok(None)
+                }
+                Ok(None) => {}
             }
             log::debug!("lock {key:?}: held by nobody (a purge under way?); trying again");
             std::thread::sleep(backoff.next_pause());
@@ -75,13 +83,13 @@ impl<C: LockConnection> LeaseLock<C> {
 impl<C: LockConnection> RawLock<C> for LeaseLock<C> {
     fn try_acquire(
         &self,
-        mut conn: Pooled<C>,
+        conn: &mut Conn<C>,
         key: &str,
         retry: bool,
         _wait: Wait,
     ) -> Result<Option<Taken>> {
-        let attempt = self.attempt(&mut conn, key, retry);
-        contention_is_busy(&mut *conn, key, attempt)
+        let attempt = self.attempt(conn, key, retry);
+        contention_is_busy(&mut **conn, key, attempt)
     }
 
     fn notifies_releases(&self) -> bool {

@@ -258,10 +258,11 @@ pub(crate) trait RawLock<C: LockConnection>: Send + Sync + 'static {
     /// One attempt on `conn`. `retry` is true when an earlier attempt by this caller failed;
     /// `wait` is how long the attempt may wait on the server, which only strategies that
     /// [`wait_on_server`](Self::waits_on_server) use. Contention is `Ok(None)`, never an
-    /// error. Session strategies keep `conn` in the guard; the others return it to the pool.
+    /// error. Session strategies take `conn` out of its slot for the guard; otherwise the
+    /// waiting code puts it back in the pool, once no cancellation can reach its session.
     fn try_acquire(
         &self,
-        conn: Pooled<C>,
+        conn: &mut Conn<C>,
         key: &str,
         retry: bool,
         wait: Wait,
@@ -294,8 +295,47 @@ pub(crate) trait RawLock<C: LockConnection>: Send + Sync + 'static {
     }
 }
 
-/// Ends another thread's server-side wait; see [`RawLock::interrupter`].
-pub(crate) type Interrupter = Box<dyn Fn() + Send + Sync>;
+/// Ends another thread's server-side wait; see [`RawLock::interrupter`]. It runs in two
+/// steps, so that the caller can check in between that the wait is still under way: `prepare`
+/// (what may block, such as taking a pooled connection) returns the `end` step, which ends
+/// the session.
+pub(crate) type Interrupter = Box<dyn Fn() -> Option<Box<dyn FnOnce() + Send>> + Send + Sync>;
+
+/// The pooled connection of one attempt. It goes back to the pool only when the waiting code
+/// drops it, after it has made sure that no cancellation can reach its session any more (a
+/// late one would otherwise end the session of whoever took the connection next, perhaps
+/// holding another lock: found by the adversary). A strategy whose guard keeps the connection
+/// takes it out with [`take`](Self::take).
+pub(crate) struct Conn<C: LockConnection>(Option<Pooled<C>>);
+
+impl<C: LockConnection> Conn<C> {
+    pub(crate) fn new(conn: Pooled<C>) -> Self {
+        Conn(Some(conn))
+    }
+
+    /// Takes the connection for a guard.
+    pub(crate) fn take(&mut self) -> Pooled<C> {
+        self.0.take().expect("the connection was taken already")
+    }
+
+    /// The connection, unless a guard took it.
+    pub(crate) fn get_mut(&mut self) -> Option<&mut Pooled<C>> {
+        self.0.as_mut()
+    }
+}
+
+impl<C: LockConnection> std::ops::Deref for Conn<C> {
+    type Target = C;
+    fn deref(&self) -> &C {
+        self.0.as_ref().expect("the connection was taken")
+    }
+}
+
+impl<C: LockConnection> std::ops::DerefMut for Conn<C> {
+    fn deref_mut(&mut self) -> &mut C {
+        self.0.as_mut().expect("the connection was taken")
+    }
+}
 
 /// What a guard keeps of its lock: enough to release it and to ask whether it is still held.
 pub(crate) trait Hold: Send + Sync {

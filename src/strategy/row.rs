@@ -1,7 +1,7 @@
 //! `Strategy::Row`: the lock is a row on a unique key; release deletes it by id.
 
 use super::{check_duration, contention_is_busy, micros, with_conn, Hold, Pool, RawLock, Setup};
-use super::{Pooled, Taken};
+use super::{Conn, Taken};
 use crate::backend::{Acquired, LockConnection, Sql, Wait};
 use crate::Result;
 use std::time::Duration;
@@ -32,7 +32,7 @@ impl<C: LockConnection> RowLock<C> {
     /// to clean up.
     fn insert(
         &self,
-        conn: &mut Pooled<C>,
+        conn: &mut Conn<C>,
         key: &str,
         holder: &str,
         retry: bool,
@@ -74,13 +74,13 @@ fn may_have_committed(e: &diesel::result::Error) -> bool {
 impl<C: LockConnection> RawLock<C> for RowLock<C> {
     fn try_acquire(
         &self,
-        mut conn: Pooled<C>,
+        conn: &mut Conn<C>,
         key: &str,
         retry: bool,
         _wait: Wait,
     ) -> Result<Option<Taken>> {
-        let attempt = self.attempt(&mut conn, key, retry);
-        contention_is_busy(&mut *conn, key, attempt)
+        let attempt = self.attempt(conn, key, retry);
+        contention_is_busy(&mut **conn, key, attempt)
     }
 
     fn notifies_releases(&self) -> bool {
@@ -95,7 +95,7 @@ impl<C: LockConnection> RawLock<C> for RowLock<C> {
 }
 
 impl<C: LockConnection> RowLock<C> {
-    fn attempt(&self, conn: &mut Pooled<C>, key: &str, retry: bool) -> Result<Option<Taken>> {
+    fn attempt(&self, conn: &mut Conn<C>, key: &str, retry: bool) -> Result<Option<Taken>> {
         let holder = crate::random::holder_id();
         if let Some(a) = self.insert(conn, key, &holder, retry)? {
             return Ok(Some(self.taken(a)));

@@ -97,22 +97,32 @@ pub(crate) fn require_sessions(backend: Backend, strategy: Strategy) -> Result<(
     }
 }
 
-/// Ends `conn`'s session from another pooled connection when called: what interrupts a wait
-/// in the server's lock queue (see `RawLock::interrupter`).
+/// Ends `conn`'s session from another pooled connection: what interrupts a wait in the
+/// server's lock queue (see `RawLock::interrupter`). The first step takes the connection
+/// (waiting as the pool allows), the second ends the session.
 pub(crate) fn interrupter<C: LockConnection>(pool: &Pool<C>, conn: &mut C) -> Result<Interrupter> {
     let id = conn.session_sql()?.session_id()?;
     let pool = pool.clone();
     Ok(Box::new(move || {
-        let ended = pool
-            .get()
-            .map_err(Error::from)
-            .and_then(|mut c| Ok(c.session_sql()?.end_session(id)?));
-        match ended {
-            Ok(_) => log::debug!("wait cancelled: session {id} ended"),
+        let mut other = match pool.get() {
+            Ok(c) => c,
             Err(e) => {
-                log::warn!("a wait was cancelled but its session {id} could not be ended: {e}")
+                log::warn!("a wait was cancelled, but no connection was free to end its session {id} ({e}); it waits on until its deadline or the lock");
+                return None;
             }
-        }
+        };
+        Some(Box::new(move || {
+            let ended = other
+                .session_sql()
+                .and_then(|s| s.end_session(id))
+                .map_err(Error::from);
+            match ended {
+                Ok(_) => log::debug!("wait cancelled: session {id} ended"),
+                Err(e) => {
+                    log::warn!("a wait was cancelled but its session {id} could not be ended: {e}")
+                }
+            }
+        }) as Box<dyn FnOnce() + Send>)
     }))
 }
 

@@ -106,10 +106,16 @@ impl Dialect for MysqlConnection {
         Ok(())
     }
 
-    fn autocommits(&mut self) -> QueryResult<bool> {
-        stmt("SELECT CAST(@@SESSION.autocommit AS SIGNED) AS one")
-            .get_result::<One>(self)
-            .map(|r| r.one == 1)
+    fn misconfigured(&mut self) -> QueryResult<Option<String>> {
+        let autocommit = stmt("SELECT CAST(@@SESSION.autocommit AS SIGNED) AS one")
+            .get_result::<One>(self)?
+            .one;
+        Ok((autocommit != 1).then(|| {
+            "the pool's MySQL connections have autocommit off, so no lock would ever be \
+             committed: run `SET SESSION autocommit = 1` in the pool's connection \
+             customizer, or build the pool with diesel_lock::connect"
+                .to_owned()
+        }))
     }
 
     fn is_contention(&self, e: &diesel::result::Error) -> bool {

@@ -84,7 +84,8 @@
 //! Features `sqlite` (default, compiled in), `postgres` and `mysql` (link the system's
 //! `libpq` and `libmysqlclient`), and `cli` for the `dlock` binary. [`connect`] builds a pool
 //! of [`AnyConnection`] from a URL; a pool of a concrete diesel connection works too. For
-//! SQLite pools you build yourself, add [`SqliteTuning`] as the connection customizer.
+//! SQLite pools you build yourself, add [`SqliteTuning`] as the connection customizer
+//! (`build` refuses a SQLite pool without WAL and a busy timeout).
 
 #![deny(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]

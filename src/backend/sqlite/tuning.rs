@@ -8,7 +8,10 @@ use diesel::QueryResult;
 /// Per-connection settings for SQLite pools: WAL journal, a 5 s `busy_timeout`, and
 /// `synchronous = NORMAL` (the default) or `FULL`.
 ///
-/// [`connect`](crate::connect) installs it; a pool you build yourself should too:
+/// [`connect`](crate::connect) installs it; a pool you build yourself needs it too (or the
+/// same settings by other means): [`LockerBuilder::build`](crate::LockerBuilder::build)
+/// refuses a SQLite pool without WAL and a busy timeout, with which a lock's commit could
+/// fail after its statement had returned the lock:
 ///
 /// ```
 /// use diesel::r2d2::{ConnectionManager, Pool};

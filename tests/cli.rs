@@ -1392,6 +1392,21 @@ fn bad_input_is_a_one_line_usage_error() {
     assert!(usage_error(&["--url", "sqlite://:memory:", "list"]).contains("in-memory"));
     assert!(usage_error(&["release", "some-key"]).contains("--force"));
     assert!(usage_error(&["run", "--key", "k", "--ttl", "0s", "--", "true"]).contains("ttl"));
+    // Silently ignored before: a lease does not go stale, it expires.
+    for strategy in ["lease", "for-update", "advisory"] {
+        let args = [
+            "run",
+            "--key",
+            "k",
+            "--strategy",
+            strategy,
+            "--stale-after",
+            "5s",
+            "--",
+            "true",
+        ];
+        assert!(usage_error(&args).contains("--stale-after"));
+    }
 }
 
 #[test]

@@ -5,7 +5,7 @@
 
 use crate::args::{
     chain, deadline_after, Failure, RunArgs, StrategyArg, Wait, EXIT_CANNOT_EXECUTE,
-    EXIT_NOT_ACQUIRED, EXIT_NOT_FOUND, EXIT_RUNTIME,
+    EXIT_NOT_ACQUIRED, EXIT_NOT_FOUND, EXIT_RUNTIME, EXIT_USAGE,
 };
 use crate::database::Database;
 use crate::job::{describe, exit_code, signal_name, Job};
@@ -31,6 +31,16 @@ fn locker(
     ),
     Failure,
 > {
+    // `--stale-after` belongs to the row strategy: given with another, it would be ignored
+    // while the user believes a dead holder's lock to be taken over after it.
+    if args.stale_after.is_some() && !matches!(args.strategy, StrategyArg::Row) {
+        return Err(Failure::new(
+            EXIT_USAGE,
+            "--stale-after applies to --strategy row only (a lease ends after --ttl; \
+             for-update and advisory end with the holder's session)"
+                .to_owned(),
+        ));
+    }
     let strategy = match args.strategy {
         StrategyArg::Lease => Strategy::Lease { ttl: args.ttl },
         StrategyArg::Row => Strategy::Row {

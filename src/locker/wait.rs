@@ -133,7 +133,7 @@ impl<C: LockConnection> Locker<C> {
         let wait = deadline.server_wait();
         let live = Arc::new(Mutex::new(true));
         let registration = match cancel {
-            Some(c) if inner.raw.waits_on_server() && wait != Wait::No => {
+            Some(c) if wait != Wait::No => {
                 match inner.raw.interrupter(&mut conn)? {
                     Some(interrupt) => {
                         let live = live.clone();

@@ -46,10 +46,6 @@ impl<C: LockConnection> RawLock<C> for AdvisoryLock<C> {
         }
     }
 
-    fn waits_on_server(&self) -> bool {
-        true
-    }
-
     fn interrupter(&self, conn: &mut C) -> Result<Option<Interrupter>> {
         session::interrupter(&self.pool, conn).map(Some)
     }

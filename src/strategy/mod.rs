@@ -256,8 +256,8 @@ pub(crate) fn build<C: LockConnection>(
 /// What one strategy does with a key. One impl per strategy file.
 pub(crate) trait RawLock<C: LockConnection>: Send + Sync + 'static {
     /// One attempt on `conn`. `retry` is true when an earlier attempt by this caller failed;
-    /// `wait` is how long the attempt may wait on the server, which only strategies that
-    /// [`wait_on_server`](Self::waits_on_server) use. Contention is `Ok(None)`, never an
+    /// `wait` is how long the attempt may wait on the server, which only strategies with an
+    /// [`interrupter`](Self::interrupter) use. Contention is `Ok(None)`, never an
     /// error. Session strategies take `conn` out of its slot for the guard; otherwise the
     /// waiting code puts it back in the pool, once no cancellation can reach its session.
     fn try_acquire(
@@ -268,16 +268,10 @@ pub(crate) trait RawLock<C: LockConnection>: Send + Sync + 'static {
         wait: Wait,
     ) -> Result<Option<Taken>>;
 
-    /// True if an attempt waits in the server's lock queue (as `wait` allows): the waiting
-    /// loop then leaves the waiting to the server, and a cancelled wait must end the
-    /// server's wait through [`interrupter`](Self::interrupter).
-    fn waits_on_server(&self) -> bool {
-        false
-    }
-
-    /// Something that, called from another thread, ends a server-side wait running on
-    /// `conn` (by ending its session). Asked before each attempt that may wait on the
-    /// server.
+    /// For a strategy whose attempts wait in the server's lock queue (as `wait` allows):
+    /// something that, called from another thread, ends such a wait running on `conn` (by
+    /// ending its session). Asked before each cancellable attempt that may wait; `None`
+    /// (the default, no I/O) for strategies that never wait on the server.
     fn interrupter(&self, _conn: &mut C) -> Result<Option<Interrupter>> {
         Ok(None)
     }

@@ -252,16 +252,26 @@ impl Drop for Job {
 
 /// dlock's own open sockets above stderr (its database connections among them).
 fn own_sockets() -> Vec<RawFd> {
-    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
-        return Vec::new();
-    };
-    dir.filter_map(|e| {
-        let e = e.ok()?;
-        let fd: RawFd = e.file_name().to_str()?.parse().ok()?;
-        let target = std::fs::read_link(e.path()).ok()?;
-        (fd > 2 && target.to_string_lossy().starts_with("socket:")).then_some(fd)
-    })
-    .collect()
+    open_fds()
+        .into_iter()
+        .filter(|&fd| {
+            fd > 2
+                && std::fs::read_link(format!("/proc/self/fd/{fd}"))
+                    .is_ok_and(|t| t.to_string_lossy().starts_with("socket:"))
+        })
+        .collect()
+}
+
+/// The descriptor numbers this process has open (and that of the listing itself, closed by
+/// the time this returns).
+fn open_fds() -> Vec<RawFd> {
+    std::fs::read_dir("/dev/fd")
+        .or_else(|_| std::fs::read_dir("/proc/self/fd"))
+        .map(|dir| {
+            dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// `pid` in decimal and a newline, on the stack (for `pre_exec`, which must not allocate):
@@ -321,16 +331,9 @@ fn libc_pid(pid: u32) -> libc::pid_t {
 /// The descriptors above stderr open when dlock started, before it opened any of its own:
 /// those pass through to the command.
 pub(crate) fn inherited_fds() -> Vec<RawFd> {
-    let listed: Vec<RawFd> = std::fs::read_dir("/dev/fd")
-        .or_else(|_| std::fs::read_dir("/proc/self/fd"))
-        .map(|dir| {
-            dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default();
     // The listing saw its own directory's descriptor, closed by now; and descriptors that are
     // close-on-exec already would not reach the command anyway.
-    listed
+    open_fds()
         .into_iter()
         .filter(|&fd| {
             // SAFETY: F_GETFD only reads the flags of a descriptor number.

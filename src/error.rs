@@ -64,9 +64,12 @@ pub enum Error {
         /// The backend that cannot provide it.
         backend: &'static str,
     },
-    /// The library's tables do not exist, or are older than this version of the library (a
-    /// column a later migration adds is missing): call
-    /// [`Locker::migrate`](crate::Locker::migrate).
+    /// The library's tables do not exist, or are older than this version of the library
+    /// (a `Locker` checks once, at its first acquisition, that the newest migration it knows
+    /// is applied; a column a later migration adds is missing): call
+    /// [`Locker::migrate`](crate::Locker::migrate). Also what a process sees while another
+    /// is still migrating on MySQL, whose DDL commits statement by statement: `migrate()`
+    /// then waits for that migration to finish.
     MissingTable(diesel::result::Error),
     /// The lock is no longer held by this guard: its lease expired, its row was taken over
     /// as stale, or its session ended.

@@ -225,6 +225,12 @@ fn a_late_cancellation_spares_a_session_that_moved_on<C: ServerWaits>(h: &Harnes
         let c = cancel.clone();
         std::thread::spawn(move || c.cancel())
     };
+    // The release below must come after the cancellation has begun (its hooks for the slow
+    // waits are stuck waiting for a connection): on a loaded machine the canceller thread
+    // could otherwise start after the fourth wait was granted and returned (seen once).
+    while !cancel.is_cancelled() {
+        std::thread::yield_now();
+    }
     let mut held = held;
     held.pop().unwrap().release().unwrap(); // the fourth wait is granted, then gives it back
     granted_rx.recv().unwrap();

@@ -183,6 +183,11 @@ pub(crate) mod sealed {
         fn backend(&self) -> Backend;
         /// Creates or upgrades the tables; safe to run from many processes at once.
         fn run_migrations(&mut self) -> Result<()>;
+        /// True if the newest migration this build embeds has been applied. Migrations are
+        /// recorded one by one as each completes, so on MySQL, whose DDL commits statement by
+        /// statement, this is also how another process tells a schema still being migrated
+        /// from a finished one. A database never migrated (no record table) is not current.
+        fn schema_current(&mut self) -> QueryResult<bool>;
         /// Why this session's settings cannot keep locks safely, if they cannot: MySQL with
         /// `autocommit = 0` (every lock written through it would stay uncommitted, and
         /// invisible to everyone else, on a pooled connection); SQLite without WAL and a busy

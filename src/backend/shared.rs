@@ -35,6 +35,10 @@ pub(crate) const ROW_HELD: &str = "SELECT id FROM dlock_rows WHERE id = ?";
 pub const LEASE_RELEASE: &str = "UPDATE dlock_leases SET holder = NULL, expires_at = NULL \
      WHERE lock_key = ? AND holder = ?";
 
+/// `schema_current`, on every backend: diesel records each applied migration by version.
+pub(crate) const SCHEMA_CURRENT: &str =
+    "SELECT version FROM __diesel_schema_migrations WHERE version = ?";
+
 /// A one-column answer (`… AS one`): a count, a flag, or only whether there is a row.
 #[derive(diesel::QueryableByName)]
 pub(crate) struct One {
@@ -133,6 +137,39 @@ pub(crate) use held_row;
 /// once: `statements!(version_read, version_bump)` inside a backend's `impl Admin` defines
 /// both there. Each one runs the text of the same name above.
 macro_rules! statements {
+    (@schema_current) => {
+        fn schema_current(&mut self) -> diesel::QueryResult<bool> {
+            use diesel::{OptionalExtension as _, RunQueryDsl as _};
+            #[derive(diesel::QueryableByName)]
+            struct Version {
+                #[diesel(sql_type = diesel::sql_types::Text)]
+                #[allow(dead_code)]
+                version: String,
+            }
+            // The newest embedded migration (they are sorted by version).
+            let latest = diesel::migration::MigrationSource::<
+                <Self as diesel::Connection>::Backend,
+            >::migrations(&MIGRATIONS)
+                .map_err(|e| diesel::result::Error::QueryBuilderError(e))?
+                .last()
+                .map(|m| m.name().version().to_string())
+                .unwrap_or_default();
+            match $crate::backend::stmt::stmt($crate::backend::shared::SCHEMA_CURRENT)
+                .bind::<diesel::sql_types::Text, _>(&latest)
+                .get_result::<Version>(self)
+                .optional()
+            {
+                Ok(found) => Ok(found.is_some()),
+                // Never migrated: diesel's record table is missing too.
+                Err(diesel::result::Error::DatabaseError(_, info))
+                    if info.message().contains("__diesel_schema_migrations") =>
+                {
+                    Ok(false)
+                }
+                Err(e) => Err(e),
+            }
+        }
+    };
     (@version_read) => {
         fn version_read(&mut self, key: &str) -> diesel::QueryResult<Option<i64>> {
             use diesel::{OptionalExtension as _, RunQueryDsl as _};

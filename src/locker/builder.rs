@@ -7,6 +7,7 @@ use crate::strategy::{self, Setup, Strategy};
 use crate::{random, Error, Result};
 use diesel::r2d2::ConnectionManager;
 use r2d2::Pool;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -278,6 +279,7 @@ impl<C: LockConnection> LockerBuilder<C> {
                 shared,
                 backend,
                 max_backoff: self.max_backoff,
+                schema_current: AtomicBool::new(false),
                 #[cfg(feature = "postgres")]
                 listener,
             }),

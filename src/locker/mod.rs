@@ -17,6 +17,7 @@ use crate::Result;
 use diesel::r2d2::ConnectionManager;
 use queue::Queues;
 use r2d2::Pool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use wait::Deadline;
@@ -67,6 +68,9 @@ pub(crate) struct Inner<C: LockConnection> {
     shared: Arc<Shared>,
     backend: Backend,
     max_backoff: Duration,
+    /// Set once an acquisition (or `migrate`) found the tables at this build's newest
+    /// migration: the schema never goes back, so it is asked once per `Locker`.
+    schema_current: AtomicBool,
     /// PostgreSQL with `listen_url`: the thread that hears other processes' releases.
     /// Dropped (and joined) with the last clone of the `Locker`.
     #[cfg(feature = "postgres")]
@@ -130,7 +134,11 @@ impl<C: LockConnection> Locker<C> {
     }
 
     /// Creates or upgrades the library's tables (embedded diesel migrations). Idempotent, and
-    /// safe to call from many processes at once.
+    /// safe to call from many processes at once: they queue on a migration lock, and on
+    /// PostgreSQL and SQLite all pending migrations commit in one transaction. Until the
+    /// newest migration is applied, acquisitions return
+    /// [`Error::MissingTable`](crate::Error::MissingTable) (a `Locker` checks this once, at
+    /// its first acquisition, unless it migrated itself).
     ///
     /// # Errors
     /// [`Error::Pool`](crate::Error::Pool) without a connection,
@@ -152,7 +160,9 @@ impl<C: LockConnection> Locker<C> {
     /// # Ok(()) }
     /// ```
     pub fn migrate(&self) -> Result<()> {
-        self.inner.pool.get()?.sql().run_migrations()
+        self.inner.pool.get()?.sql().run_migrations()?;
+        self.inner.schema_current.store(true, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Waits as long as it takes, then returns the guard.

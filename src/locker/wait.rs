@@ -4,12 +4,13 @@
 
 use super::cancel::Cancel;
 use super::Locker;
-use crate::backend::{LockConnection, Wait};
+use crate::backend::{LockConnection, Sql, Wait};
 use crate::backoff::{self, Backoff};
 use crate::guard::LockGuard;
 use crate::strategy::session::discard;
 use crate::strategy::{Conn, Pooled, Taken};
-use crate::{key, Result};
+use crate::{key, Error, Result};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -123,6 +124,8 @@ impl<C: LockConnection> Locker<C> {
         let Some(conn) = self.connection(deadline, cancel)? else {
             return Ok(None); // cancelled while waiting for a connection
         };
+        let mut conn = conn;
+        self.check_schema(&mut conn)?;
         let mut conn = Conn::new(conn);
         // Strategies that wait on the server use what is left of the deadline; a
         // cancellation then ends the server's wait by ending the session, but only while
@@ -183,6 +186,28 @@ impl<C: LockConnection> Locker<C> {
             }
             attempt => attempt,
         }
+    }
+
+    /// Refuses to touch tables older than this build, once per `Locker`: a database
+    /// migrated by an older version, or still being migrated by another process (on MySQL
+    /// each DDL statement commits at once, so the tables of the first migrations are
+    /// visible before the last one is applied), is `Error::MissingTable`, which says to
+    /// migrate, instead of whatever the first missing piece would make a statement do.
+    fn check_schema(&self, conn: &mut Pooled<C>) -> Result<()> {
+        let current = &self.inner.schema_current;
+        if current.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        if !conn.sql().schema_current()? {
+            return Err(Error::MissingTable(diesel::result::Error::DatabaseError(
+                diesel::result::DatabaseErrorKind::Unknown,
+                Box::new(
+                    "the newest migration of this version of diesel-lock is not applied".to_owned(),
+                ),
+            )));
+        }
+        current.store(true, Ordering::Relaxed);
+        Ok(())
     }
 
     /// A pooled connection for one attempt; `None` if the wait was cancelled meanwhile.

@@ -81,6 +81,8 @@ fn with_lock_wait_timeout<T>(
 }
 
 impl Dialect for MysqlConnection {
+    super::shared::statements!(schema_current);
+
     fn backend(&self) -> Backend {
         Backend::Mysql
     }

@@ -71,6 +71,8 @@ fn contention(e: &diesel::result::Error) -> bool {
 }
 
 impl Dialect for PgConnection {
+    super::shared::statements!(schema_current);
+
     fn backend(&self) -> Backend {
         Backend::Postgres
     }

@@ -33,6 +33,8 @@ fn seconds(sign: char, us: i64) -> String {
 super::shared::acquired_row!(Timestamp, NaiveDateTime, |t| t.and_utc());
 
 impl Dialect for SqliteConnection {
+    super::shared::statements!(schema_current);
+
     fn backend(&self) -> Backend {
         Backend::Sqlite
     }

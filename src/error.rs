@@ -161,6 +161,40 @@ impl From<diesel::ConnectionError> for Error {
     }
 }
 
+/// Whether `e` says the connection died or the server is going away or not back yet (a
+/// server restarting, crashing or shutting down, a network cut), as opposed to a statement
+/// that failed on a working connection. A wait already under way rides such errors out until
+/// its deadline (`Locker` waiting); nothing else retries them.
+pub(crate) fn is_connection_lost(e: &Error) -> bool {
+    use diesel::result::{DatabaseErrorKind, Error as D};
+    match e {
+        Error::Database(D::DatabaseError(DatabaseErrorKind::ClosedConnection, _)) => true,
+        Error::Database(D::DatabaseError(_, info)) => {
+            let m = info.message().to_ascii_lowercase();
+            CONNECTION_LOST.iter().any(|t| m.contains(t))
+        }
+        _ => false,
+    }
+}
+
+/// What the servers and client libraries say when the connection is gone or the server is
+/// going away or not back yet (lower case; matched as substrings).
+const CONNECTION_LOST: [&str; 11] = [
+    // PostgreSQL (57P01 admin_shutdown, 57P03 cannot_connect_now) and libpq
+    "terminating connection due to administrator command",
+    "the database system is shutting down",
+    "the database system is starting up",
+    "the database system is in recovery mode",
+    "server closed the connection unexpectedly",
+    "no connection to the server",
+    "could not receive data from server",
+    // MySQL / MariaDB (1053, 2006, 2013, 1927) and their client library
+    "server shutdown in progress",
+    "server has gone away",
+    "lost connection to",
+    "connection was killed",
+];
+
 /// The three backends word "table not found" differently and diesel maps none of them to a
 /// kind of its own, so the message is matched. Only our own tables (`dlock_` prefix) count,
 /// and the columns that later migrations added to them: a database migrated by an older
@@ -193,6 +227,39 @@ fn is_missing_column(m: &str, column: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lost_connection_is_told_from_a_failed_statement() {
+        use diesel::result::{DatabaseErrorKind as K, Error as D};
+        let db = |kind, m: &str| Error::Database(D::DatabaseError(kind, Box::new(m.to_owned())));
+        for lost in [
+            db(
+                K::ClosedConnection,
+                "server closed the connection unexpectedly",
+            ),
+            db(
+                K::Unknown,
+                "terminating connection due to administrator command",
+            ),
+            db(K::Unknown, "Server has gone away"),
+            db(K::Unknown, "MySQL server has gone away"),
+            db(K::Unknown, "Lost connection to server during query"),
+            db(K::Unknown, "Server shutdown in progress"),
+        ] {
+            assert!(is_connection_lost(&lost), "{lost:?}");
+        }
+        for real in [
+            db(K::Unknown, "canceling statement due to lock timeout"),
+            db(
+                K::UniqueViolation,
+                "duplicate key value violates unique constraint",
+            ),
+            db(K::Unknown, "relation \"dlock_rows\" does not exist"),
+            Error::LockLost { key: "k".into() },
+        ] {
+            assert!(!is_connection_lost(&real), "{real:?}");
+        }
+    }
 
     #[test]
     fn errors_are_send_sync_static() {

@@ -285,12 +285,14 @@ pub(crate) mod sealed {
         /// deleted. Their tokens live on in `dlock_tokens`.
         fn purge_stale_rows(&mut self) -> QueryResult<usize>;
         /// Purge, step one (committed before step two): marks the lease rows free or expired
-        /// for at least `idle_us` as held by nobody for a minute (`holder = ''`, which no
-        /// acquisition can match: should step two never come, the row is free again after
-        /// that minute) and saves their tokens in `dlock_tokens`, where a new lease row takes
-        /// its first token from. The number marked.
+        /// for at least `idle_us` (`holder = ''`, expired at once: any acquisition may take
+        /// such a row over, as it would an expired lease, so a purge never makes a free key
+        /// look held, however long its second step takes or if it never comes) and saves
+        /// their tokens in `dlock_tokens`, where a new lease row takes its first token from.
+        /// The number marked.
         fn purge_mark_leases(&mut self, idle_us: i64) -> QueryResult<usize>;
-        /// Purge, step two: deletes the marked lease rows whose token is saved.
+        /// Purge, step two: deletes the marked lease rows whose token is saved, and only
+        /// those still marked (a row taken over meanwhile has a holder and a higher token).
         fn purge_delete_leases(&mut self) -> QueryResult<usize>;
     }
 

@@ -139,12 +139,22 @@ fn run(
                 match attempt {
                     Ok(c) => {
                         conn = Some(c);
+                        if retry > Duration::from_millis(100) {
+                            log::warn!("release listener: listening again");
+                        }
                         retry = Duration::from_millis(100);
                         // Releases before LISTEN took effect were not heard: let everyone look.
                         wake(None);
                     }
                     Err(e) => {
-                        log::warn!("release listener: cannot listen ({e}); retrying in {retry:?}");
+                        // One warning per outage, not one per retry.
+                        if retry == Duration::from_millis(100) {
+                            log::warn!("release listener: cannot listen ({e}); retrying");
+                        } else {
+                            log::debug!(
+                                "release listener: cannot listen ({e}); retrying in {retry:?}"
+                            );
+                        }
                         pause = retry;
                         retry = (retry * 2).min(Duration::from_secs(5));
                     }

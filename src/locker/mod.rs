@@ -175,7 +175,10 @@ impl<C: LockConnection> Locker<C> {
     /// [`Error::Pool`](crate::Error::Pool) when no connection can be had in the pool's
     /// `connection_timeout`; [`Error::MissingTable`](crate::Error::MissingTable) before
     /// `migrate`; [`Error::Database`](crate::Error::Database) for other database failures.
-    /// Contention is never an error.
+    /// Contention is never an error, and neither is a connection lost while waiting (a
+    /// database restarting, a network cut): once the wait has reached the database, it tries
+    /// again with a new connection until the deadline, logging one warning per outage. A
+    /// pool that cannot connect at all on the first attempt is `Error::Pool` at once.
     ///
     /// # Examples
     /// ```
@@ -327,12 +330,13 @@ impl<C: LockConnection> Locker<C> {
     ///   deletes nothing). A lease row carries its key's fencing token, so its token is
     ///   first saved in `dlock_tokens` (the counters `Row` and `Advisory` use, never
     ///   deleted), and a new lease row continues from there: tokens still only grow. The rows
-    ///   are first marked taken by nobody and their tokens saved, in a committed statement of
-    ///   their own, and only then deleted. An acquisition that meets the mark waits; one that
-    ///   finds the row gone creates it only from a snapshot that sees it gone, so it reads
-    ///   the saved token (tested with purges in a loop beside 8 acquiring threads: no token
-    ///   ever went back). Should the second step never run, a marked key is free again after
-    ///   a minute.
+    ///   are first marked (expired, held by nobody) and their tokens saved, in a committed
+    ///   statement of their own, and only then deleted if still marked. An acquisition that
+    ///   meets the mark takes the row over as it would an expired lease, and the deletion
+    ///   then spares it; one that finds the row gone creates it only from a snapshot that
+    ///   sees it gone, so it reads the saved token (tested with purges in a loop beside 8
+    ///   acquiring threads: no token ever went back). A purge never makes a free key look
+    ///   held, even if its second step never runs.
     /// - `Row` (with or without `stale_after`): rows past their *own* staleness limit, which
     ///   each row carries from the `Locker` that inserted it (its `stale_after`), and which
     ///   any waiter could take over anyway. A row inserted without `stale_after` is never

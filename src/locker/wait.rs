@@ -86,18 +86,54 @@ impl<C: LockConnection> Locker<C> {
         // A thread that waited in line starts with the cheap "is it held?" read.
         let mut retry = queued;
         let mut backoff = Backoff::new(Duration::from_millis(1), max);
+        // A connection lost during the wait (a server restarting, a network cut) is ridden
+        // out until the deadline: the next attempt takes a new connection. Only a pool that
+        // could not connect before any attempt reached the database is an error at once, so
+        // that a wrong URL or a database that is down says so instead of waiting.
+        let mut reached = false;
+        let mut outage: Option<Instant> = None;
         loop {
             if cancel.is_some_and(Cancel::is_cancelled) {
                 return Ok(None);
             }
-            if let Some(taken) = self.attempt(key, retry, deadline, cancel)? {
-                // The guard marks the key held before the next local waiter looks.
-                let guard = self.guard(key, taken);
-                drop(ticket);
-                return Ok(Some(guard));
+            match self.attempt(key, retry, deadline, cancel) {
+                Ok(Some(taken)) => {
+                    if let Some(since) = outage {
+                        log::warn!(
+                            "lock {key:?}: the database answers again after {:?}",
+                            since.elapsed()
+                        );
+                    }
+                    // The guard marks the key held before the next local waiter looks.
+                    let guard = self.guard(key, taken);
+                    drop(ticket);
+                    return Ok(Some(guard));
+                }
+                Ok(None) => {
+                    if let Some(since) = outage.take() {
+                        log::warn!(
+                            "lock {key:?}: the database answers again after {:?}; still waiting",
+                            since.elapsed()
+                        );
+                    }
+                    reached = true;
+                }
+                Err(e) if self.lost_the_database(&e, reached) => {
+                    reached = true;
+                    // One line per outage, not one per attempt.
+                    if outage.is_none() {
+                        let cause = std::error::Error::source(&e)
+                            .map_or(String::new(), |s| format!(": {s}"));
+                        log::warn!("lock {key:?}: lost the database while waiting ({e}{cause}); trying again until the deadline");
+                        outage = Some(Instant::now());
+                    } else {
+                        log::debug!("lock {key:?}: the database is still unreachable ({e})");
+                    }
+                }
+                Err(e) => return Err(e),
             }
             retry = true;
-            let pause = if listening {
+            let pause = if listening && outage.is_none() {
                 backoff::jitter(max)
             } else {
                 backoff.next_pause()
@@ -185,6 +221,21 @@ impl<C: LockConnection> Locker<C> {
                 Ok(None)
             }
             attempt => attempt,
+        }
+    }
+
+    /// Whether a failed attempt of a wait lost the database, and the wait should go on: a
+    /// connection that died, or a pool that could not open one (though it had room for one:
+    /// a pool whose connections are all taken is exhausted, not cut off, and says so). A pool
+    /// that could not connect before any attempt reached the database is a wrong URL or a
+    /// database that was down from the start: an error at once.
+    fn lost_the_database(&self, e: &Error, reached: bool) -> bool {
+        match e {
+            Error::Pool(_) => {
+                let pool = &self.inner.pool;
+                reached && pool.state().connections < pool.max_size()
+            }
+            e => crate::error::is_connection_lost(e),
         }
     }
 

@@ -4,6 +4,7 @@ use super::{check_duration, contention_is_busy, micros, with_conn, Hold, Pool, R
 use super::{Conn, Taken};
 use crate::backend::{Acquired, LockConnection, Sql, Wait};
 use crate::Result;
+use std::sync::Mutex;
 use std::time::Duration;
 
 pub(super) struct RowLock<C: LockConnection> {
@@ -12,6 +13,12 @@ pub(super) struct RowLock<C: LockConnection> {
     /// The staleness limit stored with each row this `Locker` inserts (`stale_at`), in
     /// microseconds; `None`: its rows never go stale.
     stale_us: Option<i64>,
+    /// Rows this `Locker` may have inserted but could not delete after the acquisition failed
+    /// (the connection died between the INSERT's commit and its reply, and the clean-up found
+    /// no working connection either: a database restarting, say): `(key, holder)`. The next
+    /// attempt on the key deletes them first, so that a waiter riding out the outage does not
+    /// wait forever for a row that nobody holds.
+    orphans: Mutex<Vec<(String, String)>>,
 }
 
 impl<C: LockConnection> RowLock<C> {
@@ -23,6 +30,7 @@ impl<C: LockConnection> RowLock<C> {
             pool: setup.pool,
             owner: setup.owner,
             stale_us: stale_after.map(|d| micros(d).unwrap_or(i64::MAX)),
+            orphans: Mutex::new(Vec::new()),
         })
     }
 
@@ -53,9 +61,12 @@ impl<C: LockConnection> RowLock<C> {
                 match cleanup {
                     Ok(true) => log::warn!("lock {key:?}: acquiring failed ({e}) after the row was inserted; the row was removed"),
                     Ok(false) => {}
-                    Err(cleanup) => log::warn!(
-                        "lock {key:?}: acquiring failed ({e}), and removing a row it may have left failed too ({cleanup}); if the key stays held, remove holder {holder} with `dlock release --force`"
-                    ),
+                    Err(cleanup) => {
+                        log::warn!(
+                            "lock {key:?}: acquiring failed ({e}), and removing a row it may have left failed too ({cleanup}); the next attempt on the key tries again"
+                        );
+                        self.orphans().push((key.to_owned(), holder.to_owned()));
+                    }
                 }
                 Err(e.into())
             }
@@ -95,7 +106,41 @@ impl<C: LockConnection> RawLock<C> for RowLock<C> {
 }
 
 impl<C: LockConnection> RowLock<C> {
+    fn orphans(&self) -> std::sync::MutexGuard<'_, Vec<(String, String)>> {
+        self.orphans.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Deletes the rows of `key` that failed acquisitions may have left (see `orphans`);
+    /// those it cannot delete yet stay listed.
+    fn forget_orphans(&self, conn: &mut Conn<C>, key: &str) -> Result<()> {
+        if self.orphans().is_empty() {
+            return Ok(());
+        }
+        let mine: Vec<String> = {
+            let mut orphans = self.orphans();
+            let (mine, rest) = orphans.drain(..).partition(|(k, _)| k == key);
+            *orphans = rest;
+            mine.into_iter().map(|(_, holder)| holder).collect()
+        };
+        for (i, holder) in mine.iter().enumerate() {
+            match conn.sql().row_forget(key, holder) {
+                Ok(removed) => {
+                    if removed {
+                        log::warn!("lock {key:?}: removed the row a failed acquisition had left");
+                    }
+                }
+                Err(e) => {
+                    let left = mine[i..].iter().map(|h| (key.to_owned(), h.clone()));
+                    self.orphans().extend(left);
+                    return Err(e.into());
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn attempt(&self, conn: &mut Conn<C>, key: &str, retry: bool) -> Result<Option<Taken>> {
+        self.forget_orphans(conn, key)?;
         let holder = crate::random::holder_id();
         if let Some(a) = self.insert(conn, key, &holder, retry)? {
             return Ok(Some(self.taken(a)));

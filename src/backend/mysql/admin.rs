@@ -92,7 +92,7 @@ impl Admin for MysqlConnection {
         stmt("SET TRANSACTION ISOLATION LEVEL READ COMMITTED").execute(self)?;
         self.transaction(|c| {
             let marked = stmt(
-                "UPDATE dlock_leases SET holder = '', expires_at = UTC_TIMESTAMP(6) + INTERVAL 1 MINUTE \
+                "UPDATE dlock_leases SET holder = '', expires_at = UTC_TIMESTAMP(6) \
                  WHERE (holder IS NULL AND acquired_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND) \
                     OR expires_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND",
             )

@@ -70,7 +70,7 @@ impl Admin for PgConnection {
         // A free row keeps the time of its last acquisition; an expired one its expiry.
         stmt(
             "WITH m AS ( \
-               UPDATE dlock_leases SET holder = '', expires_at = now() + interval '1 minute' \
+               UPDATE dlock_leases SET holder = '', expires_at = now() \
                WHERE (holder IS NULL AND acquired_at <= now() - ? * interval '1 microsecond') \
                   OR expires_at <= now() - ? * interval '1 microsecond' \
                RETURNING lock_key, token) \

@@ -78,7 +78,7 @@ impl Admin for SqliteConnection {
     fn purge_mark_leases(&mut self, idle_us: i64) -> QueryResult<usize> {
         self.immediate_transaction(|c| {
             let marked = stmt(
-                "UPDATE dlock_leases SET holder = '', expires_at = strftime('%Y-%m-%d %H:%M:%f', 'now', '+60 seconds') \
+                "UPDATE dlock_leases SET holder = '', expires_at = strftime('%Y-%m-%d %H:%M:%f', 'now') \
                  WHERE (holder IS NULL \
                         AND acquired_at <= strftime('%Y-%m-%d %H:%M:%f', 'now', ?)) \
                     OR expires_at <= strftime('%Y-%m-%d %H:%M:%f', 'now', ?)",

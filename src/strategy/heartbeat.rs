@@ -12,6 +12,9 @@
 //! ends while another is idle too. Dropping the `Locker` ends and joins the idle threads; one
 //! still inside a renewal is not waited for: it ends once that statement returns.
 //!
+//! The same threads run the statements of a guard's `check()` (`Heartbeat::call`), which
+//! waits for them only until the lease's deadline.
+//!
 //! A lease also counts as lost, without asking the database, once its local deadline has
 //! passed (`validity.rs`: the ttl less a margin for clock rates, counted from the send time of
 //! the last acquisition or renewal that succeeded), so while the database cannot be reached

@@ -143,6 +143,10 @@ impl<C: LockConnection> LockGuard<C> {
     /// pg_locks for this backend, `IS_USED_LOCK(name) = CONNECTION_ID()`, or whether the
     /// holding transaction still sees its row.
     ///
+    /// A `Lease` guard waits for the database's answer at most until the lease's local
+    /// deadline (see [`Strategy::Lease`](crate::Strategy::Lease)), and reports `LockLost`
+    /// from then on, for good, whatever the database says later.
+    ///
     /// # Errors
     /// [`Error::LockLost`](crate::Error::LockLost) if it is not: the lease expired (the
     /// heartbeat could not renew it in time), the row was taken over as stale, or the

@@ -46,9 +46,12 @@
 //!
 //! The last two are *session strategies*: the guard owns a pooled connection for its whole
 //! life, waiting happens in the server's lock queue, and a holder that dies frees its lock
-//! as soon as the server sees its connection close, with no ttl to wait out. A network
-//! partition or a failover ends the lock with the session; [`LockGuard::check`] asks the
-//! server on the guard's own connection and reports [`Error::LockLost`]. See [`Strategy`]
+//! as soon as the server sees its connection close, with no ttl to wait out. A failover
+//! ends the lock with the session, and so does a network partition once the server's TCP
+//! keepalives give up on the holder (2 h 11 min by Linux's defaults: see the README for
+//! settings that make it 25 s); [`LockGuard::check`] asks the server on the guard's own
+//! connection and reports [`Error::LockLost`]. A `Lease` guard cut off from the database
+//! reports the loss by itself, before any other client can take the key. See [`Strategy`]
 //! for the details of each. SQLite has neither, and refuses them with
 //! [`Error::Unsupported`].
 //!

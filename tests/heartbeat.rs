@@ -127,3 +127,52 @@ fn a_lease_that_cannot_be_renewed_is_lost_after_its_ttl() {
     drop(taken);
     assert!(matches!(g.release(), Err(Error::LockLost { .. })));
 }
+
+/// `check()` answers by the lease's local deadline even when the database does not (here:
+/// no pooled connection for far longer than the ttl; in a partition, a statement that hangs:
+/// tests/partition.rs), and once it has said "lost" it never says "held" again, even when
+/// the database can be reached once more. Before: `check()` waited for the pool's own timeout
+/// (60 s here) and then reported a pool error, not the loss.
+#[test]
+fn check_reports_the_loss_by_the_deadline_when_the_database_does_not_answer() {
+    use diesel::r2d2::{ConnectionManager, Pool};
+    use diesel_lock::Error;
+    use std::time::Instant;
+
+    let _one_at_a_time = THREADS.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let pool_timeout = Duration::from_secs(60);
+    let pool = Pool::builder()
+        .max_size(2)
+        .connection_timeout(pool_timeout)
+        .connection_customizer(Box::new(diesel_lock::SqliteTuning::default()))
+        .build(ConnectionManager::<diesel::SqliteConnection>::new(
+            dir.path().join("l.db").to_str().unwrap(),
+        ))
+        .unwrap();
+    let ttl = Duration::from_millis(800);
+    let l = Locker::builder(pool.clone())
+        .strategy(Strategy::Lease { ttl })
+        .build()
+        .unwrap();
+    l.migrate().unwrap();
+    let g = l.lock("unanswered").unwrap();
+    let start = Instant::now();
+    let taken = (pool.get().unwrap(), pool.get().unwrap());
+    // One call: it may not wait for the pool past the deadline.
+    let verdict = g.check();
+    let took = start.elapsed();
+    assert!(
+        matches!(verdict, Err(Error::LockLost { .. })),
+        "after {took:?}: {verdict:?}"
+    );
+    assert!(took < pool_timeout / 4, "answered only after {took:?}");
+    drop(taken);
+    // The database answers again, and the lease is in fact expired there; however long the
+    // heartbeat keeps running, the guard stays lost.
+    for _ in 0..5 {
+        std::thread::sleep(ttl / 4);
+        assert!(matches!(g.check(), Err(Error::LockLost { .. })));
+    }
+    assert!(matches!(g.release(), Err(Error::LockLost { .. })));
+}

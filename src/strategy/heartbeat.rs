@@ -12,16 +12,21 @@
 //! ends while another is idle too. Dropping the `Locker` ends and joins the idle threads; one
 //! still inside a renewal is not waited for: it ends once that statement returns.
 //!
-//! A lease also counts as lost, without asking the database, once a whole ttl has passed
-//! since the start of the last acquisition or renewal that succeeded: the database's expiry
-//! is at most that late, so while the database cannot be reached the guard still learns in
-//! time that it may no longer be the holder.
+//! The same threads run the statements of a guard's `check()` (`Heartbeat::call`), which
+//! waits for them only until the lease's deadline.
+//!
+//! A lease also counts as lost, without asking the database, once its local deadline has
+//! passed (`validity.rs`: the ttl less a margin for clock rates, counted from the send time of
+//! the last acquisition or renewal that succeeded), so while the database cannot be reached
+//! the guard still learns in time that it may no longer be the holder. A renewal that hangs
+//! (a partition) delays nothing but itself: the deadline is kept by the local clock, and a
+//! success reported after it does not count.
 
+use super::validity::Validity;
 use crate::backend::LockConnection;
 use crate::backend::Sql;
 use diesel::r2d2::ConnectionManager;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
@@ -37,6 +42,26 @@ struct State {
     busy: std::collections::HashSet<ThreadId>,
     /// Threads spawned whose handle is not yet in `threads`.
     starting: usize,
+    /// Statements of guards (`Heartbeat::call`), run before due renewals.
+    calls: Calls,
+}
+
+/// A statement a guard runs on a heartbeat thread, so that it can stop waiting for it.
+type Call = Box<dyn FnOnce() + Send>;
+
+#[derive(Default)]
+struct Calls(std::collections::VecDeque<Call>);
+
+impl std::fmt::Debug for Calls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} calls", self.0.len())
+    }
+}
+
+/// What a heartbeat thread does next.
+enum Work {
+    Renew(u64, String, String, Arc<Validity>),
+    Call(Call),
 }
 
 impl State {
@@ -56,26 +81,7 @@ struct Entry {
     /// renewals of other keys go first, so that stuck keys, however many, cannot take every
     /// thread and connection while the healthy leases run out.
     failing: bool,
-    lease: Arc<Lease>,
-}
-
-/// What a guard and the heartbeat share about one lease.
-#[derive(Debug)]
-struct Lease {
-    lost: AtomicBool,
-    /// No later than the database's expiry: the start of the last successful acquisition or
-    /// renewal, plus the ttl.
-    valid_until: Mutex<Instant>,
-}
-
-impl Lease {
-    fn valid_until(&self) -> Instant {
-        *self.valid_until.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::Acquire) || Instant::now() >= self.valid_until()
-    }
+    lease: Arc<Validity>,
 }
 
 #[derive(Debug, Default)]
@@ -114,14 +120,27 @@ impl<C: LockConnection> std::fmt::Debug for Heartbeat<C> {
 #[derive(Debug)]
 pub(crate) struct Beat {
     id: u64,
-    lease: Arc<Lease>,
+    lease: Arc<Validity>,
     shared: Arc<Shared>,
 }
 
 impl Beat {
-    /// True once a renewal found the lease gone, or a whole ttl passed without a renewal.
+    /// True, for good, once the database said the lease is not ours or its local deadline
+    /// passed.
     pub(crate) fn is_lost(&self) -> bool {
         self.lease.is_lost()
+    }
+
+    /// Until when the lease counts as held without hearing from the database; `None` once
+    /// lost.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        self.lease.deadline()
+    }
+
+    /// The database says the lease is not ours: lost for good, and no more renewals.
+    pub(crate) fn lose(&self) {
+        self.lease.lose();
+        self.shared.lock().entries.remove(&self.id);
     }
 }
 
@@ -149,10 +168,7 @@ impl<C: LockConnection> Heartbeat<C> {
     /// Starts renewing `holder`'s lease on `key` one interval from now. `sent` is when the
     /// acquiring statement was sent: the lease cannot have started before it.
     pub(crate) fn register(&self, key: &str, holder: &str, sent: Instant) -> Beat {
-        let lease = Arc::new(Lease {
-            lost: AtomicBool::new(false),
-            valid_until: Mutex::new(sent + self.ttl),
-        });
+        let lease = Arc::new(Validity::new(sent, self.ttl));
         let id = {
             let mut st = self.shared.lock();
             st.next_id += 1;
@@ -176,6 +192,28 @@ impl<C: LockConnection> Heartbeat<C> {
             id,
             lease,
             shared: self.shared.clone(),
+        }
+    }
+
+    /// Runs `call` on a heartbeat thread (one more is started if none is idle, up to the
+    /// pool's size). For the statements of a guard that may wait for them only until its
+    /// lease's deadline: in a partition a statement hangs until TCP gives up (a quarter of an
+    /// hour by default on Linux), and only the thread running it waits that long. A thread
+    /// of its own per statement would cost more than the statement (135 µs to start one on
+    /// a loaded 2-core machine).
+    pub(crate) fn call(&self, call: Call) {
+        let more = {
+            let mut st = self.shared.lock();
+            st.calls.0.push_back(call);
+            let more = st.idle() == 0 && st.threads.len() + st.starting < self.max_threads;
+            if more {
+                st.starting += 1;
+            }
+            more
+        };
+        self.shared.wake.notify_one();
+        if more {
+            self.worker().spawn();
         }
     }
 
@@ -262,15 +300,18 @@ impl<C: LockConnection> Worker<C> {
         }
     }
 
-    /// The next due renewal, or `None` once the heartbeat is dropped or this thread has been
-    /// idle for two intervals while another is idle too.
-    fn next(&self) -> Option<(u64, String, String, Arc<Lease>)> {
+    /// The next call or due renewal, or `None` once the heartbeat is dropped or this thread
+    /// has been idle for two intervals while another is idle too.
+    fn next(&self) -> Option<Work> {
         let me = std::thread::current().id();
         let idle_since = Instant::now();
         let mut st = self.shared.lock();
         loop {
             if st.shutdown {
                 return None;
+            }
+            if let Some(call) = st.calls.0.pop_front() {
+                return Some(self.take(st, Work::Call(call)));
             }
             let now = Instant::now();
             let idle_until = idle_since + 2 * self.interval;
@@ -289,16 +330,8 @@ impl<C: LockConnection> Worker<C> {
                 Some((&id, e)) if e.due <= now => {
                     e.due = now + self.interval;
                     e.renewing = true;
-                    let job = (id, e.key.clone(), e.holder.clone(), e.lease.clone());
-                    st.busy.insert(me);
-                    // Keep one thread free for the other keys, should this renewal stall.
-                    let more = st.idle() == 0 && st.threads.len() + st.starting < self.max_threads;
-                    if more {
-                        st.starting += 1;
-                        drop(st);
-                        self.clone_worker().spawn();
-                    }
-                    return Some(job);
+                    let job = Work::Renew(id, e.key.clone(), e.holder.clone(), e.lease.clone());
+                    return Some(self.take(st, job));
                 }
                 Some((_, e)) => (e.due - now).min(idle_until.saturating_duration_since(now)),
                 None => idle_until.saturating_duration_since(now),
@@ -310,6 +343,19 @@ impl<C: LockConnection> Worker<C> {
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
+    }
+
+    /// This thread takes `work`: busy now, and one more thread is started if none is left
+    /// idle, for the other keys, should this work stall.
+    fn take(&self, mut st: MutexGuard<'_, State>, work: Work) -> Work {
+        st.busy.insert(std::thread::current().id());
+        let more = st.idle() == 0 && st.threads.len() + st.starting < self.max_threads;
+        if more {
+            st.starting += 1;
+            drop(st);
+            self.clone_worker().spawn();
+        }
+        work
     }
 
     fn clone_worker(&self) -> Worker<C> {
@@ -324,11 +370,20 @@ impl<C: LockConnection> Worker<C> {
 
     fn run(self) {
         let me = std::thread::current().id();
-        while let Some((id, key, holder, lease)) = self.next() {
-            self.renew(id, &key, &holder, &lease);
+        while let Some(work) = self.next() {
+            let renewed = match work {
+                Work::Renew(id, key, holder, lease) => {
+                    self.renew(id, &key, &holder, &lease);
+                    Some(id)
+                }
+                Work::Call(call) => {
+                    call();
+                    None
+                }
+            };
             let mut st = self.shared.lock();
             st.busy.remove(&me);
-            if let Some(entry) = st.entries.get_mut(&id) {
+            if let Some(entry) = renewed.and_then(|id| st.entries.get_mut(&id)) {
                 entry.renewing = false;
             }
             if st.shutdown {
@@ -339,12 +394,23 @@ impl<C: LockConnection> Worker<C> {
         }
     }
 
-    fn renew(&self, id: u64, key: &str, holder: &str, lease: &Lease) {
+    fn renew(&self, id: u64, key: &str, holder: &str, lease: &Validity) {
         let (shared, interval, ttl) = (&self.shared, self.interval, self.ttl);
         let ttl_us = crate::strategy::micros(ttl).unwrap_or(i64::MAX);
-        let started = Instant::now();
-        // Waiting for a connection longer than the lease has left would be pointless.
-        let left = lease.valid_until().saturating_duration_since(started);
+        let forget = || {
+            shared.lock().entries.remove(&id);
+        };
+        // Before anything is sent: the database's count of the ttl starts later.
+        let sent = Instant::now();
+        let Some(deadline) = lease.deadline() else {
+            forget();
+            log::warn!("lock {key:?}: not renewed before its local deadline; the lock is lost");
+            return;
+        };
+        // Waiting for a connection longer than the lease has left would be pointless. The
+        // statement itself may hang (a partition): the deadline passes all the same, and a
+        // success reported after it does not count.
+        let left = deadline.saturating_duration_since(sent);
         let renewed = self
             .pool
             .get_timeout(interval.min(left).max(Duration::from_millis(1)))
@@ -356,23 +422,25 @@ impl<C: LockConnection> Worker<C> {
                     .map_err(Into::into)
             });
         match renewed {
-            Ok(true) => {
-                *lease.valid_until.lock().unwrap_or_else(|p| p.into_inner()) = started + ttl;
+            Ok(true) if lease.renewed(sent) => {
                 if let Some(entry) = shared.lock().entries.get_mut(&id) {
                     entry.failing = false;
                 }
                 log::trace!("lock {key:?}: lease renewed");
             }
+            Ok(true) => {
+                forget();
+                log::warn!("lock {key:?}: the lease was renewed only after its local deadline; the lock counts as lost");
+            }
             Ok(false) => {
-                lease.lost.store(true, Ordering::Release);
-                shared.lock().entries.remove(&id);
+                lease.lose();
+                forget();
                 log::warn!("lock {key:?}: the lease expired or was taken before it could be renewed; the lock is lost");
             }
             Err(e) if lease.is_lost() => {
-                lease.lost.store(true, Ordering::Release);
-                shared.lock().entries.remove(&id);
+                forget();
                 log::warn!(
-                    "lock {key:?}: no renewal for a whole ttl (last error: {e}); the lock is lost"
+                    "lock {key:?}: not renewed before its local deadline (last error: {e}); the lock is lost"
                 );
             }
             Err(e) => {

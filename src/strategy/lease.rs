@@ -2,8 +2,9 @@
 //! this strategy owns (its interval is a `Lease` option).
 
 use super::heartbeat::{Beat, Heartbeat};
-use super::{check_duration, contention_is_busy, micros, with_conn, Hold, Pool, RawLock, Setup};
+use super::{check_duration, contention_is_busy, micros, with_conn, with_pooled};
 use super::{Conn, Taken};
+use super::{Hold, Pool, RawLock, Setup};
 use crate::backend::{LockConnection, Sql, Wait};
 use crate::backoff::Backoff;
 use crate::{Error, Result};
@@ -75,7 +76,7 @@ impl<C: LockConnection> LeaseLock<C> {
                 pool: self.pool.clone(),
                 holder,
                 beat: Some(beat),
-                _heartbeat: self.heartbeat.clone(),
+                heartbeat: self.heartbeat.clone(),
             }),
             token: a.token,
             acquired_at: a.acquired_at,
@@ -116,22 +117,87 @@ struct LeaseHold<C: LockConnection> {
     holder: String,
     /// `None` once released.
     beat: Option<Beat>,
-    _heartbeat: Arc<Heartbeat<C>>,
+    /// Also runs the guard's check statements.
+    heartbeat: Arc<Heartbeat<C>>,
+}
+
+impl<C: LockConnection> LeaseHold<C> {
+    /// Runs a check statement (as `with_conn` does: contention is retried) on a heartbeat
+    /// thread, and waits for its answer until `until`: `None` if there was none by then
+    /// (see `Heartbeat::call`).
+    fn within<T: Send + 'static>(
+        &self,
+        until: Instant,
+        f: impl FnMut(&mut C) -> diesel::QueryResult<T> + Send + 'static,
+    ) -> Option<Result<T>> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let pool = self.pool.clone();
+        self.heartbeat.call(Box::new(move || {
+            let conn = pool.get_timeout(pool_wait(&pool, until));
+            let _ = tx.send(conn.map_err(Error::from).and_then(|c| with_pooled(c, f)));
+        }));
+        rx.recv_timeout(until.saturating_duration_since(Instant::now()))
+            .ok()
+    }
 }
 
 impl<C: LockConnection> Hold for LeaseHold<C> {
     fn release(mut self: Box<Self>, key: &str) -> Result<bool> {
         // Stop renewing first. A renewal already under way cannot revive the lease after the
         // release below: renewals match on our holder id, which the release clears.
-        let was_lost = self.beat.take().is_none_or(|beat| beat.is_lost());
-        let released = with_conn(&self.pool, |c| c.sql().lease_release(key, &self.holder))?;
-        Ok(released && !was_lost)
+        let Some(until) = self.beat.take().and_then(|beat| beat.deadline()) else {
+            // Lost already: the answer would change nothing, so nobody waits for it (in a
+            // partition it could hang for a quarter of an hour), but a lease the database
+            // still keeps for us (renewed just before the deadline) is freed if it can be.
+            let (k, holder) = (key.to_owned(), self.holder.clone());
+            let pool = self.pool.clone();
+            self.heartbeat.call(Box::new(move || {
+                if let Err(e) = with_conn(&pool, |c| c.sql().lease_release(&k, &holder)) {
+                    log::debug!("lock {k:?}: the release of the lost lease failed: {e}");
+                }
+            }));
+            return Ok(false);
+        };
+        // Inline, as a release is part of every lock cycle and a thread would cost as much
+        // as the statement on SQLite; waiting for a connection is bounded by the deadline.
+        match self.pool.get_timeout(pool_wait(&self.pool, until)) {
+            Ok(c) => with_pooled(c, |c| c.sql().lease_release(key, &self.holder)),
+            // None free before the deadline: the lease expires by itself.
+            Err(_) if Instant::now() >= until => Ok(false),
+            Err(e) => Err(e.into()),
+        }
     }
 
     fn held(&self, key: &str) -> Result<bool> {
-        if self.beat.as_ref().is_none_or(Beat::is_lost) {
+        let Some(beat) = &self.beat else {
+            return Ok(false);
+        };
+        let Some(until) = beat.deadline() else {
+            return Ok(false);
+        };
+        let (k, holder) = (key.to_owned(), self.holder.clone());
+        let answer = self.within(until, move |c| c.sql().lease_held(&k, &holder));
+        // An answer that came after the deadline says nothing about now.
+        if beat.is_lost() {
             return Ok(false);
         }
-        with_conn(&self.pool, |c| c.sql().lease_held(key, &self.holder))
+        match answer {
+            Some(Ok(true)) => Ok(true),
+            // No answer by the deadline: as good as past it.
+            Some(Ok(false)) | None => {
+                beat.lose();
+                Ok(false)
+            }
+            Some(Err(e)) => Err(e),
+        }
     }
+}
+
+/// How long to wait for a pooled connection with `until` as the deadline: the pool's own
+/// timeout, or less.
+fn pool_wait<C: LockConnection>(pool: &Pool<C>, until: Instant) -> Duration {
+    let left = until.saturating_duration_since(Instant::now());
+    pool.connection_timeout()
+        .min(left)
+        .max(Duration::from_millis(1))
 }

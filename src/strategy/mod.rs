@@ -21,6 +21,7 @@ pub(crate) mod heartbeat;
 mod lease;
 mod row;
 pub(crate) mod session;
+mod validity;
 
 pub(crate) use session::Pooled;
 
@@ -44,7 +45,7 @@ pub(crate) use session::Pooled;
 /// | | `ForUpdate` | `Advisory` |
 /// |---|---|---|
 /// | holder process dies | the OS closes its socket; the server rolls back and frees the lock at once (measured: < 3 ms) | same |
-/// | network partition | the server frees the lock only when it notices the dead session (TCP keepalives, `idle_in_transaction_session_timeout`, `wait_timeout`), which may take long; meanwhile the holder's [`check`](crate::LockGuard::check) fails | same, but no transaction: only keepalives / `wait_timeout` end it |
+/// | network partition | the server frees the lock when its TCP keepalives give up on the silent client: 2 h 11 min with Linux's defaults, 25 s with the README's settings (idle 10 s, 5 s × 3 probes; measured); meanwhile the holder's [`check`](crate::LockGuard::check) waits for its connection (until the link heals, or TCP gives up), unless libpq's `tcp_user_timeout` is in its URL | same |
 /// | database failover | the lock is gone with the session (row locks are not replicated); the holder's `check` fails | same (advisory locks are not replicated) |
 /// | fencing token | drawn once the row is locked from a source a rollback does not undo (PostgreSQL sequence `dlock_fence_seq`, MySQL AUTO_INCREMENT of `dlock_fences`): never reissued, even after a holder dies | a counter committed as soon as the lock is held: never reissued |
 /// | release | `COMMIT` | one `pg_advisory_unlock` / `RELEASE_LOCK` |
@@ -110,6 +111,17 @@ pub enum Strategy {
     /// Holder + expiry on the database clock. While a guard lives, a heartbeat renews the
     /// lease (default every ttl/3). Release is owner-checked: a unique holder id per
     /// acquisition, so two lockers sharing an owner name cannot release each other's locks.
+    ///
+    /// The guard also keeps a deadline of its own, so that it says "lost" before any other
+    /// client can take the key even when the database cannot be reached (a partition, where
+    /// statements hang): the ttl less 1 % and 1 ms, counted from the instant just before the
+    /// last successful acquisition or renewal was *sent*. The database's count can only
+    /// start later, so network delay needs no allowance; the 1 % covers the two clocks
+    /// running at different rates (twenty times the 500 ppm by which NTP may slew each), the
+    /// 1 ms SQLite's millisecond timestamps. A step of the database server's wall clock is
+    /// not covered. Past that deadline [`check`](crate::LockGuard::check) returns
+    /// `LockLost` without waiting for the database, and a renewal that succeeds later does
+    /// not change that: once lost, always lost.
     Lease {
         /// How long the lease lasts without renewal. At least 1 ms.
         ttl: Duration,
@@ -371,9 +383,16 @@ pub(crate) fn micros(d: Duration) -> Option<i64> {
 /// safe). Releases and renewals must not fail merely because a waiter collided with them.
 pub(crate) fn with_conn<C: LockConnection, T>(
     pool: &Pool<C>,
+    f: impl FnMut(&mut C) -> diesel::QueryResult<T>,
+) -> Result<T> {
+    with_pooled(pool.get()?, f)
+}
+
+/// `with_conn` on a connection taken already.
+pub(crate) fn with_pooled<C: LockConnection, T>(
+    mut conn: Pooled<C>,
     mut f: impl FnMut(&mut C) -> diesel::QueryResult<T>,
 ) -> Result<T> {
-    let mut conn = pool.get()?;
     let mut backoff =
         crate::backoff::Backoff::new(Duration::from_millis(1), Duration::from_millis(128));
     for _ in 0..8 {

@@ -5,12 +5,16 @@
 //! skips that backend with a printed line, unless `DLOCK_TEST_REQUIRE` is `all` (or names the
 //! backend: `pg`, `mysql`), in which case it fails the test.
 //!
+//! `netns` (network-partition tests) skips the same way where the machine forbids network
+//! namespaces, and fails instead when `DLOCK_TEST_REQUIRE` is `all` or names `netns`.
+//!
 //! `Locker::purge` is table-wide, so a test that purges on a server takes a database of its
 //! own (`pg_own_db`, `mysql_own_db`): a purge beside other tests would delete their rows, and
 //! theirs the rows it counts on.
 #![allow(dead_code, unreachable_pub)]
 
 pub mod conformance;
+pub mod netns;
 pub mod private_server;
 
 use diesel::r2d2::{ConnectionManager, Pool};

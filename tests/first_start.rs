@@ -209,49 +209,48 @@ fn sqlite_migrate_then_lock_on_an_empty_database() {
     }
 }
 
-#[cfg(feature = "postgres")]
-#[test]
-fn postgres_dlock_run_on_an_empty_database() {
-    for round in 0..ROUNDS {
-        let Some(db) = common::pg_own_db_sized(1) else {
-            return;
-        };
-        dlock_round(&db.url, strategy(round), round);
-    }
+/// Both rounds on a server, each round on an empty database of its own from `$own_db`
+/// (`$backend`: what `child_entry` calls the backend).
+macro_rules! server_rounds {
+    ($feature:literal, $dlock:ident, $library:ident, $own_db:path, $backend:literal) => {
+        #[cfg(feature = $feature)]
+        #[test]
+        fn $dlock() {
+            for round in 0..ROUNDS {
+                let Some(db) = $own_db(1) else {
+                    return;
+                };
+                dlock_round(&db.url, strategy(round), round);
+            }
+        }
+
+        #[cfg(feature = $feature)]
+        #[test]
+        fn $library() {
+            for round in 0..ROUNDS {
+                let Some(db) = $own_db(1) else {
+                    return;
+                };
+                library_round($backend, &db.url, round);
+            }
+        }
+    };
 }
 
-#[cfg(feature = "postgres")]
-#[test]
-fn postgres_migrate_then_lock_on_an_empty_database() {
-    for round in 0..ROUNDS {
-        let Some(db) = common::pg_own_db_sized(1) else {
-            return;
-        };
-        library_round("pg", &db.url, round);
-    }
-}
-
-#[cfg(feature = "mysql")]
-#[test]
-fn mysql_dlock_run_on_an_empty_database() {
-    for round in 0..ROUNDS {
-        let Some(db) = common::mysql_own_db_sized(1) else {
-            return;
-        };
-        dlock_round(&db.url, strategy(round), round);
-    }
-}
-
-#[cfg(feature = "mysql")]
-#[test]
-fn mysql_migrate_then_lock_on_an_empty_database() {
-    for round in 0..ROUNDS {
-        let Some(db) = common::mysql_own_db_sized(1) else {
-            return;
-        };
-        library_round("mysql", &db.url, round);
-    }
-}
+server_rounds!(
+    "postgres",
+    postgres_dlock_run_on_an_empty_database,
+    postgres_migrate_then_lock_on_an_empty_database,
+    common::pg_own_db_sized,
+    "pg"
+);
+server_rounds!(
+    "mysql",
+    mysql_dlock_run_on_an_empty_database,
+    mysql_migrate_then_lock_on_an_empty_database,
+    common::mysql_own_db_sized,
+    "mysql"
+);
 
 // ---------------------------------------------------------------------------------------
 // Schema upgrades: a database migrated by an older version (every migration but the newest).

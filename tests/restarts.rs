@@ -36,37 +36,29 @@ trait Private {
     fn stop_clean(&mut self);
 }
 
-#[cfg(feature = "postgres")]
-impl Private for common::private_server::PrivatePg {
-    fn url(&self) -> String {
-        self.url()
-    }
-    fn kill9(&mut self) {
-        self.kill9()
-    }
-    fn restart(&mut self) {
-        self.restart()
-    }
-    fn stop_clean(&mut self) {
-        self.stop_clean()
-    }
+/// `Private` for a harness server type, whose methods have the same names.
+macro_rules! private {
+    ($feature:literal, $server:ty) => {
+        #[cfg(feature = $feature)]
+        impl Private for $server {
+            fn url(&self) -> String {
+                self.url()
+            }
+            fn kill9(&mut self) {
+                self.kill9()
+            }
+            fn restart(&mut self) {
+                self.restart()
+            }
+            fn stop_clean(&mut self) {
+                self.stop_clean()
+            }
+        }
+    };
 }
 
-#[cfg(feature = "mysql")]
-impl Private for common::private_server::PrivateMaria {
-    fn url(&self) -> String {
-        self.url()
-    }
-    fn kill9(&mut self) {
-        self.kill9()
-    }
-    fn restart(&mut self) {
-        self.restart()
-    }
-    fn stop_clean(&mut self) {
-        self.stop_clean()
-    }
-}
+private!("postgres", common::private_server::PrivatePg);
+private!("mysql", common::private_server::PrivateMaria);
 
 /// What a waiter thread reports.
 enum Waited {

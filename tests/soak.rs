@@ -86,60 +86,39 @@ mod sqlite {
     }
 }
 
-#[cfg(feature = "postgres")]
-mod postgres {
-    fn run(strategy: &str) {
-        if let Some(url) = super::common::url("DLOCK_TEST_PG_URL", "pg") {
-            super::soak(&url, strategy);
+/// The four strategies on a server whose URL is in `$var` (`$name` for DLOCK_TEST_REQUIRE).
+macro_rules! server_soaks {
+    ($module:ident, $feature:literal, $var:literal, $name:literal) => {
+        #[cfg(feature = $feature)]
+        mod $module {
+            fn run(strategy: &str) {
+                if let Some(url) = super::common::url($var, $name) {
+                    super::soak(&url, strategy);
+                }
+            }
+
+            #[test]
+            fn row() {
+                run("row");
+            }
+
+            #[test]
+            fn lease() {
+                run("lease");
+            }
+
+            #[test]
+            fn for_update() {
+                run("for-update");
+            }
+
+            #[test]
+            fn advisory() {
+                run("advisory");
+            }
         }
-    }
-
-    #[test]
-    fn row() {
-        run("row");
-    }
-
-    #[test]
-    fn lease() {
-        run("lease");
-    }
-
-    #[test]
-    fn for_update() {
-        run("for-update");
-    }
-
-    #[test]
-    fn advisory() {
-        run("advisory");
-    }
+    };
 }
 
-#[cfg(feature = "mysql")]
-mod mysql {
-    fn run(strategy: &str) {
-        if let Some(url) = super::common::url("DLOCK_TEST_MYSQL_URL", "mysql") {
-            super::soak(&url, strategy);
-        }
-    }
-
-    #[test]
-    fn row() {
-        run("row");
-    }
-
-    #[test]
-    fn lease() {
-        run("lease");
-    }
-
-    #[test]
-    fn for_update() {
-        run("for-update");
-    }
-
-    #[test]
-    fn advisory() {
-        run("advisory");
-    }
-}
+server_soaks!(postgres, "postgres", "DLOCK_TEST_PG_URL", "pg");
+server_soaks!(mysql, "mysql", "DLOCK_TEST_MYSQL_URL", "mysql");

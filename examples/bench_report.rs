@@ -240,7 +240,13 @@ fn main() {
         }
     }
 
-    let md = markdown(&args, &backends, &rows, &scale_lines, round, rounds, window);
+    let mut md = markdown(&args, &backends, &rows, &scale_lines, round, rounds, window);
+    // The long soak (examples/soak.rs) takes many minutes: its last report is kept in its own
+    // file and carried over into this one.
+    if let Ok(soak) = std::fs::read_to_string("docs/soak.md") {
+        md.push('\n');
+        md.push_str(&soak);
+    }
     match &args.out {
         Some(path) => std::fs::write(path, &md).expect("write report"),
         None => print!("{md}"),

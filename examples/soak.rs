@@ -4,29 +4,36 @@
 //!
 //! ```text
 //! eval "$(bash scripts/services.sh)"   # DLOCK_TEST_PG_URL, DLOCK_TEST_MYSQL_URL
-//! cargo run --release --all-features --example soak -- 8 12500
+//! cargo run --release --all-features --example soak -- 8 12500 --out docs/soak.md
 //! ```
-//! Arguments: processes (default 8), acquisitions per process (default 12,500: 10⁵ in all).
-//! Backends without a URL are left out (SQLite always runs, in a temp file).
+//! Arguments: processes (default 8), acquisitions per process (default 12,500: 10⁵ in all),
+//! and `--out FILE` to write the report there as well (`bench_report` carries
+//! `docs/soak.md` into BENCHMARKS.md). Backends without a URL are left out (SQLite always
+//! runs, in a temp file).
 
 #[path = "../tests/common/soak.rs"]
 mod soak;
 
 use std::process::Command;
 
+const USAGE: &str = "usage: soak [PROCESSES] [ACQUISITIONS_PER_PROCESS] [--out FILE]";
+
 fn main() {
     if soak::child() {
         return;
     }
-    let args: Vec<usize> = std::env::args()
-        .skip(1)
-        .map(|a| {
-            a.parse()
-                .expect("usage: soak [PROCESSES] [ACQUISITIONS_PER_PROCESS]")
-        })
-        .collect();
-    let processes = args.first().copied().unwrap_or(8);
-    let acquisitions = args.get(1).copied().unwrap_or(12_500);
+    let mut out = None;
+    let mut numbers: Vec<usize> = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        if a == "--out" {
+            out = Some(args.next().expect(USAGE));
+        } else {
+            numbers.push(a.parse().expect(USAGE));
+        }
+    }
+    let processes = numbers.first().copied().unwrap_or(8);
+    let acquisitions = numbers.get(1).copied().unwrap_or(12_500);
     let dir = tempfile::tempdir().unwrap();
     let mut backends = vec![(
         "SQLite",
@@ -43,11 +50,18 @@ fn main() {
             _ => eprintln!("{name} left out: {var} is not set"),
         }
     }
-    println!(
-        "{processes} processes × {acquisitions} acquisitions of one key, racy counter checked\n"
+    let mut report = format!(
+        "## Soak: {processes} processes × {acquisitions} acquisitions of one key\n\n\
+         Produced by `cargo run --release --all-features --example soak -- {processes} \
+         {acquisitions} --out docs/soak.md`. Every holder increments a counter file by a read \
+         and a write (two holders at once would lose an increment); afterwards the count, the \
+         uniqueness of the tokens and their order (by counter value) are checked (a failure shows as FAILED in its row). \
+         Longest streak: the most consecutive acquisitions by one \
+         process (1: strict alternation).\n\n\
+         | backend | strategy | acquisitions | seconds | acquisitions/s | longest streak |\n\
+         |---|---|---:|---:|---:|---:|\n"
     );
-    println!("| backend | strategy | acquisitions | seconds | acquisitions/s | longest streak |");
-    println!("|---|---|---:|---:|---:|---:|");
+    print!("{report}");
     let mut failed = false;
     for (name, url, strategies) in &backends {
         for strategy in *strategies {
@@ -57,9 +71,9 @@ fn main() {
                 processes,
                 acquisitions,
             };
-            match soak::run(&s, || Command::new(std::env::current_exe().unwrap())) {
-                Ok(o) => println!(
-                    "| {name} | {strategy} | {} | {:.1} | {:.0} | {} |",
+            let line = match soak::run(&s, || Command::new(std::env::current_exe().unwrap())) {
+                Ok(o) => format!(
+                    "| {name} | {strategy} | {} | {:.1} | {:.0} | {} |\n",
                     o.acquisitions,
                     o.elapsed.as_secs_f64(),
                     o.rate,
@@ -67,10 +81,15 @@ fn main() {
                 ),
                 Err(e) => {
                     failed = true;
-                    println!("| {name} | {strategy} | FAILED: {e} | | | |");
+                    format!("| {name} | {strategy} | FAILED: {e} | | | |\n")
                 }
-            }
+            };
+            print!("{line}");
+            report.push_str(&line);
         }
+    }
+    if let Some(path) = out {
+        std::fs::write(&path, &report).expect("write the report");
     }
     if failed {
         std::process::exit(1);

@@ -193,6 +193,13 @@ fn restart_under_locks<C: LockConnection>(
     }
     let down = Instant::now();
     let warnings_before = WARNINGS.load(Ordering::Relaxed);
+    // A wait that begins while the server is down, on a Locker that has worked before,
+    // waits the outage out too (before: Error::Pool once the pool gave up connecting).
+    let late = {
+        let locker = held[3].1.clone();
+        let key = common::unique_key("restart-late");
+        std::thread::spawn(move || locker.try_lock_for(&key, PATIENCE).map(|g| g.is_some()))
+    };
     if !down_for.is_zero() {
         // Time passing is the point here: the lease's ttl runs out while the server is down.
         std::thread::sleep(down_for);
@@ -265,6 +272,10 @@ fn restart_under_locks<C: LockConnection>(
             }
             _ => unreachable!(),
         }
+    }
+    match late.join().unwrap() {
+        Ok(true) => {}
+        other => panic!("{what}: a wait begun during the outage: {other:?}"),
     }
     // The row's release wakes its waiter (on PostgreSQL by the listening connection: the
     // waiter polls only every 15-30 s).

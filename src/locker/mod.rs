@@ -176,9 +176,10 @@ impl<C: LockConnection> Locker<C> {
     /// `connection_timeout`; [`Error::MissingTable`](crate::Error::MissingTable) before
     /// `migrate`; [`Error::Database`](crate::Error::Database) for other database failures.
     /// Contention is never an error, and neither is a connection lost while waiting (a
-    /// database restarting, a network cut): once the wait has reached the database, it tries
-    /// again with a new connection until the deadline, logging one warning per outage. A
-    /// pool that cannot connect at all on the first attempt is `Error::Pool` at once.
+    /// database restarting, a network cut): the wait tries again with a new connection until
+    /// the deadline, logging one warning per outage. Only a `Locker` that has never reached
+    /// the database (no acquisition or `migrate` yet) whose pool cannot connect on its first
+    /// attempt returns `Error::Pool` at once: a wrong URL, or a database down from the start.
     ///
     /// # Examples
     /// ```

@@ -88,9 +88,11 @@ impl<C: LockConnection> Locker<C> {
         let mut backoff = Backoff::new(Duration::from_millis(1), max);
         // A connection lost during the wait (a server restarting, a network cut) is ridden
         // out until the deadline: the next attempt takes a new connection. Only a pool that
-        // could not connect before any attempt reached the database is an error at once, so
-        // that a wrong URL or a database that is down says so instead of waiting.
-        let mut reached = false;
+        // could not connect before this `Locker` ever reached the database is an error at
+        // once, so that a wrong URL or a database that is down says so instead of waiting;
+        // a `Locker` that has worked before waits out an outage that began before this call
+        // (found by the adversary: such waits failed with Error::Pool).
+        let mut reached = self.inner.schema_current.load(Ordering::Relaxed);
         let mut outage: Option<Instant> = None;
         loop {
             if cancel.is_some_and(Cancel::is_cancelled) {

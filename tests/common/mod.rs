@@ -11,6 +11,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod conformance;
+pub mod private_server;
 
 use diesel::r2d2::{ConnectionManager, Pool};
 use diesel_lock::{LockConnection, Locker, Strategy};

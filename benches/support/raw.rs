@@ -8,6 +8,9 @@ use diesel::sql_types::{BigInt, Text};
 use diesel::{QueryableByName, RunQueryDsl};
 use diesel_lock::{LockConnection, Locker, Strategy};
 
+/// A cycle of the lock with no token, and its statements (see `Pair::bare`).
+pub type Bare = (Box<dyn FnMut()>, &'static str);
+
 /// A cycle through the library and the same statements issued raw, on one pool.
 pub struct Pair {
     pub ours: Box<dyn FnMut()>,
@@ -17,6 +20,10 @@ pub struct Pair {
     /// PostgreSQL Row and Lease: the raw floor with releases that do not `pg_notify`, to
     /// measure what the notification costs.
     pub raw_without_notify: Option<Box<dyn FnMut()>>,
+    /// Session strategies: the lock alone with no token at all (`pg_advisory_lock` +
+    /// `pg_advisory_unlock`, `GET_LOCK` + `RELEASE_LOCK`, `BEGIN; SELECT … FOR UPDATE;
+    /// COMMIT`), what a fencing token is measured against, and its statements.
+    pub bare: Option<Bare>,
 }
 
 const OWNER: &str = "bench";
@@ -163,11 +170,54 @@ pub mod pg {
         assert_eq!(n, 1);
     }
 
+    /// The lock with no token (see `Pair::bare`).
+    fn bare(
+        pool: Pool<ConnectionManager<PgConnection>>,
+        strategy: Strategy,
+        key: &str,
+    ) -> Option<Bare> {
+        let k = key.to_owned();
+        match strategy {
+            Strategy::Advisory => {
+                let hash = diesel_lock::key_hash(&k);
+                Some((
+                    Box::new(move || {
+                        let mut c = pool.get().unwrap();
+                        sql("SELECT pg_advisory_lock(?) IS NOT NULL AS released")
+                            .bind::<BigInt, _>(hash)
+                            .get_result::<Released>(&mut c)
+                            .expect("advisory lock");
+                        let r = sql("SELECT pg_advisory_unlock(?) AS released")
+                            .bind::<BigInt, _>(hash)
+                            .get_result::<Released>(&mut c)
+                            .expect("unlock");
+                        assert!(r.released);
+                    }),
+                    "pg_advisory_lock; pg_advisory_unlock",
+                ))
+            }
+            Strategy::ForUpdate => Some((
+                Box::new(move || {
+                    let mut c = pool.get().unwrap();
+                    c.transaction(|c| {
+                        sql("SELECT 1::int8 AS one FROM dlock_for_update WHERE lock_key = ? FOR UPDATE")
+                            .bind::<Text, _>(&k)
+                            .get_result::<One>(c)
+                    })
+                    .expect("for update");
+                }),
+                "BEGIN; SELECT … FOR UPDATE; COMMIT",
+            )),
+            _ => None,
+        }
+    }
+
     pub fn pair(url: &str, strategy: Strategy, key: &str) -> Pair {
         let pool = super::super::pool::<PgConnection>(url, 4);
         let l = build(&pool, strategy, key);
         let k = key.to_owned();
         let (p, k2) = (pool.clone(), k.clone());
+        let pool_for_bare = pool.clone();
         let raw_without_notify: Option<Box<dyn FnMut()>> = match strategy {
             Strategy::Row { .. } => Some(Box::new(move || {
                 let id = row_acquire(&mut p.get().unwrap(), &k2);
@@ -227,11 +277,13 @@ pub mod pg {
             }
             _ => unreachable!(),
         };
+        let bare = bare(pool_for_bare, strategy, key);
         Pair {
             ours: ours(l, key.to_owned()),
             raw,
             statements,
             raw_without_notify,
+            bare,
         }
     }
 }
@@ -270,10 +322,51 @@ pub mod mysql {
         acquired_at: NaiveDateTime,
     }
 
+    /// The lock with no token (see `Pair::bare`).
+    fn bare(
+        pool: Pool<ConnectionManager<MysqlConnection>>,
+        strategy: Strategy,
+        key: &str,
+    ) -> Option<Bare> {
+        let k = key.to_owned();
+        match strategy {
+            Strategy::Advisory => Some((
+                Box::new(move || {
+                    let mut c = pool.get().unwrap();
+                    let got = sql(lib::ADVISORY_LOCK)
+                        .bind::<Text, _>(&k)
+                        .get_result::<Answer>(&mut c)
+                        .unwrap();
+                    assert_eq!(got.answer, Some(1));
+                    let r = sql(lib::ADVISORY_UNLOCK)
+                        .bind::<Text, _>(&k)
+                        .get_result::<Answer>(&mut c)
+                        .unwrap();
+                    assert_eq!(r.answer, Some(1));
+                }),
+                "GET_LOCK; RELEASE_LOCK",
+            )),
+            Strategy::ForUpdate => Some((
+                Box::new(move || {
+                    let mut c = pool.get().unwrap();
+                    c.transaction(|c| {
+                        sql(lib::FOR_UPDATE_LOCK)
+                            .bind::<Text, _>(&k)
+                            .get_result::<One>(c)
+                    })
+                    .expect("for update");
+                }),
+                "BEGIN; SELECT … FOR UPDATE; COMMIT",
+            )),
+            _ => None,
+        }
+    }
+
     pub fn pair(url: &str, strategy: Strategy, key: &str) -> Pair {
         let pool = super::super::pool::<MysqlConnection>(url, 4);
         let l = build(&pool, strategy, key);
         let k = key.to_owned();
+        let bare = bare(pool.clone(), strategy, key);
         let (raw, statements): (Box<dyn FnMut()>, _) = match strategy {
             Strategy::Row { .. } => (
                 Box::new(move || {
@@ -373,6 +466,7 @@ pub mod mysql {
             raw,
             statements,
             raw_without_notify: None,
+            bare,
         }
     }
 }
@@ -445,6 +539,7 @@ pub mod sqlite {
             raw,
             statements,
             raw_without_notify: None,
+            bare: None,
         }
     }
 }

@@ -97,6 +97,22 @@ pub mod pg {
         released: bool,
     }
 
+    /// What the session strategies' acquiring statements return.
+    #[derive(QueryableByName)]
+    #[allow(dead_code)]
+    pub struct Fenced {
+        #[diesel(sql_type = Bool)]
+        pub got: bool,
+        #[diesel(sql_type = BigInt)]
+        pub id: i64,
+        #[diesel(sql_type = diesel::sql_types::Nullable<BigInt>)]
+        pub token: Option<i64>,
+        #[diesel(sql_type = diesel::sql_types::Nullable<BigInt>)]
+        pub high: Option<i64>,
+        #[diesel(sql_type = Timestamptz)]
+        pub acquired_at: DateTime<Utc>,
+    }
+
     /// The releases' count of notified rows.
     #[derive(QueryableByName)]
     struct One {
@@ -250,11 +266,11 @@ pub mod pg {
                     c.transaction(|c| {
                         sql(lib::FOR_UPDATE_LOCK)
                             .bind::<Text, _>(&k)
-                            .get_result::<Acquired>(c)
+                            .get_result::<Fenced>(c)
                     })
                     .expect("for update");
                 }),
-                "BEGIN; UPDATE … (SELECT … FOR UPDATE) RETURNING nextval(…); COMMIT",
+                "BEGIN; UPDATE … (SELECT … FOR UPDATE) RETURNING nextval(…) + offset, bound; COMMIT (asynchronous)",
             ),
             Strategy::Advisory => {
                 let hash = diesel_lock::key_hash(&k);
@@ -263,8 +279,7 @@ pub mod pg {
                         let mut c = pool.get().unwrap();
                         sql(lib::ADVISORY_LOCK)
                             .bind::<BigInt, _>(hash)
-                            .bind::<Text, _>(&k)
-                            .get_result::<Acquired>(&mut c)
+                            .get_result::<Fenced>(&mut c)
                             .expect("advisory lock");
                         let r = sql(lib::ADVISORY_UNLOCK)
                             .bind::<BigInt, _>(hash)
@@ -272,7 +287,7 @@ pub mod pg {
                             .expect("unlock");
                         assert!(r.released);
                     }),
-                    "pg_advisory_lock + token upsert (one statement); pg_advisory_unlock",
+                    "pg_advisory_lock + nextval(…) + offset, bound (one statement, asynchronous commit); pg_advisory_unlock",
                 )
             }
             _ => unreachable!(),
@@ -313,13 +328,16 @@ pub mod mysql {
         one: i64,
     }
 
+    /// What MariaDB's session statements return.
     #[derive(QueryableByName)]
     #[allow(dead_code)]
-    struct Fence {
+    struct Drawn {
+        #[diesel(sql_type = diesel::sql_types::Nullable<BigInt>)]
+        token: Option<i64>,
+        #[diesel(sql_type = diesel::sql_types::Nullable<BigInt>)]
+        high: Option<i64>,
         #[diesel(sql_type = BigInt)]
-        id: i64,
-        #[diesel(sql_type = Datetime)]
-        acquired_at: NaiveDateTime,
+        acquired_us: i64,
     }
 
     /// The lock with no token (see `Pair::bare`).
@@ -333,7 +351,7 @@ pub mod mysql {
             Strategy::Advisory => Some((
                 Box::new(move || {
                     let mut c = pool.get().unwrap();
-                    let got = sql(lib::ADVISORY_LOCK)
+                    let got = sql(lib::GET_LOCK)
                         .bind::<Text, _>(&k)
                         .get_result::<Answer>(&mut c)
                         .unwrap();
@@ -350,7 +368,7 @@ pub mod mysql {
                 Box::new(move || {
                     let mut c = pool.get().unwrap();
                     c.transaction(|c| {
-                        sql(lib::FOR_UPDATE_LOCK)
+                        sql(lib::FOR_UPDATE_LOCK_ONLY)
                             .bind::<Text, _>(&k)
                             .get_result::<One>(c)
                     })
@@ -423,16 +441,11 @@ pub mod mysql {
                     c.transaction(|c| {
                         sql(lib::FOR_UPDATE_LOCK)
                             .bind::<Text, _>(&k)
-                            .get_result::<One>(c)?;
-                        sql(lib::FENCE_INSERT).bind::<Text, _>(&k).execute(c)?;
-                        let fence = sql(lib::FENCE_READ).get_result::<Fence>(c)?;
-                        sql(lib::FENCE_DELETE)
-                            .bind::<BigInt, _>(fence.id)
-                            .execute(c)
+                            .get_result::<Drawn>(c)
                     })
                     .expect("for update");
                 }),
-                "BEGIN; SELECT … FOR UPDATE; INSERT fence; SELECT LAST_INSERT_ID(); DELETE fence; COMMIT",
+                "BEGIN; SELECT UUID_SHORT() + @offset, @bound … FOR UPDATE; COMMIT",
             ),
             Strategy::Advisory => (
                 Box::new(move || {
@@ -441,23 +454,16 @@ pub mod mysql {
                     // key (lowercase ASCII, at most 64 characters).
                     let got = sql(lib::ADVISORY_LOCK)
                         .bind::<Text, _>(&k)
-                        .get_result::<Answer>(&mut c)
+                        .get_result::<Drawn>(&mut c)
                         .unwrap();
-                    assert_eq!(got.answer, Some(1));
-                    sql(lib::ADVISORY_TOKEN_BUMP)
-                        .bind::<Text, _>(&k)
-                        .execute(&mut c)
-                        .unwrap();
-                    sql(lib::ADVISORY_TOKEN_READ)
-                        .get_result::<Acquired>(&mut c)
-                        .unwrap();
+                    assert!(got.token.is_some_and(|t| t > 0));
                     let r = sql(lib::ADVISORY_UNLOCK)
                         .bind::<Text, _>(&k)
                         .get_result::<Answer>(&mut c)
                         .unwrap();
                     assert_eq!(r.answer, Some(1));
                 }),
-                "GET_LOCK; token upsert; SELECT LAST_INSERT_ID(); RELEASE_LOCK",
+                "GET_LOCK + UUID_SHORT() + @offset, @bound (one statement); RELEASE_LOCK",
             ),
             _ => unreachable!(),
         };

@@ -57,6 +57,9 @@ struct Row {
     redis: Option<f64>,
     /// PostgreSQL Row and Lease: the raw floor without `pg_notify` in the release.
     raw_silent: Option<f64>,
+    /// Session strategies: the lock with no token at all (`Pair::bare`), cycles/s.
+    bare: Option<f64>,
+    bare_statements: &'static str,
     /// (handoffs/s, fairness) with 8 threads on one key, per sharing.
     shared: Option<(f64, f64)>,
     separate: Option<(f64, f64)>,
@@ -146,6 +149,11 @@ fn main() {
             if let Some(silent) = &mut p.raw_without_notify {
                 contestants.push(silent);
             }
+            let bare_statements = p.bare.as_ref().map_or("", |b| b.1);
+            let with_bare = p.bare.is_some();
+            if let Some((bare, _)) = &mut p.bare {
+                contestants.push(bare);
+            }
             let rates = support::interleaved(round, rounds, &mut contestants);
             eprintln!("cycle {} {}: {rates:.0?}", db.name(), s.name());
             rows.insert(
@@ -159,6 +167,8 @@ fn main() {
                         .raw_without_notify
                         .as_ref()
                         .map(|_| rates[if with_redis { 3 } else { 2 }]),
+                    bare: with_bare.then(|| rates[rates.len() - 1]),
+                    bare_statements,
                     ..Row::default()
                 },
             );
@@ -168,8 +178,18 @@ fn main() {
     // Contention: 8 threads on one key, both ways of sharing, in rounds across all
     // strategies and backends; the median round of each.
     let mut runs: BTreeMap<Run, Vec<(f64, f64)>> = BTreeMap::new();
+    let mut redis_runs: Vec<(f64, f64)> = Vec::new();
     let contention_rounds = if args.quick { 1 } else { 3 };
     for _ in 0..contention_rounds {
+        if let Some(r) = support::redis_contend(8, &support::key("contention-redis"), window) {
+            eprintln!(
+                "contention redis: {:.0}/s fairness {:.2} {:?}",
+                r.per_second(),
+                r.fairness(),
+                r.per_thread
+            );
+            redis_runs.push((r.per_second(), r.fairness()));
+        }
         for &db in &backends {
             for s in support::strategies(db) {
                 for sharing in [Sharing::OneLocker, Sharing::LockerPerThread] {
@@ -240,7 +260,20 @@ fn main() {
         }
     }
 
-    let mut md = markdown(&args, &backends, &rows, &scale_lines, round, rounds, window);
+    let redis_contention = (!redis_runs.is_empty()).then(|| {
+        (
+            support::median(&redis_runs.iter().map(|x| x.0).collect::<Vec<_>>()),
+            support::median(&redis_runs.iter().map(|x| x.1).collect::<Vec<_>>()),
+        )
+    });
+    let mut md = markdown(
+        &args,
+        &backends,
+        &rows,
+        &scale_lines,
+        redis_contention,
+        (round, rounds, window),
+    );
     // The long soak (examples/soak.rs) takes many minutes: its last report is kept in its own
     // file and carried over into this one.
     if let Ok(soak) = std::fs::read_to_string("docs/soak.md") {
@@ -265,9 +298,8 @@ fn markdown(
     backends: &[Db],
     rows: &BTreeMap<(usize, &'static str), Row>,
     scale_lines: &[String],
-    round: Duration,
-    rounds: usize,
-    window: Duration,
+    redis_contention: Option<(f64, f64)>,
+    (round, rounds, window): (Duration, usize, Duration),
 ) -> String {
     let mut m = String::new();
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
@@ -333,6 +365,28 @@ fn markdown(
         )
         .unwrap();
     }
+    let bare: Vec<_> = rows
+        .iter()
+        .filter_map(|((o, s), r)| r.bare.map(|b| (o, s, r, b)))
+        .collect();
+    if !bare.is_empty() {
+        writeln!(m, "\nWhat the fencing token costs: the session strategies against the lock alone, with no token at all (same rotation):\n\n| strategy | backend | ours, cycles/s | lock alone, cycles/s | × lock alone | lock alone is |\n|---|---|---:|---:|---:|---|").unwrap();
+        for (o, s, r, b) in bare {
+            writeln!(
+                m,
+                "| {s} | {} | {} | {} | {:.2} | {} |",
+                name(backends, *o),
+                thousands(r.ours),
+                thousands(b),
+                r.ours / b,
+                r.bare_statements
+            )
+            .unwrap();
+        }
+    }
+    if let Some((h, f)) = redis_contention {
+        writeln!(m, "\nRedis under contention, 8 threads on one key, a connection each (`SET NX PX`, sleep 1 ms and retry while held; Lua compare-and-delete): {} handoffs/s (fairness {f:.2}).", thousands(h)).unwrap();
+    }
     let notify: Vec<_> = rows
         .iter()
         .filter_map(|((o, s), r)| r.raw_silent.map(|x| (o, s, r.raw, x)))
@@ -360,7 +414,7 @@ fn markdown(
         }
         writeln!(m).unwrap();
     }
-    targets(&mut m, backends, rows);
+    targets(&mut m, backends, rows, redis_contention);
     writeln!(m, "## Handoffs per second, 8 threads on one key\n\n![handoffs/s per strategy × backend](docs/handoffs.svg)\n").unwrap();
     m
 }
@@ -431,7 +485,12 @@ fn svg(backends: &[Db], rows: &BTreeMap<(usize, &'static str), Row>) -> String {
 }
 
 /// The targets, as measured in this run.
-fn targets(m: &mut String, backends: &[Db], rows: &BTreeMap<(usize, &'static str), Row>) {
+fn targets(
+    m: &mut String,
+    backends: &[Db],
+    rows: &BTreeMap<(usize, &'static str), Row>,
+    redis_contention: Option<(f64, f64)>,
+) {
     let get = |db: Db, s: &'static str| {
         backends
             .iter()
@@ -517,6 +576,38 @@ fn targets(m: &mut String, backends: &[Db], rows: &BTreeMap<(usize, &'static str
                 }
             )
             .unwrap();
+        }
+    }
+    // The fencing-token targets: the session strategies against the lock alone.
+    for db in [Db::Postgres, Db::Mysql] {
+        for (s, floor) in [("advisory", 0.9), ("for-update", 0.8)] {
+            if let Some((r, bare)) = get(db, s).and_then(|r| r.bare.map(|b| (r, b))) {
+                writeln!(
+                    m,
+                    "5. {s} on {} ≥ {floor}× the lock with no token ({}): {:.2}: {}.",
+                    db.name(),
+                    r.bare_statements,
+                    r.ours / bare,
+                    mark(r.ours >= floor * bare)
+                )
+                .unwrap();
+            }
+        }
+        if let (Some(r), Some((redis, _))) = (get(db, "advisory"), redis_contention) {
+            for (what, x) in [("one Locker", r.shared), ("a Locker each", r.separate)] {
+                if let Some((h, _)) = x {
+                    writeln!(
+                        m,
+                        "6. Advisory on {}, 8 threads ({what}) ≥ 1.0× Redis 8 threads: {:.2} ({} vs {} handoffs/s): {}.",
+                        db.name(),
+                        h / redis,
+                        thousands(h),
+                        thousands(redis),
+                        mark(h >= redis)
+                    )
+                    .unwrap();
+                }
+            }
         }
     }
     writeln!(m).unwrap();

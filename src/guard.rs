@@ -85,7 +85,8 @@ impl<C: LockConnection> LockGuard<C> {
 
     /// The fencing token: strictly greater than every token issued earlier for this key by
     /// this strategy. Pass it to whatever the lock protects, and have that refuse writes
-    /// carrying a token lower than one it has seen.
+    /// carrying a token lower than one it has seen. `ForUpdate` and `Advisory` tokens are
+    /// global (one source for every key), so consecutive tokens of a key may leave gaps.
     ///
     /// ```
     /// # fn main() -> diesel_lock::Result<()> {

@@ -70,14 +70,17 @@
 //! - **Mutual exclusion** per key and strategy, as long as the database keeps its own
 //!   promises (a committed row is visible to every later statement).
 //! - **Fencing tokens**: [`LockGuard::token`] strictly increases per key, so a resource can
-//!   refuse a holder whose lock has lapsed.
+//!   refuse a holder whose lock has lapsed. `Row` and `Lease` count per key; `ForUpdate` and
+//!   `Advisory` draw from one global source, so their tokens skip the values other keys took
+//!   (see [`Strategy`]).
 //! - **Time from the database**: expiries and staleness are computed by the server's clock,
 //!   never the client's.
 //! - **No lock blocks forever after a crash**, except a `Row` lock without `stale_after`,
 //!   which is documented as such.
-//! - **Tokens survive their holder**: a token drawn by a holder that then crashed is never
-//!   issued again (`ForUpdate` draws it from a PostgreSQL sequence or a MySQL AUTO_INCREMENT,
-//!   which a rollback does not undo).
+//! - **Tokens survive their holder, and the server**: a token drawn by a holder that then
+//!   crashed is never issued again; for `ForUpdate` and `Advisory`, neither is one handed
+//!   out before a crash of the database server (each life of the server starts above a
+//!   bound committed before any token under it went out).
 //!
 //! Keys are 1 to 255 bytes of UTF-8 without NUL, compared exactly (case-sensitive) on every
 //! backend; anything else is [`Error::InvalidKey`] before any SQL runs. Locks are not

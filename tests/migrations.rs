@@ -74,6 +74,12 @@ fn migrate_again_after<F: FnOnce(&mut MysqlConnection)>(base_url: &str, version:
         .unwrap_or_else(|e| panic!("migrate again after {version}: {e:?}"));
     let g = locker.try_lock("after").unwrap().expect("free");
     g.release().unwrap();
+    for s in [Strategy::Advisory, Strategy::ForUpdate] {
+        let l = Locker::builder(pool.clone()).strategy(s).build().unwrap();
+        let g = l.try_lock("after").unwrap().expect("free");
+        assert!(g.token() > 0);
+        g.release().unwrap();
+    }
 }
 
 #[test]
@@ -81,6 +87,12 @@ fn each_mysql_migration_runs_again_over_its_own_work() {
     let Some(url) = common::url("DLOCK_TEST_MYSQL_URL", "mysql") else {
         return;
     };
+    // Killed after migration 6 (the fencing bound, the MEMORY table, MariaDB's sequence).
+    migrate_again_after(&url, "00000000000006", |_| {});
+    // Killed inside migration 6, after its first table: the rest runs on.
+    migrate_again_after(&url, "00000000000006", |c| {
+        c.batch_execute("DROP TABLE dlock_fence_live").unwrap();
+    });
     // Killed after migration 5's ALTER TABLE (the adversary's "try 2").
     migrate_again_after(&url, "00000000000005", |_| {});
     // Killed after migration 4's (its "try 11"): 4 and 5 both run again.

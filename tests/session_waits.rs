@@ -207,7 +207,8 @@ mod mysql {
         let waited = loop {
             let n = diesel::sql_query(
                 "SELECT count(*) AS n FROM information_schema.PROCESSLIST \
-                 WHERE INFO LIKE 'SELECT CAST(GET_LOCK(%' AND TIME_MS > 500",
+                 WHERE INFO LIKE 'SELECT %GET_LOCK(%' AND INFO NOT LIKE '%PROCESSLIST%' \
+                   AND TIME_MS > 500",
             )
             .get_result::<Count>(&mut *conn)
             .unwrap()

@@ -108,7 +108,12 @@ fn cancel_ends_a_wait<C: ServerWaits>(h: &Harness<C>, s: Strategy) {
     );
     held.check().expect("the holder kept its lock");
     held.release().unwrap();
-    let again = waiter.try_lock(&key).unwrap().expect("the key is free");
+    // The ended session may still be on its way out of the server (KILL CONNECTION only
+    // marks it), holding what its wait was granted at the release: give it a moment.
+    let again = waiter
+        .try_lock_for(&key, Duration::from_secs(5))
+        .unwrap()
+        .expect("the key is free");
     again.release().unwrap();
     // A cancelled handle cancels at once.
     assert!(waiter
@@ -225,11 +230,11 @@ fn a_late_cancellation_spares_a_session_that_moved_on<C: ServerWaits>(h: &Harnes
         let c = cancel.clone();
         std::thread::spawn(move || c.cancel())
     };
-    // The release below must come after the cancellation has begun (its hooks for the slow
-    // waits are stuck waiting for a connection): on a loaded machine the canceller thread
-    // could otherwise start after the fourth wait was granted and returned (seen once).
+    // The wait is cancelled before it is granted (its hook may still be to come): a grant
+    // racing ahead of `cancel` would be an ordinary acquisition, not this scenario.
     while !cancel.is_cancelled() {
-        std::thread::yield_now();
+        assert!(since.elapsed() < Duration::from_secs(20), "never cancelled");
+        std::thread::sleep(Duration::from_millis(1));
     }
     let mut held = held;
     held.pop().unwrap().release().unwrap(); // the fourth wait is granted, then gives it back

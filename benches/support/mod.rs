@@ -26,7 +26,8 @@ pub(crate) use stmt::stmt as sql;
 /// The lease ttl used throughout: long enough that no heartbeat runs during a cycle.
 pub const TTL: Duration = Duration::from_secs(30);
 
-/// The strategies measured, by name.
+/// The strategies measured, by name: all of them, or those named in `DLOCK_BENCH_ONLY`
+/// (comma-separated, e.g. `advisory,for-update`) for a shorter run.
 pub fn strategies(backend: Db) -> Vec<Strategy> {
     let mut v = vec![
         Strategy::Row { stale_after: None },
@@ -36,7 +37,13 @@ pub fn strategies(backend: Db) -> Vec<Strategy> {
         v.push(Strategy::ForUpdate);
         v.push(Strategy::Advisory);
     }
-    v
+    match std::env::var("DLOCK_BENCH_ONLY") {
+        Ok(only) if !only.is_empty() => v
+            .into_iter()
+            .filter(|s| only.split(',').any(|o| o.trim() == s.name()))
+            .collect(),
+        _ => v,
+    }
 }
 
 /// A backend under test.
@@ -349,6 +356,60 @@ impl Redis {
             .expect("compare-and-delete");
         assert_eq!(deleted, 1);
     }
+}
+
+/// The Redis yardstick under contention: `threads` threads, each on a connection of its
+/// own (as separate processes), take `key` with `SET NX PX`, sleep 1 ms and retry while it
+/// is held, and release with the Lua compare-and-delete, for `window`. `None` without
+/// `DLOCK_TEST_REDIS_URL`.
+pub fn redis_contend(threads: usize, key: &str, window: Duration) -> Option<Contention> {
+    let url = std::env::var("DLOCK_TEST_REDIS_URL").ok()?;
+    let start = Arc::new(Barrier::new(threads + 1));
+    let done = Arc::new(AtomicBool::new(false));
+    let handles: Vec<_> = (0..threads)
+        .map(|i| {
+            let (start, done, key) = (start.clone(), done.clone(), key.to_owned());
+            let mut c = redis::Client::open(url.as_str())
+                .and_then(|c| c.get_connection())
+                .expect("redis connection");
+            std::thread::spawn(move || {
+                let script = redis::Script::new(
+                    "if redis.call('get', KEYS[1]) == ARGV[1] then \
+                       return redis.call('del', KEYS[1]) else return 0 end",
+                );
+                let token = format!("t{i}");
+                start.wait();
+                let mut mine = 0u64;
+                while !done.load(Ordering::Relaxed) {
+                    let set: Option<String> = redis::cmd("SET")
+                        .arg(&key)
+                        .arg(&token)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(TTL.as_millis() as u64)
+                        .query(&mut c)
+                        .expect("SET");
+                    if set.is_none() {
+                        std::thread::sleep(Duration::from_millis(1));
+                        continue;
+                    }
+                    let deleted: i64 = script.key(&key).arg(&token).invoke(&mut c).expect("del");
+                    assert_eq!(deleted, 1);
+                    mine += 1;
+                }
+                mine
+            })
+        })
+        .collect();
+    start.wait();
+    let t0 = Instant::now();
+    std::thread::sleep(window); // the measurement window, not synchronisation
+    done.store(true, Ordering::Relaxed);
+    let per_thread: Vec<u64> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    Some(Contention {
+        elapsed: t0.elapsed(),
+        per_thread,
+    })
 }
 
 /// Cycles per second of `f`, run for `round`.

@@ -8,6 +8,9 @@ use diesel::sql_types::{BigInt, Text};
 use diesel::{QueryableByName, RunQueryDsl};
 use diesel_lock::{LockConnection, Locker, Strategy};
 
+/// A cycle of the lock with no token, and its statements (see `Pair::bare`).
+pub type Bare = (Box<dyn FnMut()>, &'static str);
+
 /// A cycle through the library and the same statements issued raw, on one pool.
 pub struct Pair {
     pub ours: Box<dyn FnMut()>,
@@ -17,6 +20,10 @@ pub struct Pair {
     /// PostgreSQL Row and Lease: the raw floor with releases that do not `pg_notify`, to
     /// measure what the notification costs.
     pub raw_without_notify: Option<Box<dyn FnMut()>>,
+    /// Session strategies: the lock alone with no token at all (`pg_advisory_lock` +
+    /// `pg_advisory_unlock`, `GET_LOCK` + `RELEASE_LOCK`, `BEGIN; SELECT … FOR UPDATE;
+    /// COMMIT`), what a fencing token is measured against, and its statements.
+    pub bare: Option<Bare>,
 }
 
 const OWNER: &str = "bench";
@@ -88,6 +95,22 @@ pub mod pg {
     struct Released {
         #[diesel(sql_type = Bool)]
         released: bool,
+    }
+
+    /// What the session strategies' acquiring statements return.
+    #[derive(QueryableByName)]
+    #[allow(dead_code)]
+    pub struct Fenced {
+        #[diesel(sql_type = Bool)]
+        pub got: bool,
+        #[diesel(sql_type = BigInt)]
+        pub id: i64,
+        #[diesel(sql_type = diesel::sql_types::Nullable<BigInt>)]
+        pub token: Option<i64>,
+        #[diesel(sql_type = diesel::sql_types::Nullable<BigInt>)]
+        pub high: Option<i64>,
+        #[diesel(sql_type = Timestamptz)]
+        pub acquired_at: DateTime<Utc>,
     }
 
     /// The releases' count of notified rows.
@@ -163,11 +186,54 @@ pub mod pg {
         assert_eq!(n, 1);
     }
 
+    /// The lock with no token (see `Pair::bare`).
+    fn bare(
+        pool: Pool<ConnectionManager<PgConnection>>,
+        strategy: Strategy,
+        key: &str,
+    ) -> Option<Bare> {
+        let k = key.to_owned();
+        match strategy {
+            Strategy::Advisory => {
+                let hash = diesel_lock::key_hash(&k);
+                Some((
+                    Box::new(move || {
+                        let mut c = pool.get().unwrap();
+                        sql("SELECT pg_advisory_lock(?) IS NOT NULL AS released")
+                            .bind::<BigInt, _>(hash)
+                            .get_result::<Released>(&mut c)
+                            .expect("advisory lock");
+                        let r = sql("SELECT pg_advisory_unlock(?) AS released")
+                            .bind::<BigInt, _>(hash)
+                            .get_result::<Released>(&mut c)
+                            .expect("unlock");
+                        assert!(r.released);
+                    }),
+                    "pg_advisory_lock; pg_advisory_unlock",
+                ))
+            }
+            Strategy::ForUpdate => Some((
+                Box::new(move || {
+                    let mut c = pool.get().unwrap();
+                    c.transaction(|c| {
+                        sql("SELECT 1::int8 AS one FROM dlock_for_update WHERE lock_key = ? FOR UPDATE")
+                            .bind::<Text, _>(&k)
+                            .get_result::<One>(c)
+                    })
+                    .expect("for update");
+                }),
+                "BEGIN; SELECT … FOR UPDATE; COMMIT",
+            )),
+            _ => None,
+        }
+    }
+
     pub fn pair(url: &str, strategy: Strategy, key: &str) -> Pair {
         let pool = super::super::pool::<PgConnection>(url, 4);
         let l = build(&pool, strategy, key);
         let k = key.to_owned();
         let (p, k2) = (pool.clone(), k.clone());
+        let pool_for_bare = pool.clone();
         let raw_without_notify: Option<Box<dyn FnMut()>> = match strategy {
             Strategy::Row { .. } => Some(Box::new(move || {
                 let id = row_acquire(&mut p.get().unwrap(), &k2);
@@ -200,11 +266,11 @@ pub mod pg {
                     c.transaction(|c| {
                         sql(lib::FOR_UPDATE_LOCK)
                             .bind::<Text, _>(&k)
-                            .get_result::<Acquired>(c)
+                            .get_result::<Fenced>(c)
                     })
                     .expect("for update");
                 }),
-                "BEGIN; UPDATE … (SELECT … FOR UPDATE) RETURNING nextval(…); COMMIT",
+                "BEGIN; UPDATE … (SELECT … FOR UPDATE) RETURNING nextval(…) + offset, bound; COMMIT (asynchronous)",
             ),
             Strategy::Advisory => {
                 let hash = diesel_lock::key_hash(&k);
@@ -213,8 +279,7 @@ pub mod pg {
                         let mut c = pool.get().unwrap();
                         sql(lib::ADVISORY_LOCK)
                             .bind::<BigInt, _>(hash)
-                            .bind::<Text, _>(&k)
-                            .get_result::<Acquired>(&mut c)
+                            .get_result::<Fenced>(&mut c)
                             .expect("advisory lock");
                         let r = sql(lib::ADVISORY_UNLOCK)
                             .bind::<BigInt, _>(hash)
@@ -222,16 +287,18 @@ pub mod pg {
                             .expect("unlock");
                         assert!(r.released);
                     }),
-                    "pg_advisory_lock + token upsert (one statement); pg_advisory_unlock",
+                    "pg_advisory_lock + nextval(…) + offset, bound (one statement, asynchronous commit); pg_advisory_unlock",
                 )
             }
             _ => unreachable!(),
         };
+        let bare = bare(pool_for_bare, strategy, key);
         Pair {
             ours: ours(l, key.to_owned()),
             raw,
             statements,
             raw_without_notify,
+            bare,
         }
     }
 }
@@ -261,19 +328,63 @@ pub mod mysql {
         one: i64,
     }
 
+    /// What MariaDB's session statements return.
     #[derive(QueryableByName)]
     #[allow(dead_code)]
-    struct Fence {
+    struct Drawn {
+        #[diesel(sql_type = diesel::sql_types::Nullable<BigInt>)]
+        token: Option<i64>,
+        #[diesel(sql_type = diesel::sql_types::Nullable<BigInt>)]
+        high: Option<i64>,
         #[diesel(sql_type = BigInt)]
-        id: i64,
-        #[diesel(sql_type = Datetime)]
-        acquired_at: NaiveDateTime,
+        acquired_us: i64,
+    }
+
+    /// The lock with no token (see `Pair::bare`).
+    fn bare(
+        pool: Pool<ConnectionManager<MysqlConnection>>,
+        strategy: Strategy,
+        key: &str,
+    ) -> Option<Bare> {
+        let k = key.to_owned();
+        match strategy {
+            Strategy::Advisory => Some((
+                Box::new(move || {
+                    let mut c = pool.get().unwrap();
+                    let got = sql(lib::GET_LOCK)
+                        .bind::<Text, _>(&k)
+                        .get_result::<Answer>(&mut c)
+                        .unwrap();
+                    assert_eq!(got.answer, Some(1));
+                    let r = sql(lib::ADVISORY_UNLOCK)
+                        .bind::<Text, _>(&k)
+                        .get_result::<Answer>(&mut c)
+                        .unwrap();
+                    assert_eq!(r.answer, Some(1));
+                }),
+                "GET_LOCK; RELEASE_LOCK",
+            )),
+            Strategy::ForUpdate => Some((
+                Box::new(move || {
+                    let mut c = pool.get().unwrap();
+                    c.transaction(|c| {
+                        sql(lib::FOR_UPDATE_LOCK_ONLY)
+                            .bind::<Text, _>(&k)
+                            .get_result::<One>(c)
+                    })
+                    .expect("for update");
+                }),
+                "BEGIN; SELECT … FOR UPDATE; COMMIT",
+            )),
+            _ => None,
+        }
     }
 
     pub fn pair(url: &str, strategy: Strategy, key: &str) -> Pair {
         let pool = super::super::pool::<MysqlConnection>(url, 4);
         let l = build(&pool, strategy, key);
         let k = key.to_owned();
+        let bare = bare(pool.clone(), strategy, key);
         let (raw, statements): (Box<dyn FnMut()>, _) = match strategy {
             Strategy::Row { .. } => (
                 Box::new(move || {
@@ -330,16 +441,11 @@ pub mod mysql {
                     c.transaction(|c| {
                         sql(lib::FOR_UPDATE_LOCK)
                             .bind::<Text, _>(&k)
-                            .get_result::<One>(c)?;
-                        sql(lib::FENCE_INSERT).bind::<Text, _>(&k).execute(c)?;
-                        let fence = sql(lib::FENCE_READ).get_result::<Fence>(c)?;
-                        sql(lib::FENCE_DELETE)
-                            .bind::<BigInt, _>(fence.id)
-                            .execute(c)
+                            .get_result::<Drawn>(c)
                     })
                     .expect("for update");
                 }),
-                "BEGIN; SELECT … FOR UPDATE; INSERT fence; SELECT LAST_INSERT_ID(); DELETE fence; COMMIT",
+                "BEGIN; SELECT UUID_SHORT() + @offset, @bound … FOR UPDATE; COMMIT",
             ),
             Strategy::Advisory => (
                 Box::new(move || {
@@ -348,23 +454,16 @@ pub mod mysql {
                     // key (lowercase ASCII, at most 64 characters).
                     let got = sql(lib::ADVISORY_LOCK)
                         .bind::<Text, _>(&k)
-                        .get_result::<Answer>(&mut c)
+                        .get_result::<Drawn>(&mut c)
                         .unwrap();
-                    assert_eq!(got.answer, Some(1));
-                    sql(lib::ADVISORY_TOKEN_BUMP)
-                        .bind::<Text, _>(&k)
-                        .execute(&mut c)
-                        .unwrap();
-                    sql(lib::ADVISORY_TOKEN_READ)
-                        .get_result::<Acquired>(&mut c)
-                        .unwrap();
+                    assert!(got.token.is_some_and(|t| t > 0));
                     let r = sql(lib::ADVISORY_UNLOCK)
                         .bind::<Text, _>(&k)
                         .get_result::<Answer>(&mut c)
                         .unwrap();
                     assert_eq!(r.answer, Some(1));
                 }),
-                "GET_LOCK; token upsert; SELECT LAST_INSERT_ID(); RELEASE_LOCK",
+                "GET_LOCK + UUID_SHORT() + @offset, @bound (one statement); RELEASE_LOCK",
             ),
             _ => unreachable!(),
         };
@@ -373,6 +472,7 @@ pub mod mysql {
             raw,
             statements,
             raw_without_notify: None,
+            bare,
         }
     }
 }
@@ -445,6 +545,7 @@ pub mod sqlite {
             raw,
             statements,
             raw_without_notify: None,
+            bare: None,
         }
     }
 }

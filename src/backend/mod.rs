@@ -10,6 +10,7 @@ use diesel::QueryResult;
 
 mod any;
 pub mod bench_sql;
+pub(crate) mod fence;
 pub(crate) mod interrupt;
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -103,7 +104,7 @@ pub trait LockConnection: sealed::Sealed + diesel::r2d2::R2D2Connection + Send +
 
 impl<T> LockConnection for T where T: sealed::Sealed + diesel::r2d2::R2D2Connection + Send + 'static {}
 
-pub(crate) use sealed::{Acquired, Dialect, SessionLocks, Wait};
+pub(crate) use sealed::{Acquired, Dialect, Drawn, Flavor, ForUpdateLocked, SessionLocks, Wait};
 
 /// How the crate reaches the statements of a connection: `conn.sql()`.
 pub(crate) trait Sql {
@@ -158,6 +159,37 @@ pub(crate) mod sealed {
         pub id: i64,
         pub token: i64,
         pub acquired_at: DateTime<Utc>,
+    }
+
+    /// What a server offers the session strategies beyond their common SQL, asked once
+    /// when a `Locker` is built.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Flavor {
+        /// PostgreSQL, MariaDB.
+        Standard,
+        /// MySQL proper, which has no `@@in_transaction`: a `ForUpdate` transaction proves
+        /// that it is still open by a row of its own in `dlock_fences`.
+        Mysql,
+    }
+
+    /// What an acquiring statement drew: the token (`None` when this life has no offset yet,
+    /// or this session has not read it) and the bound it saw.
+    #[derive(Debug, Clone, Copy)]
+    pub struct Drawn {
+        pub token: Option<i64>,
+        pub high: Option<i64>,
+    }
+
+    /// What `SessionLocks::for_update_lock` found.
+    #[derive(Debug, Clone, Copy)]
+    pub enum ForUpdateLocked {
+        /// The key has no row yet: the caller rolls back and creates it.
+        Missing,
+        /// The row is locked and the token may be handed out.
+        Locked(Acquired),
+        /// The row is locked but the token may not be handed out yet: the caller rolls back,
+        /// calls `fence_prepare` with this and tries again.
+        Unfenced(Option<i64>),
     }
 
     /// How long an acquisition may wait on the server while someone else holds the lock.
@@ -307,11 +339,14 @@ pub(crate) mod sealed {
         fn for_update_create(&mut self, key: &str) -> QueryResult<()>;
         /// ForUpdate, inside the transaction the caller opened: locks the key's row, waiting
         /// as `wait` says, and draws a token from a source that a rollback does not undo (a
-        /// token drawn by a holder that then died must never be issued again). `Acquired::id`
-        /// is the backend's proof that this transaction holds the lock, for
-        /// `for_update_held` and `for_update_finish`. `Ok(None)`: the row does not exist. A
-        /// busy row is an error that `is_lock_unavailable` recognises.
-        fn for_update_lock(&mut self, key: &str, wait: Wait) -> QueryResult<Option<Acquired>>;
+        /// token drawn by a holder that then died must never be issued again). A busy row is
+        /// an error that `is_lock_unavailable` recognises.
+        fn for_update_lock(
+            &mut self,
+            key: &str,
+            wait: Wait,
+            flavor: Flavor,
+        ) -> QueryResult<ForUpdateLocked>;
         /// ForUpdate, inside the holder's transaction: does this transaction still hold the
         /// lock it took with `proof`?
         fn for_update_held(&mut self, key: &str, proof: i64) -> QueryResult<bool>;
@@ -321,15 +356,29 @@ pub(crate) mod sealed {
             let _ = proof;
             Ok(true)
         }
-        /// Advisory: takes the session-level lock, waiting as `wait` says, then bumps the
-        /// key's counter in `dlock_tokens`. `Ok(None)`: busy, and this session does not hold
-        /// the lock (a timeout that raced a grant has been undone). After an `Err` the
-        /// session may hold the lock: the caller must discard the connection.
+        /// Advisory: takes the session-level lock, waiting as `wait` says, and draws a token
+        /// (see `fence`), made safe to hand out before it returns. `Ok(None)`: busy, and this
+        /// session does not hold the lock (a timeout that raced a grant has been undone).
+        /// After an `Err` the session may hold the lock: the caller must discard the
+        /// connection.
         fn advisory_lock(&mut self, key: &str, wait: Wait) -> QueryResult<Option<Acquired>>;
         /// Advisory: releases one hold of the lock; false if this session did not hold it.
         fn advisory_unlock(&mut self, key: &str) -> QueryResult<bool>;
         /// Advisory: does this session hold the lock?
         fn advisory_held(&mut self, key: &str) -> QueryResult<bool>;
+
+        /// This server's flavor; asked once, when a `ForUpdate` `Locker` is built.
+        fn flavor(&mut self) -> QueryResult<Flavor> {
+            Ok(Flavor::Standard)
+        }
+        /// Outside any transaction, makes a drawn token safe to hand out (see
+        /// `Drawn::checked`): `Some(token)` raises the durable bound past it (committed and
+        /// flushed when this returns); `None` starts the server's current life if nobody has
+        /// (and makes this session know it). After `None` the caller draws again.
+        fn fence_prepare(&mut self, drawn: Option<i64>) -> QueryResult<()>;
+        /// A token for a session that holds its lock already, as the acquiring statement
+        /// would have drawn it.
+        fn fence_draw(&mut self) -> QueryResult<Drawn>;
     }
 
     /// A held lock as the admin functions read it, with what it takes to remove it.

@@ -329,7 +329,7 @@ impl<C: LockConnection> Locker<C> {
     ///
     /// - `Lease`: lease rows free, or expired, for at least `idle` (an `idle` past 100 years
     ///   deletes nothing). A lease row carries its key's fencing token, so its token is
-    ///   first saved in `dlock_tokens` (the counters `Row` and `Advisory` use, never
+    ///   first saved in `dlock_tokens` (the counters `Row` uses, never
     ///   deleted), and a new lease row continues from there: tokens still only grow. The rows
     ///   are first marked (expired, held by nobody) and their tokens saved, in a committed
     ///   statement of their own, and only then deleted if still marked. An acquisition that
@@ -343,8 +343,8 @@ impl<C: LockConnection> Locker<C> {
     ///   any waiter could take over anyway. A row inserted without `stale_after` is never
     ///   purged, whoever calls this. Their tokens already live in `dlock_tokens`. `idle` is
     ///   not used.
-    /// - `ForUpdate`, `Advisory`: nothing (each keeps one small row per key: `ForUpdate`'s
-    ///   row is what its holders lock, `Advisory`'s counter is its token).
+    /// - `ForUpdate`, `Advisory`: nothing (`ForUpdate` keeps one small row per key, what its
+    ///   holders lock; `Advisory` keeps nothing per key: its tokens are global).
     ///
     /// A deadlock with acquisitions running beside it is retried, not returned.
     ///

@@ -38,8 +38,8 @@ impl<C: LockConnection> RawLock<C> for AdvisoryLock<C> {
             })),
             Ok(None) => Ok(None),
             Err(e) => {
-                // The lock may have been granted before the error (e.g. the token update
-                // failed): closing the session is the one sure way to let go of it.
+                // The lock may have been granted before the error (e.g. the token could not
+                // be made safe): closing the session is the one sure way to let go of it.
                 discard(&mut **conn);
                 Err(e.into())
             }

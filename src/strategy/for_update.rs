@@ -3,7 +3,7 @@
 
 use super::session::{self, discard, Session};
 use super::{Conn, Hold, Interrupter, Pool, RawLock, Setup, Strategy, Taken};
-use crate::backend::{LockConnection, Sql, Wait};
+use crate::backend::{Flavor, ForUpdateLocked, LockConnection, Sql, Wait};
 use crate::Result;
 use diesel::connection::{Connection, TransactionManager};
 
@@ -11,12 +11,17 @@ type Tm<C> = <C as Connection>::TransactionManager;
 
 pub(super) struct ForUpdateLock<C: LockConnection> {
     pool: Pool<C>,
+    flavor: Flavor,
 }
 
 impl<C: LockConnection> ForUpdateLock<C> {
     pub(super) fn new(setup: Setup<C>, strategy: Strategy) -> Result<Self> {
         session::require_sessions(setup.backend, strategy)?;
-        Ok(ForUpdateLock { pool: setup.pool })
+        let flavor = session::flavor(setup.backend, &setup.pool)?;
+        Ok(ForUpdateLock {
+            pool: setup.pool,
+            flavor,
+        })
     }
 }
 
@@ -28,13 +33,16 @@ impl<C: LockConnection> RawLock<C> for ForUpdateLock<C> {
         _retry: bool,
         wait: Wait,
     ) -> Result<Option<Taken>> {
-        // At most twice: a first attempt that finds no row creates it (committed on its own,
-        // so that other creators do not wait for our transaction) and tries again.
-        for attempt in 0..2 {
+        // A first attempt that finds no row creates it (committed on its own, so that
+        // other creators do not wait for our transaction) and tries again; one whose token
+        // may not go out yet (a new life of the server, or a bound to raise: once in 2^20)
+        // rolls back, has that done outside the transaction, and tries again.
+        let mut created = false;
+        for _ in 0..4 {
             Tm::<C>::begin_transaction(&mut **conn)?;
-            let locked = conn.session_sql()?.for_update_lock(key, wait);
+            let locked = conn.session_sql()?.for_update_lock(key, wait, self.flavor);
             match locked {
-                Ok(Some(a)) => {
+                Ok(ForUpdateLocked::Locked(a)) => {
                     return Ok(Some(Taken {
                         hold: Box::new(ForUpdateHold {
                             session: Session::new(conn.take()),
@@ -44,11 +52,19 @@ impl<C: LockConnection> RawLock<C> for ForUpdateLock<C> {
                         acquired_at: a.acquired_at,
                     }))
                 }
-                Ok(None) => {
+                Ok(ForUpdateLocked::Missing) => {
                     rollback(conn);
-                    if attempt == 0 {
-                        conn.session_sql()?.for_update_create(key)?;
+                    if created {
+                        // The row vanished between its creation and our lock (deleted by
+                        // hand): busy, for now.
+                        return Ok(None);
                     }
+                    conn.session_sql()?.for_update_create(key)?;
+                    created = true;
+                }
+                Ok(ForUpdateLocked::Unfenced(drawn)) => {
+                    rollback(conn);
+                    conn.session_sql()?.fence_prepare(drawn)?;
                 }
                 Err(e) => {
                     // PostgreSQL has aborted the transaction; MySQL rolled back the
@@ -63,8 +79,12 @@ impl<C: LockConnection> RawLock<C> for ForUpdateLock<C> {
                 }
             }
         }
-        // The row vanished between its creation and our lock (deleted by hand): busy, for now.
-        Ok(None)
+        Err(crate::Error::Database(
+            diesel::result::Error::QueryBuilderError(
+                "no fencing token could be drawn: is the dlock_fence row missing? run migrate()"
+                    .into(),
+            ),
+        ))
     }
 
     fn interrupter(&self, conn: &mut C) -> Result<Option<Interrupter>> {

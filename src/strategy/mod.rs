@@ -47,7 +47,20 @@ pub(crate) use session::Pooled;
 /// | holder process dies | the OS closes its socket; the server rolls back and frees the lock at once (measured: < 3 ms) | same |
 /// | network partition | the server frees the lock when its TCP keepalives give up on the silent client: 2 h 11 min with Linux's defaults, 25 s with the README's settings (idle 10 s, 5 s × 3 probes; measured); meanwhile the holder's [`check`](crate::LockGuard::check) waits for its connection (until the link heals, or TCP gives up), unless libpq's `tcp_user_timeout` is in its URL | same |
 /// | database failover | the lock is gone with the session (row locks are not replicated); the holder's `check` fails | same (advisory locks are not replicated) |
-/// | fencing token | drawn once the row is locked from a source a rollback does not undo (PostgreSQL sequence `dlock_fence_seq`, MySQL AUTO_INCREMENT of `dlock_fences`): never reissued, even after a holder dies | a counter committed as soon as the lock is held: never reissued |
+/// | fencing token | drawn by the locking statement once the row is locked | drawn by the locking statement once the lock is granted |
+///
+/// The session strategies' tokens are **global**: one source for every key and for both
+/// strategies (per database on PostgreSQL, per server on MySQL), so a key's tokens strictly
+/// increase but skip the values other keys took. The source is a PostgreSQL sequence
+/// (`dlock_fence_seq`) or MySQL's `UUID_SHORT()`, never rolled back, so a dead holder's
+/// token is never reissued; neither is durable on its own, so a token goes out only at or
+/// below a bound (`dlock_fence`) that was committed, and flushed, before it: one acquisition
+/// in 2^20 raises the bound, no other waits for a flush. After a crash of the *server*, the
+/// first acquisition starts its new life above that bound (an offset kept in an UNLOGGED /
+/// MEMORY table, which a crash empties), so every token after a restart exceeds every token
+/// handed out before it. This holds as long as the server keeps its commits
+/// (`fsync`/`synchronous_commit`, `innodb_flush_log_at_trx_commit = 1`, the defaults); a
+/// failover to a replica that had not received the bound's last raise may repeat tokens.
 /// | release | `COMMIT` | one `pg_advisory_unlock` / `RELEASE_LOCK` |
 ///
 /// A guard's connection goes back to the pool only if its release worked; after a failed
@@ -130,11 +143,12 @@ pub enum Strategy {
     /// inside a transaction the guard keeps open; release = COMMIT. `try_lock` uses
     /// `NOWAIT`; `try_lock_for` waits on the server under `lock_timeout` (PostgreSQL) or
     /// `innodb_lock_wait_timeout` (MySQL, whole seconds, the fraction by `NOWAIT` retries).
-    /// The token is drawn once the row is locked, from a source the holder's rollback does
-    /// not undo (the sequence `dlock_fence_seq` on PostgreSQL, the AUTO_INCREMENT of
-    /// `dlock_fences` on MySQL), so a dead holder's token is never issued again; after a
-    /// crash of the database *server*, one drawn just before it may be. PostgreSQL and MySQL
-    /// only: `build` returns [`Error::Unsupported`] on SQLite.
+    /// The token is drawn by the locking statement once the row is locked, from the global
+    /// source described above, which the holder's rollback does not undo: a dead holder's
+    /// token is never issued again, nor is one handed out before a crash of the database
+    /// server. The holder's transaction commits asynchronously on PostgreSQL (nothing in it
+    /// needs to survive a crash). PostgreSQL and MySQL only: `build` returns
+    /// [`Error::Unsupported`] on SQLite.
     ForUpdate,
     /// PostgreSQL `pg_advisory_lock` family / MySQL `GET_LOCK`, held by the guard's session.
     /// PostgreSQL and MySQL only: `build` returns [`Error::Unsupported`] on SQLite.
@@ -150,8 +164,8 @@ pub enum Strategy {
     /// `dlock-sha256:9537c5fdf120482f`. MySQL lock names are server-wide, PostgreSQL's
     /// advisory keys per database.
     ///
-    /// The token comes from the key's counter in `dlock_tokens`, bumped (and committed)
-    /// only once the lock is held; that write is most of what this strategy costs.
+    /// The token is drawn in the same statement as the lock, once it is granted, from the
+    /// global source described above: no write and no flush of its own.
     Advisory,
 }
 

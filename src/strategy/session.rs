@@ -3,7 +3,7 @@
 //! closed, and the server frees whatever the session held.
 
 use super::{Interrupter, Pool, Strategy};
-use crate::backend::{Backend, LockConnection, Sql};
+use crate::backend::{Backend, Flavor, LockConnection, Sql};
 use crate::{Error, Result};
 use diesel::connection::{Connection, TransactionManager};
 use diesel::r2d2::ConnectionManager;
@@ -94,6 +94,15 @@ pub(crate) fn require_sessions(backend: Backend, strategy: Strategy) -> Result<(
             strategy: strategy.name(),
             backend: backend.name(),
         }),
+    }
+}
+
+/// The server's flavor (see `backend::Flavor`), asked once per `ForUpdate` `Locker`: a MySQL
+/// server is asked whether it is MariaDB; PostgreSQL is not asked.
+pub(crate) fn flavor<C: LockConnection>(backend: Backend, pool: &Pool<C>) -> Result<Flavor> {
+    match backend {
+        Backend::Mysql => Ok(pool.get()?.session_sql()?.flavor()?),
+        _ => Ok(Flavor::Standard),
     }
 }
 

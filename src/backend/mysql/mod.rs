@@ -6,6 +6,7 @@
 //! and `admin.rs` (admin reads, force release, purge, optimistic versions).
 
 mod admin;
+mod fence;
 pub(super) mod locks;
 pub(super) mod sessions;
 

@@ -1,62 +1,97 @@
-//! MySQL's session strategies: `ForUpdate` (a row locked by `SELECT … FOR UPDATE`, tokens
-//! from `dlock_fences`) and `Advisory` (`GET_LOCK`).
+//! MySQL's session strategies: `ForUpdate` (a row locked by `SELECT … FOR UPDATE`) and
+//! `Advisory` (`GET_LOCK`). Their tokens (`fence.rs`) are drawn by the locking statement
+//! itself, once the lock is held.
 
-use super::{lock_unavailable, with_lock_wait_timeout, AcquiredRow};
+use super::{fence, lock_unavailable, with_lock_wait_timeout};
+use crate::backend::fence::secure;
 use crate::backend::interrupt::EndSession;
 use crate::backend::sealed::SessionLocks;
 use crate::backend::shared::{exists, One};
 use crate::backend::stmt::stmt;
-use crate::backend::{Acquired, Wait};
-use chrono::NaiveDateTime;
+use crate::backend::{Acquired, Drawn, Flavor, ForUpdateLocked, Wait};
+use chrono::{DateTime, Utc};
 use diesel::mysql::MysqlConnection;
-use diesel::sql_types::{BigInt, Datetime, Double, Nullable, Text};
+use diesel::sql_types::{BigInt, Double, Nullable, Text};
 use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 
 // The texts of the statements the benches' raw floors run too (`diesel_lock::__bench_sql`);
 // the others are written where they run.
 
-/// `for_update_lock`, the lock: with `Wait::Forever`, or inside a bounded
-/// `innodb_lock_wait_timeout`.
-pub const FOR_UPDATE_LOCK: &str =
+/// `for_update_lock`, with `Wait::Forever` or inside a bounded
+/// `innodb_lock_wait_timeout`: locks the row and then (the select list is evaluated for the
+/// row once it is locked) draws the token; -1 if this session has not joined the server's
+/// life yet. The time is read by SYSDATE, which (unlike UTC_TIMESTAMP, fixed when the
+/// statement begins) tells when the wait ended.
+pub const FOR_UPDATE_LOCK: &str = "SELECT \
+     CAST(COALESCE(CAST(UUID_SHORT() & 72057594037927935 AS SIGNED) + @dlock_fence_off, -1) AS SIGNED) AS token, \
+     CAST(@dlock_fence_high AS SIGNED) AS high, \
+     CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000000 AS SIGNED) AS acquired_us \
+     FROM dlock_for_update WHERE lock_key = ? FOR UPDATE";
+
+/// `for_update_lock` on MySQL proper, once the row is locked: a row only this transaction
+/// sees, its proof that it is still open (MySQL has no `@@in_transaction`).
+const FENCE_INSERT: &str = "INSERT INTO dlock_fences (lock_key) VALUES (?)";
+
+/// `for_update_finish` on MySQL proper.
+const FENCE_DELETE: &str = "DELETE FROM dlock_fences WHERE id = ?";
+
+/// `advisory_lock` with `Wait::Forever`, or a wait of at least
+/// `GET_LOCK_MAX_SECS`: the lock, then the token. The CASE runs GET_LOCK once (into
+/// `@dlock_got`, read by the next branch) and draws only if the lock was granted: the token
+/// is NULL if GET_LOCK failed, 0 after a timeout, -1 if this session has not joined the
+/// server's life yet.
+pub const ADVISORY_LOCK: &str = "SELECT \
+     CAST(CASE WHEN (@dlock_got := GET_LOCK(?, 31536000)) = 1 \
+          THEN COALESCE(CAST(UUID_SHORT() & 72057594037927935 AS SIGNED) + @dlock_fence_off, -1) \
+          WHEN @dlock_got = 0 THEN 0 END AS SIGNED) AS token, \
+     CAST(@dlock_fence_high AS SIGNED) AS high, \
+     CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000000 AS SIGNED) AS acquired_us";
+
+/// The lock alone, with no token, that the benches measure tokens against.
+pub const GET_LOCK: &str = "SELECT CAST(GET_LOCK(?, 31536000) AS SIGNED) AS answer";
+
+/// `for_update_lock`'s lock alone, that the benches measure tokens against.
+pub const FOR_UPDATE_LOCK_ONLY: &str =
     "SELECT CAST(1 AS SIGNED) AS one FROM dlock_for_update WHERE lock_key = ? FOR UPDATE";
-
-/// `for_update_lock`, once the row is locked: the fence row whose AUTO_INCREMENT id is the
-/// token.
-pub const FENCE_INSERT: &str = "INSERT INTO dlock_fences (lock_key) VALUES (?)";
-
-/// `for_update_lock`, after `FENCE_INSERT`: the token and the time.
-pub const FENCE_READ: &str =
-    "SELECT id, UTC_TIMESTAMP(6) AS acquired_at FROM dlock_fences WHERE id = LAST_INSERT_ID()";
-
-/// `for_update_finish`.
-pub const FENCE_DELETE: &str = "DELETE FROM dlock_fences WHERE id = ?";
-
-/// `advisory_lock` with `Wait::Forever`, or a wait of at least `GET_LOCK_MAX_SECS`.
-pub const ADVISORY_LOCK: &str = "SELECT CAST(GET_LOCK(?, 31536000) AS SIGNED) AS answer";
-
-/// `advisory_lock`, once the lock is held: the key's counter.
-///
-/// The counter is bumped only once the lock is held, and committed at once (autocommit), so
-/// a token outlives its holder. LAST_INSERT_ID(expr) hands the new value back to this
-/// session without a race, on both the insert and update paths.
-pub const ADVISORY_TOKEN_BUMP: &str =
-    "INSERT INTO dlock_tokens (lock_key, token) VALUES (?, LAST_INSERT_ID(1)) \
-     ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1)";
-
-/// `advisory_lock`, after `ADVISORY_TOKEN_BUMP`: the token and the time.
-pub const ADVISORY_TOKEN_READ: &str =
-    "SELECT CAST(0 AS SIGNED) AS id, CAST(LAST_INSERT_ID() AS SIGNED) AS token, \
-     UTC_TIMESTAMP(6) AS acquired_at";
 
 /// `advisory_unlock`.
 pub const ADVISORY_UNLOCK: &str = "SELECT CAST(RELEASE_LOCK(?) AS SIGNED) AS answer";
 
+/// What the locking statements return.
 #[derive(QueryableByName)]
-struct Fence {
+struct SequenceRow {
+    #[diesel(sql_type = Nullable<BigInt>)]
+    token: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    high: Option<i64>,
+    #[diesel(sql_type = BigInt)]
+    acquired_us: i64,
+}
+
+impl SequenceRow {
+    /// GET_LOCK's answer, as MariaDB's statement encodes it in the token (see
+    /// `ADVISORY_LOCK`): 1 granted, 0 timed out, NULL failed.
+    fn answer(&self) -> Option<i64> {
+        self.token.map(|t| i64::from(t != 0))
+    }
+
+    fn drawn(&self) -> Drawn {
+        Drawn {
+            token: self.token.filter(|t| *t > 0),
+            high: self.high,
+        }
+    }
+
+    fn acquired_at(&self) -> QueryResult<DateTime<Utc>> {
+        DateTime::from_timestamp_micros(self.acquired_us)
+            .ok_or_else(|| error("the server's clock is out of range"))
+    }
+}
+
+#[derive(QueryableByName)]
+struct FenceId {
     #[diesel(sql_type = BigInt)]
     id: i64,
-    #[diesel(sql_type = Datetime)]
-    acquired_at: NaiveDateTime,
 }
 
 #[derive(QueryableByName)]
@@ -100,6 +135,10 @@ fn error(message: &str) -> diesel::result::Error {
 /// The longest `GET_LOCK` wait asked for (a year); the locker waits again after it.
 const GET_LOCK_MAX_SECS: u64 = 31_536_000;
 
+/// ForUpdate's proof on MariaDB, which inserts no fence row: the transaction is still open
+/// (it holds the row lock until it ends).
+const IN_TRANSACTION: i64 = 0;
+
 impl SessionLocks for MysqlConnection {
     fn is_lock_unavailable(&self, e: &diesel::result::Error) -> bool {
         lock_unavailable(e)
@@ -110,7 +149,12 @@ impl SessionLocks for MysqlConnection {
             .execute(self)
             .map(drop)
     }
-    fn for_update_lock(&mut self, key: &str, wait: Wait) -> QueryResult<Option<Acquired>> {
+    fn for_update_lock(
+        &mut self,
+        key: &str,
+        wait: Wait,
+        flavor: Flavor,
+    ) -> QueryResult<ForUpdateLocked> {
         // innodb_lock_wait_timeout counts whole seconds (and MariaDB's `WAIT n` rounds a
         // fraction down to 0), so a bounded wait waits the whole seconds it has server-side
         // and leaves the rest to the locker's NOWAIT retries, never overshooting.
@@ -123,7 +167,7 @@ impl SessionLocks for MysqlConnection {
         let locked = match wait {
             Wait::Forever => stmt(FOR_UPDATE_LOCK)
                 .bind::<Text, _>(key)
-                .get_result::<One>(self)
+                .get_result::<SequenceRow>(self)
                 .optional(),
             Wait::For(_) if seconds > 0 => {
                 // The session's own setting is saved and put back, as the connection goes
@@ -131,77 +175,103 @@ impl SessionLocks for MysqlConnection {
                 with_lock_wait_timeout(self, seconds, |c| {
                     Ok(stmt(FOR_UPDATE_LOCK)
                         .bind::<Text, _>(key)
-                        .get_result::<One>(c)
+                        .get_result::<SequenceRow>(c)
                         .optional())
                 })?
             }
             _ => stmt(
-                "SELECT CAST(1 AS SIGNED) AS one FROM dlock_for_update \
-                 WHERE lock_key = ? FOR UPDATE NOWAIT",
+                "SELECT \
+                 CAST(COALESCE(CAST(UUID_SHORT() & 72057594037927935 AS SIGNED) + @dlock_fence_off, -1) \
+                 AS SIGNED) AS token, \
+                 CAST(@dlock_fence_high AS SIGNED) AS high, \
+                 CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000000 AS SIGNED) AS acquired_us \
+                 FROM dlock_for_update WHERE lock_key = ? FOR UPDATE NOWAIT",
             )
             .bind::<Text, _>(key)
-            .get_result::<One>(self)
+            .get_result::<SequenceRow>(self)
             .optional(),
         }?;
-        if locked.is_none() {
-            return Ok(None);
-        }
-        // The token is an AUTO_INCREMENT id drawn now that the row is ours: a rollback
-        // does not give an id back, so a dead holder's token is never reissued. The row
-        // itself stays uncommitted, visible only to this transaction, until
-        // for_update_finish deletes it: it is the proof for for_update_held.
-        stmt(FENCE_INSERT).bind::<Text, _>(key).execute(self)?;
-        // The time is read here, once the lock is ours: the locking statement's own clock
-        // stopped when it began, before any wait.
-        let fence = stmt(FENCE_READ).get_result::<Fence>(self)?;
-        Ok(Some(Acquired {
-            id: fence.id,
-            token: fence.id,
-            acquired_at: fence.acquired_at.and_utc(),
+        let Some(r) = locked else {
+            return Ok(ForUpdateLocked::Missing);
+        };
+        let token = match r.drawn().checked() {
+            Ok(token) => token,
+            Err(drawn) => return Ok(ForUpdateLocked::Unfenced(drawn)),
+        };
+        let proof = match flavor {
+            Flavor::Standard => IN_TRANSACTION,
+            Flavor::Mysql => {
+                // The row stays uncommitted, visible only to this transaction, until
+                // for_update_finish deletes it.
+                stmt(FENCE_INSERT).bind::<Text, _>(key).execute(self)?;
+                stmt("SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id")
+                    .get_result::<FenceId>(self)?
+                    .id
+            }
+        };
+        Ok(ForUpdateLocked::Locked(Acquired {
+            id: proof,
+            token,
+            acquired_at: r.acquired_at()?,
         }))
     }
-    fn for_update_held(&mut self, _key: &str, fence: i64) -> QueryResult<bool> {
+    fn for_update_held(&mut self, _key: &str, proof: i64) -> QueryResult<bool> {
+        if proof == IN_TRANSACTION {
+            return in_transaction(self);
+        }
         // Only the holder's own open transaction can see its uncommitted fence row.
         exists(
             stmt("SELECT CAST(1 AS SIGNED) AS one FROM dlock_fences WHERE id = ?")
-                .bind::<BigInt, _>(fence)
+                .bind::<BigInt, _>(proof)
                 .get_result::<One>(self)
                 .optional(),
         )
     }
-    fn for_update_finish(&mut self, fence: i64) -> QueryResult<bool> {
+    fn for_update_finish(&mut self, proof: i64) -> QueryResult<bool> {
+        if proof == IN_TRANSACTION {
+            return in_transaction(self);
+        }
         stmt(FENCE_DELETE)
-            .bind::<BigInt, _>(fence)
+            .bind::<BigInt, _>(proof)
             .execute(self)
             .map(|n| n == 1)
     }
     fn advisory_lock(&mut self, key: &str, wait: Wait) -> QueryResult<Option<Acquired>> {
         let name = lock_name(key);
-        let got = match wait {
-            Wait::No => stmt("SELECT CAST(GET_LOCK(?, 0) AS SIGNED) AS answer")
-                .bind::<Text, _>(&*name)
-                .get_result::<Answer>(self),
-            // MySQL reads a negative timeout as "forever", MariaDB refuses it (NULL and
-            // warning 1411); a year is accepted by both and ends as an ordinary timeout.
-            // (MariaDB answers a much longer one, 10^12 s, with 0 at once.)
-            Wait::Forever => stmt(ADVISORY_LOCK)
-                .bind::<Text, _>(&*name)
-                .get_result::<Answer>(self),
-            Wait::For(d) if d.as_secs() >= GET_LOCK_MAX_SECS => stmt(ADVISORY_LOCK)
-                .bind::<Text, _>(&*name)
-                .get_result::<Answer>(self),
+        // MySQL reads a negative timeout as "forever", MariaDB refuses it (NULL and warning
+        // 1411); a year is accepted by both and ends as an ordinary timeout. (MariaDB
+        // answers a much longer one, 10^12 s, with 0 at once.)
+        let r = match wait {
+            Wait::No => stmt(
+                "SELECT \
+                 CAST(CASE WHEN (@dlock_got := GET_LOCK(?, 0)) = 1 \
+                      THEN COALESCE(CAST(UUID_SHORT() & 72057594037927935 AS SIGNED) + @dlock_fence_off, -1) \
+                      WHEN @dlock_got = 0 THEN 0 END AS SIGNED) AS token, \
+                 CAST(@dlock_fence_high AS SIGNED) AS high, \
+                 CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000000 AS SIGNED) AS acquired_us",
+            )
+            .bind::<Text, _>(&*name)
+            .get_result::<SequenceRow>(self)?,
             // MariaDB honours fractions of a second; MySQL may round the timeout to whole
             // seconds, up as well as down, so it is given only the whole seconds.
-            Wait::For(d) => stmt(
-                "SELECT CAST(GET_LOCK(?, IF(VERSION() LIKE '%MariaDB%', ?, FLOOR(?))) \
-                 AS SIGNED) AS answer",
+            Wait::For(d) if d.as_secs() < GET_LOCK_MAX_SECS => stmt(
+                "SELECT \
+                 CAST(CASE WHEN (@dlock_got := \
+                          GET_LOCK(?, IF(VERSION() LIKE '%MariaDB%', ?, FLOOR(?)))) = 1 \
+                      THEN COALESCE(CAST(UUID_SHORT() & 72057594037927935 AS SIGNED) + @dlock_fence_off, -1) \
+                      WHEN @dlock_got = 0 THEN 0 END AS SIGNED) AS token, \
+                 CAST(@dlock_fence_high AS SIGNED) AS high, \
+                 CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000000 AS SIGNED) AS acquired_us",
             )
             .bind::<Text, _>(&*name)
             .bind::<Double, _>(d.as_secs_f64())
             .bind::<Double, _>(d.as_secs_f64())
-            .get_result::<Answer>(self),
-        }?;
-        match got.answer {
+            .get_result::<SequenceRow>(self)?,
+            _ => stmt(ADVISORY_LOCK)
+                .bind::<Text, _>(&*name)
+                .get_result::<SequenceRow>(self)?,
+        };
+        match r.answer() {
             Some(1) => {}
             Some(_) => {
                 // 0 is a timeout. GET_LOCK decides atomically, but a lock that this session
@@ -214,12 +284,15 @@ impl SessionLocks for MysqlConnection {
             }
             None => return Err(error("GET_LOCK failed (returned NULL)")),
         }
-        stmt(ADVISORY_TOKEN_BUMP)
-            .bind::<Text, _>(key)
-            .execute(self)?;
-        stmt(ADVISORY_TOKEN_READ)
-            .get_result::<AcquiredRow>(self)
-            .map(|r| Some(r.into()))
+        // The lock is this session's: whatever it takes to make the token safe runs in
+        // statements of its own (an error leaves the lock held; the caller then closes the
+        // session).
+        let token = secure(self, r.drawn())?;
+        Ok(Some(Acquired {
+            id: 0,
+            token,
+            acquired_at: r.acquired_at()?,
+        }))
     }
     fn advisory_unlock(&mut self, key: &str) -> QueryResult<bool> {
         // 1: released; 0: held by another session; NULL: not held by anyone.
@@ -234,6 +307,25 @@ impl SessionLocks for MysqlConnection {
             .get_result::<Answer>(self)
             .map(|r| r.answer == Some(1))
     }
+    fn flavor(&mut self) -> QueryResult<Flavor> {
+        fence::flavor(self)
+    }
+    fn fence_prepare(&mut self, drawn: Option<i64>) -> QueryResult<()> {
+        match drawn {
+            Some(token) => fence::raise(self, token),
+            None => fence::join(self),
+        }
+    }
+    fn fence_draw(&mut self) -> QueryResult<Drawn> {
+        fence::draw(self)
+    }
+}
+
+/// MariaDB's ForUpdate proof: this session's transaction is still open.
+fn in_transaction(conn: &mut MysqlConnection) -> QueryResult<bool> {
+    stmt("SELECT CAST(@@in_transaction AS SIGNED) AS one")
+        .get_result::<One>(conn)
+        .map(|r| r.one == 1)
 }
 
 #[derive(QueryableByName)]

@@ -1,32 +1,65 @@
 //! PostgreSQL's session strategies: `ForUpdate` (a row locked by `SELECT … FOR UPDATE`) and
-//! `Advisory` (`pg_advisory_lock`).
+//! `Advisory` (`pg_advisory_lock`). Their tokens: `fence.rs`.
 
-use super::{lock_timeout_ms, lock_unavailable, AcquiredRow};
+use super::{fence, lock_timeout_ms, lock_unavailable};
+use crate::backend::fence::secure;
 use crate::backend::interrupt::EndSession;
 use crate::backend::sealed::SessionLocks;
 use crate::backend::shared::{exists, One};
 use crate::backend::stmt::stmt;
-use crate::backend::{Acquired, Wait};
+use crate::backend::{Acquired, Drawn, Flavor, ForUpdateLocked, Wait};
+use chrono::{DateTime, Utc};
 use diesel::pg::PgConnection;
-use diesel::sql_types::{BigInt, Bool, Text};
+use diesel::sql_types::{BigInt, Bool, Nullable, Text, Timestamptz};
 use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 
 // The texts of the statements the benches' raw floors run too (`diesel_lock::__bench_sql`);
 // the others are written where they run.
 
 /// `for_update_lock` with `Wait::Forever`.
-pub const FOR_UPDATE_LOCK: &str = "UPDATE dlock_for_update SET version = version + 1 WHERE lock_key = \
-     (SELECT lock_key FROM dlock_for_update WHERE lock_key = ? FOR UPDATE) \
-     RETURNING version AS id, nextval('dlock_fence_seq') AS token, clock_timestamp() AS acquired_at";
+pub const FOR_UPDATE_LOCK: &str =
+    "UPDATE dlock_for_update SET version = version + 1 WHERE lock_key = \
+     (SELECT lock_key FROM dlock_for_update WHERE lock_key = ? \
+      AND set_config('synchronous_commit', 'off', true) IS NOT NULL FOR UPDATE) \
+     RETURNING true AS got, version AS id, \
+     nextval('dlock_fence_seq') + (SELECT off FROM dlock_fence_live) AS token, \
+     (SELECT high FROM dlock_fence_live) AS high, clock_timestamp() AS acquired_at";
 
 /// `advisory_lock` with `Wait::Forever`.
-pub const ADVISORY_LOCK: &str = "WITH l AS (SELECT pg_advisory_lock(?) AS got) \
-     INSERT INTO dlock_tokens AS t (lock_key, token) SELECT ?, 1 FROM l \
-     ON CONFLICT (lock_key) DO UPDATE SET token = t.token + 1 \
-     RETURNING 0::int8 AS id, token, clock_timestamp() AS acquired_at";
+pub const ADVISORY_LOCK: &str =
+    "WITH l AS (SELECT set_config('synchronous_commit', 'off', true) AS s, \
+     pg_advisory_lock(?) AS got) \
+     SELECT true AS got, 0::int8 AS id, \
+     nextval('dlock_fence_seq') + (SELECT off FROM dlock_fence_live) AS token, \
+     (SELECT high FROM dlock_fence_live) AS high, clock_timestamp() AS acquired_at FROM l";
 
 /// `advisory_unlock`.
 pub const ADVISORY_UNLOCK: &str = "SELECT pg_advisory_unlock(?) AS released";
+
+/// What the acquiring statements return: whether the lock is ours (Advisory), ForUpdate's
+/// proof, and the token with the bound it must not exceed (see `fence.rs`).
+#[derive(QueryableByName)]
+struct LockedRow {
+    #[diesel(sql_type = Bool)]
+    got: bool,
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    token: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    high: Option<i64>,
+    #[diesel(sql_type = Timestamptz)]
+    acquired_at: DateTime<Utc>,
+}
+
+impl LockedRow {
+    fn drawn(&self) -> Drawn {
+        Drawn {
+            token: self.token,
+            high: self.high,
+        }
+    }
+}
 
 #[derive(QueryableByName)]
 struct Released {
@@ -54,38 +87,61 @@ impl SessionLocks for PgConnection {
         .execute(self)
         .map(drop)
     }
-    fn for_update_lock(&mut self, key: &str, wait: Wait) -> QueryResult<Option<Acquired>> {
+    fn for_update_lock(
+        &mut self,
+        key: &str,
+        wait: Wait,
+        _flavor: Flavor,
+    ) -> QueryResult<ForUpdateLocked> {
         // One statement locks the row (the subquery's FOR UPDATE) and bumps its version,
         // which proves to for_update_held that this transaction still holds the row. The
-        // token comes from a sequence, drawn in RETURNING (after the lock is ours): nextval
-        // is not rolled back, so a dead holder's token is never reissued.
+        // token comes from the sequence, drawn in RETURNING (after the lock is ours): nextval
+        // is not rolled back, so a dead holder's token is never reissued; the bound
+        // (fence.rs) covers a crash of the server, which this open transaction could not:
+        // its WAL is flushed at COMMIT at the earliest, long after the token is seen.
         // An INSERT ... ON CONFLICT here would wait for the holder whatever NOWAIT says:
         // the holder has updated the row, and the unique check waits for its transaction.
         // So the row is created apart (for_update_create) and only when it is missing.
+        // set_config(.., true) is SET LOCAL: it ends with this transaction. It is evaluated
+        // in the scan below the row lock, so it is in force before the wait.
         let q = match wait {
             Wait::No => stmt(
                 "UPDATE dlock_for_update SET version = version + 1 WHERE lock_key = \
-                 (SELECT lock_key FROM dlock_for_update WHERE lock_key = ? FOR UPDATE NOWAIT) \
-                 RETURNING version AS id, nextval('dlock_fence_seq') AS token, clock_timestamp() AS acquired_at",
+                 (SELECT lock_key FROM dlock_for_update WHERE lock_key = ? \
+                  AND set_config('synchronous_commit', 'off', true) IS NOT NULL FOR UPDATE NOWAIT) \
+                 RETURNING true AS got, version AS id, \
+                 nextval('dlock_fence_seq') + (SELECT off FROM dlock_fence_live) AS token, \
+                 (SELECT high FROM dlock_fence_live) AS high, clock_timestamp() AS acquired_at",
             )
             .bind::<Text, _>(key)
-            .get_result::<AcquiredRow>(self),
-            // set_config(.., true) is SET LOCAL: it ends with this transaction. It is
-            // evaluated in the scan below the row lock, so it is in force before the wait.
+            .get_result::<LockedRow>(self),
             Wait::For(d) => stmt(
                 "UPDATE dlock_for_update SET version = version + 1 WHERE lock_key = \
                  (SELECT lock_key FROM dlock_for_update WHERE lock_key = ? \
+                  AND set_config('synchronous_commit', 'off', true) IS NOT NULL \
                   AND set_config('lock_timeout', ?, true) IS NOT NULL FOR UPDATE) \
-                 RETURNING version AS id, nextval('dlock_fence_seq') AS token, clock_timestamp() AS acquired_at",
+                 RETURNING true AS got, version AS id, \
+                 nextval('dlock_fence_seq') + (SELECT off FROM dlock_fence_live) AS token, \
+                 (SELECT high FROM dlock_fence_live) AS high, clock_timestamp() AS acquired_at",
             )
             .bind::<Text, _>(key)
             .bind::<Text, _>(lock_timeout_ms(d))
-            .get_result::<AcquiredRow>(self),
+            .get_result::<LockedRow>(self),
             Wait::Forever => stmt(FOR_UPDATE_LOCK)
                 .bind::<Text, _>(key)
-                .get_result::<AcquiredRow>(self),
+                .get_result::<LockedRow>(self),
         };
-        q.optional().map(|r| r.map(Into::into))
+        Ok(match q.optional()? {
+            None => ForUpdateLocked::Missing,
+            Some(r) => match r.drawn().checked() {
+                Ok(token) => ForUpdateLocked::Locked(Acquired {
+                    id: r.id,
+                    token,
+                    acquired_at: r.acquired_at,
+                }),
+                Err(drawn) => ForUpdateLocked::Unfenced(drawn),
+            },
+        })
     }
     fn for_update_held(&mut self, key: &str, version: i64) -> QueryResult<bool> {
         // Inside the holder's transaction this sees its own uncommitted version; a
@@ -99,44 +155,49 @@ impl SessionLocks for PgConnection {
         )
     }
     fn advisory_lock(&mut self, key: &str, wait: Wait) -> QueryResult<Option<Acquired>> {
-        // One statement takes the lock and then bumps the key's counter: the CTE holds a
-        // volatile function, so PostgreSQL runs it once and before the INSERT reads it.
-        // The counter is committed with the statement, so a token outlives its holder.
+        // One statement takes the lock and then draws the token: the CTE holds a volatile
+        // function, so PostgreSQL runs it once and before the outer SELECT reads it.
         let k = crate::key_hash(key);
         let taken = match wait {
-            Wait::No => {
-                return stmt(
-                    "WITH l AS (SELECT pg_try_advisory_lock(?) AS got) \
-                     INSERT INTO dlock_tokens AS t (lock_key, token) \
-                     SELECT ?, 1 FROM l WHERE l.got \
-                     ON CONFLICT (lock_key) DO UPDATE SET token = t.token + 1 \
-                     RETURNING 0::int8 AS id, token, clock_timestamp() AS acquired_at",
-                )
-                .bind::<BigInt, _>(k)
-                .bind::<Text, _>(key)
-                .get_result::<AcquiredRow>(self)
-                .optional()
-                .map(|r| r.map(Into::into));
-            }
+            Wait::No => stmt(
+                "WITH l AS (SELECT set_config('synchronous_commit', 'off', true) AS s, \
+                 pg_try_advisory_lock(?) AS got) \
+                 SELECT l.got, 0::int8 AS id, \
+                 CASE WHEN l.got THEN nextval('dlock_fence_seq') + (SELECT off FROM dlock_fence_live) END \
+                 AS token, (SELECT high FROM dlock_fence_live) AS high, \
+                 clock_timestamp() AS acquired_at FROM l",
+            )
+            .bind::<BigInt, _>(k)
+            .get_result::<LockedRow>(self),
             // set_config(.., true) lasts until the end of this statement's transaction.
             Wait::For(d) => stmt(
-                "WITH l AS (SELECT CASE WHEN set_config('lock_timeout', ?, true) IS NOT NULL \
-                                   THEN pg_advisory_lock(?) END AS got) \
-                 INSERT INTO dlock_tokens AS t (lock_key, token) SELECT ?, 1 FROM l \
-                 ON CONFLICT (lock_key) DO UPDATE SET token = t.token + 1 \
-                 RETURNING 0::int8 AS id, token, clock_timestamp() AS acquired_at",
+                "WITH l AS (SELECT set_config('synchronous_commit', 'off', true) AS s, \
+                 CASE WHEN set_config('lock_timeout', ?, true) IS NOT NULL \
+                 THEN pg_advisory_lock(?) END AS got) \
+                 SELECT true AS got, 0::int8 AS id, \
+                 nextval('dlock_fence_seq') + (SELECT off FROM dlock_fence_live) AS token, \
+                 (SELECT high FROM dlock_fence_live) AS high, clock_timestamp() AS acquired_at FROM l",
             )
             .bind::<Text, _>(lock_timeout_ms(d))
             .bind::<BigInt, _>(k)
-            .bind::<Text, _>(key)
-            .get_result::<AcquiredRow>(self),
+            .get_result::<LockedRow>(self),
             Wait::Forever => stmt(ADVISORY_LOCK)
                 .bind::<BigInt, _>(k)
-                .bind::<Text, _>(key)
-                .get_result::<AcquiredRow>(self),
+                .get_result::<LockedRow>(self),
         };
         match taken {
-            Ok(row) => Ok(Some(row.into())),
+            Ok(row) if !row.got => Ok(None),
+            Ok(row) => {
+                // The lock is this session's: whatever it takes to make the token safe runs
+                // in statements of its own (an error leaves the lock held; the caller then
+                // closes the session).
+                let token = secure(self, row.drawn())?;
+                Ok(Some(Acquired {
+                    id: 0,
+                    token,
+                    acquired_at: row.acquired_at,
+                }))
+            }
             Err(e) if self.is_lock_unavailable(&e) => {
                 // A lock granted just as lock_timeout fired stays granted to the session
                 // even though the statement fails (LockErrorCleanup keeps it). So look, and
@@ -180,6 +241,15 @@ impl SessionLocks for PgConnection {
             .get_result::<One>(self)
             .optional(),
         )
+    }
+    fn fence_prepare(&mut self, drawn: Option<i64>) -> QueryResult<()> {
+        match drawn {
+            Some(token) => fence::raise(self, token),
+            None => fence::start_life(self),
+        }
+    }
+    fn fence_draw(&mut self) -> QueryResult<Drawn> {
+        fence::draw(self)
     }
 }
 

@@ -1,0 +1,2 @@
+DROP TABLE IF EXISTS dlock_fence_live;
+DROP TABLE IF EXISTS dlock_fence;

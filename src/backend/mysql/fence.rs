@@ -1,0 +1,123 @@
+//! MySQL's and MariaDB's fencing-token statements (`backend/fence.rs` has the scheme;
+//! migration 6 the tables).
+//!
+//! The source is `UUID_SHORT()`: a server-wide counter, incremented under a mutex (so its
+//! values come out in the order they are drawn), with no table to open (a MariaDB sequence
+//! in the locking statement cost a quarter of the cycle), started at each start of the
+//! server from the clock and `server_id`, which the offset makes irrelevant. Its top byte
+//! is `server_id`'s, masked off (`& 72057594037927935`, 2^56 - 1) so that the value fits a signed BIGINT.
+//!
+//! The offset of the server's life lives in a MEMORY table, which every restart empties.
+//! A MEMORY table is locked whole for the length of each statement that reads it, so no
+//! statement that may wait for a lock reads it: each session reads the offset once, with
+//! the bound it may hand tokens out to, into its own variables `@dlock_fence_off` and
+//! `@dlock_fence_high` (a restart ends the session, and its variables with it), and the
+//! acquiring statements read those.
+//!
+//! The bound is raised by an autocommitted UPDATE, whose COMMIT has flushed the redo log
+//! (with `innodb_flush_log_at_trx_commit = 1`, the default) when it returns. InnoDB lets
+//! other sessions see a commit before its flush, so a session never takes its bound from
+//! someone else's commit: only from its own, which flushes theirs too.
+
+use super::super::fence::{Drawn, STEP};
+use super::super::shared::One;
+use crate::backend::stmt::stmt;
+use crate::backend::Flavor;
+use diesel::mysql::MysqlConnection;
+use diesel::sql_types::{BigInt, Nullable};
+use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
+
+#[derive(QueryableByName)]
+struct Value {
+    #[diesel(sql_type = Nullable<BigInt>)]
+    value: Option<i64>,
+}
+
+/// Raises the bound to at least `floor + STEP`, durably, and makes it this session's bound.
+fn raise_from(conn: &mut MysqlConnection, floor: i64) -> QueryResult<i64> {
+    // LAST_INSERT_ID(expr) hands the new value back to this session alone.
+    let n =
+        stmt("UPDATE dlock_fence SET high = LAST_INSERT_ID(GREATEST(high, ?) + ?) WHERE id = 1")
+            .bind::<BigInt, _>(floor)
+            .bind::<BigInt, _>(STEP)
+            .execute(conn)?;
+    if n != 1 {
+        return Err(missing());
+    }
+    let high = stmt("SELECT CAST(@dlock_fence_high := LAST_INSERT_ID() AS SIGNED) AS value")
+        .get_result::<Value>(conn)?
+        .value
+        .ok_or_else(missing)?;
+    Ok(high)
+}
+
+fn missing() -> diesel::result::Error {
+    diesel::result::Error::QueryBuilderError("the dlock_fence row is missing: run migrate()".into())
+}
+
+/// `fence_prepare(Some(token))`: raises the bound past `token`.
+pub(super) fn raise(conn: &mut MysqlConnection, token: i64) -> QueryResult<()> {
+    raise_from(conn, token).map(drop)
+}
+
+/// `fence_prepare(None)`: makes this session know the server's current life, starting it if
+/// nobody has. A new life's offset puts every token of it above the bound every token of the
+/// last life stayed under (read, and raised, by this session's own durable commit first).
+pub(super) fn join(conn: &mut MysqlConnection) -> QueryResult<()> {
+    let high = raise_from(conn, 0)?;
+    let off = |c: &mut MysqlConnection| {
+        stmt("SELECT off AS value FROM dlock_fence_live WHERE id = 1")
+            .get_result::<Value>(c)
+            .optional()
+            .map(|v| v.and_then(|v| v.value))
+    };
+    if off(conn)?.is_none() {
+        // The least the source gives from now on: every value after it is larger.
+        let least = stmt("SELECT CAST(UUID_SHORT() & 72057594037927935 AS SIGNED) AS value")
+            .get_result::<Value>(conn)?
+            .value
+            .unwrap_or(0);
+        // `high - STEP` is the bound before this session's raise: at least the last
+        // life's. Of several sessions starting the life at once, the first insert wins.
+        stmt("INSERT IGNORE INTO dlock_fence_live (id, off) VALUES (1, ?)")
+            .bind::<BigInt, _>(high - STEP + 1 - least)
+            .execute(conn)?;
+    }
+    let off = off(conn)?.ok_or_else(missing)?;
+    stmt("SET @dlock_fence_off = ?")
+        .bind::<BigInt, _>(off)
+        .execute(conn)
+        .map(drop)
+}
+
+/// `fence_draw`: a token for a session that holds its lock already.
+pub(super) fn draw(conn: &mut MysqlConnection) -> QueryResult<Drawn> {
+    #[derive(QueryableByName)]
+    struct Row {
+        #[diesel(sql_type = Nullable<BigInt>)]
+        token: Option<i64>,
+        #[diesel(sql_type = Nullable<BigInt>)]
+        high: Option<i64>,
+    }
+    let r = stmt(
+        "SELECT CAST(UUID_SHORT() & 72057594037927935 AS SIGNED) + @dlock_fence_off AS token, \
+         CAST(@dlock_fence_high AS SIGNED) AS high",
+    )
+    .get_result::<Row>(conn)?;
+    Ok(Drawn {
+        token: r.token.filter(|t| *t > 0),
+        high: r.high,
+    })
+}
+
+/// This server's flavor: MariaDB has `@@in_transaction`, MySQL proper does not.
+pub(super) fn flavor(conn: &mut MysqlConnection) -> QueryResult<Flavor> {
+    let maria = stmt("SELECT CAST(VERSION() LIKE '%MariaDB%' AS SIGNED) AS one")
+        .get_result::<One>(conn)?
+        .one;
+    Ok(if maria == 1 {
+        Flavor::Standard
+    } else {
+        Flavor::Mysql
+    })
+}

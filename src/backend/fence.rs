@@ -6,7 +6,9 @@
 //! need not survive a crash of the server; `off` is fixed once per life of the server (kept where a restart
 //! empties it: an UNLOGGED table, a MEMORY table). Every token handed out is at most the
 //! durable bound `high` (`dlock_fence`), which is raised, and flushed, before a token above
-//! it is handed out, so that a token never waits for a flush of its own: one in 2^20 does.
+//! it is handed out, so that a token never waits for a flush of its own: the raise does, by
+//! 2^20 at a time (each session raises on its own: about once per 2^20 tokens per session,
+//! and on MySQL once more per new session, which reads the bound into its variables).
 //! After a restart the first acquisition finds no `off` and starts the new life above the
 //! bound: `off = high + 1 - source`. So tokens increase across holder crashes (the source
 //! is never rolled back) and across server crashes (each life starts above all of the last).

@@ -54,8 +54,9 @@ pub(crate) use session::Pooled;
 /// increase but skip the values other keys took. The source is a PostgreSQL sequence
 /// (`dlock_fence_seq`) or MySQL's `UUID_SHORT()`, never rolled back, so a dead holder's
 /// token is never reissued; neither is durable on its own, so a token goes out only at or
-/// below a bound (`dlock_fence`) that was committed, and flushed, before it: one acquisition
-/// in 2^20 raises the bound, no other waits for a flush. After a crash of the *server*, the
+/// below a bound (`dlock_fence`) that was committed, and flushed, before it: the bound is
+/// raised by 2^20 at a time (about once per 2^20 tokens per pooled session, and once per new
+/// session on MySQL); no other acquisition waits for a flush. After a crash of the *server*, the
 /// first acquisition starts its new life above that bound (an offset kept in an UNLOGGED /
 /// MEMORY table, which a crash empties), so every token after a restart exceeds every token
 /// handed out before it. This holds as long as the server keeps its commits

@@ -41,6 +41,9 @@ struct Seen {
     count: AtomicUsize,
     /// A client saw the moment to crash the server (see `Probe`).
     now: AtomicBool,
+    /// The server has been killed: the clients stop (a wait rides out a lost connection
+    /// until its deadline, so they would otherwise go on waiting for the restart).
+    killed: AtomicBool,
 }
 
 /// Asked by a client after each acquisition, once enough tokens were seen: is this the
@@ -68,6 +71,9 @@ fn stream<C: LockConnection>(
                     .chain([format!("crash-own-{i}")])
                     .collect();
                 for n in 0.. {
+                    if seen.killed.load(Ordering::Acquire) {
+                        return;
+                    }
                     let key = &keys[n % keys.len()];
                     let Ok(g) = l.try_lock_for(key, Duration::from_secs(5)) else {
                         return; // the server is gone
@@ -116,6 +122,7 @@ fn tokens_survive_server_crashes<C: LockConnection, S>(
             );
             std::thread::sleep(Duration::from_millis(5));
         }
+        seen.killed.store(true, Ordering::Release);
         kill9(&mut server);
         for c in clients {
             c.join().unwrap();

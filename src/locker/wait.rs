@@ -159,10 +159,9 @@ impl<C: LockConnection> Locker<C> {
         let inner = &*self.inner;
         #[cfg(test)]
         tests::ATTEMPTS.with(|n| n.set(n.get() + 1));
-        let Some(conn) = self.connection(deadline, cancel)? else {
+        let Some(mut conn) = self.connection(deadline, cancel)? else {
             return Ok(None); // cancelled while waiting for a connection
         };
-        let mut conn = conn;
         self.check_schema(&mut conn)?;
         let mut conn = Conn::new(conn);
         // Strategies that wait on the server use what is left of the deadline; a

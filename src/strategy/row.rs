@@ -113,22 +113,21 @@ impl<C: LockConnection> RowLock<C> {
     /// Deletes the rows of `key` that failed acquisitions may have left (see `orphans`);
     /// those it cannot delete yet stay listed.
     fn forget_orphans(&self, conn: &mut Conn<C>, key: &str) -> Result<()> {
-        if self.orphans().is_empty() {
-            return Ok(());
-        }
         let mine: Vec<String> = {
             let mut orphans = self.orphans();
+            if orphans.is_empty() {
+                return Ok(());
+            }
             let (mine, rest) = orphans.drain(..).partition(|(k, _)| k == key);
             *orphans = rest;
             mine.into_iter().map(|(_, holder)| holder).collect()
         };
         for (i, holder) in mine.iter().enumerate() {
             match conn.sql().row_forget(key, holder) {
-                Ok(removed) => {
-                    if removed {
-                        log::warn!("lock {key:?}: removed the row a failed acquisition had left");
-                    }
+                Ok(true) => {
+                    log::warn!("lock {key:?}: removed the row a failed acquisition had left")
                 }
+                Ok(false) => {}
                 Err(e) => {
                     let left = mine[i..].iter().map(|h| (key.to_owned(), h.clone()));
                     self.orphans().extend(left);

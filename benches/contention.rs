@@ -5,7 +5,7 @@
 //! (per-thread min/max acquisitions) is printed beside each, as criterion cannot show it.
 //!
 //! ```text
-//! eval "$(../shared/services.sh)"
+//! eval "$(bash scripts/services.sh)"
 //! cargo bench --all-features --bench contention
 //! ```
 

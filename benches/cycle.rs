@@ -3,7 +3,7 @@
 //! Redis `SET NX PX` + Lua compare-and-delete yardstick when `DLOCK_TEST_REDIS_URL` is set.
 //!
 //! ```text
-//! eval "$(../shared/services.sh)"
+//! eval "$(bash scripts/services.sh)"
 //! cargo bench --all-features --bench cycle
 //! ```
 

@@ -4,7 +4,7 @@
 //! on MariaDB, whose token trigger runs per row).
 //!
 //! ```text
-//! eval "$(../shared/services.sh)"
+//! eval "$(bash scripts/services.sh)"
 //! cargo bench --all-features --bench scale
 //! ```
 

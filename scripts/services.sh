@@ -5,12 +5,18 @@
 #
 # Usage:   eval "$(scripts/services.sh)"        # from the project root
 # Prints on stdout only `export` lines:
-#   DLOCK_TEST_PG_URL, DLOCK_TEST_MYSQL_URL, DLOCK_TEST_REDIS_URL
+#   DLOCK_TEST_PG_URL, DLOCK_TEST_PGBOUNCER_URL, DLOCK_TEST_MYSQL_URL, DLOCK_TEST_REDIS_URL
 # Progress and errors go to stderr. Exits non-zero if a server cannot be brought up.
-# Set SERVICES="pg mysql" (any of pg, mysql, redis) to handle only some of them.
+# Set SERVICES="pg mysql" (any of pg, pgbouncer, mysql, redis) to handle only some of them
+# (pgbouncer needs pg).
+#
+# PgBouncer runs in front of that PostgreSQL on 127.0.0.1:6432 in `pool_mode = transaction`
+# (the mode that breaks session locks and named prepared statements), with its own config,
+# auth file, pid file and log in $DLOCK_PGBOUNCER_DIR (default /var/tmp/dlock-pgbouncer),
+# as the postgres user (PgBouncer refuses to run as root).
 set -euo pipefail
 
-SERVICES=${SERVICES:-"pg mysql redis"}
+SERVICES=${SERVICES:-"pg pgbouncer mysql redis"}
 say() { echo "services: $*" >&2; }
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 wait_port() { for _ in $(seq 1 120); do port_open "$1" && return 0; sleep 0.5; done; return 1; }
@@ -50,6 +56,44 @@ if wants pg; then
   [ "$(pg_admin "SELECT 1 FROM pg_database WHERE datname='dlock_test'")" = 1 ] ||
     pg_admin "CREATE DATABASE dlock_test OWNER dlock" >/dev/null
   echo "export DLOCK_TEST_PG_URL=postgres://dlock:dlock@127.0.0.1:5432/dlock_test"
+fi
+
+if wants pgbouncer; then
+  wants pg || { say "pgbouncer needs pg in SERVICES"; exit 1; }
+  if ! port_open 6432; then
+    apt_install pgbouncer
+    dir=${DLOCK_PGBOUNCER_DIR:-/var/tmp/dlock-pgbouncer}
+    install -d -o postgres -g postgres -m 0700 "$dir"
+    # `*`: the tests' own databases (dlock_t_…) go through too. Idle server connections
+    # are closed after 10 s: the shared PostgreSQL has 100 connection slots in all.
+    cat > "$dir/pgbouncer.ini" <<INI
+[databases]
+* = host=127.0.0.1 port=5432
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = 6432
+unix_socket_dir =
+pool_mode = transaction
+auth_type = scram-sha-256
+auth_file = $dir/userlist.txt
+max_client_conn = 1000
+default_pool_size = 40
+server_idle_timeout = 10
+ignore_startup_parameters = extra_float_digits
+pidfile = $dir/pgbouncer.pid
+logfile = $dir/pgbouncer.log
+INI
+    echo '"dlock" "dlock"' > "$dir/userlist.txt"
+    chown postgres:postgres "$dir/pgbouncer.ini" "$dir/userlist.txt"
+    chmod 0600 "$dir/userlist.txt"
+    say "starting PgBouncer (transaction pooling) on 6432"
+    pgbouncer -d -u postgres "$dir/pgbouncer.ini" >&2
+    wait_port 6432 || { say "PgBouncer did not come up on 6432"; exit 1; }
+  fi
+  # dlock_pooler=transaction: diesel_lock::connect() turns diesel's prepared-statement cache
+  # off for this pool (README, "Behind a connection pooler").
+  echo "export DLOCK_TEST_PGBOUNCER_URL=postgres://dlock:dlock@127.0.0.1:6432/dlock_test?dlock_pooler=transaction"
 fi
 
 if wants mysql; then

@@ -28,6 +28,29 @@ conformance_suite!(pg_lease, common::pg(), LEASE);
 conformance_suite!(pg_for_update, common::pg(), Strategy::ForUpdate);
 #[cfg(feature = "postgres")]
 conformance_suite!(pg_advisory, common::pg(), Strategy::Advisory);
+#[cfg(feature = "postgres")]
+conformance_suite!(pg_advisory_xact, common::pg(), Strategy::AdvisoryXact);
+
+// Through a transaction-pooling PgBouncer: the strategies that work there (README, "Behind a
+// connection pooler"). Session-level Advisory does not, and is not run.
+#[cfg(feature = "postgres")]
+conformance_suite!(pgbouncer_row, common::pgbouncer(), ROW);
+#[cfg(feature = "postgres")]
+conformance_suite!(pgbouncer_row_stale, common::pgbouncer(), ROW_STALE);
+#[cfg(feature = "postgres")]
+conformance_suite!(pgbouncer_lease, common::pgbouncer(), LEASE);
+#[cfg(feature = "postgres")]
+conformance_suite!(
+    pgbouncer_for_update,
+    common::pgbouncer(),
+    Strategy::ForUpdate
+);
+#[cfg(feature = "postgres")]
+conformance_suite!(
+    pgbouncer_advisory_xact,
+    common::pgbouncer(),
+    Strategy::AdvisoryXact
+);
 
 #[cfg(feature = "mysql")]
 conformance_suite!(mysql_row, common::mysql(), ROW);

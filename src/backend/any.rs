@@ -113,13 +113,25 @@ impl Sealed for AnyConnection {
 }
 
 /// Applies [`SqliteTuning`](crate::SqliteTuning) to the SQLite connections of an
-/// `AnyConnection` pool, and `autocommit = 1` to MySQL ones.
+/// `AnyConnection` pool, and `autocommit = 1` to MySQL ones; turns diesel's prepared-statement
+/// cache off on PostgreSQL connections through a transaction pooler (`dlock_pooler`).
 #[derive(Debug, Clone, Copy)]
-struct AnyTuning;
+struct AnyTuning {
+    behind_pooler: bool,
+}
 
 impl CustomizeConnection<AnyConnection, diesel::r2d2::Error> for AnyTuning {
     fn on_acquire(&self, conn: &mut AnyConnection) -> Result<(), diesel::r2d2::Error> {
         match conn {
+            // Named prepared statements live in one server session, which a transaction
+            // pooler hands to other clients between transactions: without the cache diesel
+            // sends each statement with its parameters in one message (PQsendQueryParams),
+            // which any server session can run.
+            #[cfg(feature = "postgres")]
+            AnyConnection::Postgresql(c) if self.behind_pooler => {
+                c.set_prepared_statement_cache_size(diesel::connection::CacheSize::Disabled);
+                Ok(())
+            }
             #[cfg(feature = "sqlite")]
             AnyConnection::Sqlite(c) => super::SqliteTuning::default()
                 .apply(c)
@@ -137,6 +149,48 @@ impl CustomizeConnection<AnyConnection, diesel::r2d2::Error> for AnyTuning {
             _ => Ok(()),
         }
     }
+}
+
+/// The query parameter of a PostgreSQL URL that says the connections go through a
+/// transaction-pooling PgBouncer (or a pooler like it): `dlock_pooler=transaction`.
+pub(crate) const POOLER_PARAM: &str = "dlock_pooler";
+
+/// Takes `dlock_pooler=transaction` out of a URL's query (libpq refuses parameters it does not
+/// know): the URL without it, and whether it was there.
+fn take_pooler_param(url: &str) -> Result<(String, bool)> {
+    let Some((base, query)) = url.split_once('?') else {
+        return Ok((url.to_owned(), false));
+    };
+    let mut pooled = false;
+    let mut kept = Vec::new();
+    for pair in query.split('&') {
+        let name = pair.split_once('=').map_or(pair, |(name, _)| name);
+        if name != POOLER_PARAM {
+            kept.push(pair);
+        } else if pair == "dlock_pooler=transaction" {
+            pooled = true;
+        } else {
+            return Err(Error::InvalidUrl(
+                "dlock_pooler takes one value: transaction (for session pooling, leave it out)"
+                    .into(),
+            ));
+        }
+    }
+    if pooled && !(base.starts_with("postgres://") || base.starts_with("postgresql://")) {
+        return Err(Error::InvalidUrl(
+            "dlock_pooler is for PostgreSQL URLs (PgBouncer)".into(),
+        ));
+    }
+    let url = match kept.join("&") {
+        q if q.is_empty() => base.to_owned(),
+        q => format!("{base}?{q}"),
+    };
+    Ok((url, pooled))
+}
+
+/// True if `url` says it goes through a transaction pooler (`dlock_pooler=transaction`).
+pub(crate) fn behind_pooler(url: &str) -> bool {
+    take_pooler_param(url.trim()).map_or(true, |(_, pooled)| pooled)
 }
 
 /// Turns a user's URL into the one diesel expects, refusing what cannot work.
@@ -185,7 +239,12 @@ fn sqlite_path(path: &str) -> Result<String> {
 /// plain file path (SQLite). One connection is opened first, so a wrong URL or an unreachable
 /// server fails at once with the driver's reason (which never contains the password).
 ///
-/// SQLite connections get [`SqliteTuning`](crate::SqliteTuning). The pool holds at most 10
+/// SQLite connections get [`SqliteTuning`](crate::SqliteTuning). A PostgreSQL URL with the
+/// query parameter `dlock_pooler=transaction` goes through a transaction-pooling PgBouncer
+/// (or a pooler like it): the parameter is taken out of the URL before libpq sees it, and
+/// the pool's connections run without diesel's cache of named prepared statements, which
+/// such a pooler breaks (README, "Behind a connection pooler": which strategies work there).
+/// The pool holds at most 10
 /// connections and waits at most 10 s for one. Its failures to connect (a database
 /// restarting, say) are logged at `warn` at most once per 10 s, the rest at `debug`.
 ///
@@ -204,7 +263,7 @@ fn sqlite_path(path: &str) -> Result<String> {
 /// in-memory SQLite database; [`Error::Connection`] if the first connection fails;
 /// [`Error::Pool`] if the pool cannot be built.
 pub fn connect(url: &str) -> Result<Pool<ConnectionManager<AnyConnection>>> {
-    let url = normalize(url)?;
+    let (url, behind_pooler) = take_pooler_param(&normalize(url)?)?;
     // diesel's MultiConnection::establish tries every backend in turn and keeps none of their
     // errors; the backend the URL names is asked directly, so a failure says why.
     #[cfg(feature = "postgres")]
@@ -225,7 +284,7 @@ pub fn connect(url: &str) -> Result<Pool<ConnectionManager<AnyConnection>>> {
         // still connecting when a short-lived program exits can crash in libpq's TLS code.
         .min_idle(Some(0))
         .connection_timeout(Duration::from_secs(10))
-        .connection_customizer(Box::new(AnyTuning))
+        .connection_customizer(Box::new(AnyTuning { behind_pooler }))
         .error_handler(Box::new(QuietErrors::default()))
         .build(ConnectionManager::new(url))
         .map_err(Error::Pool)
@@ -290,5 +349,31 @@ mod tests {
         }
         #[cfg(feature = "mysql")]
         assert_eq!(normalize("mariadb://u@h/d").unwrap(), "mysql://u@h/d");
+    }
+
+    #[test]
+    fn the_pooler_parameter_is_taken_out() {
+        let t = |u: &str| take_pooler_param(u).map_err(|e| e.to_string());
+        assert_eq!(t("postgres://h/d"), Ok(("postgres://h/d".into(), false)));
+        assert_eq!(
+            t("postgres://h/d?dlock_pooler=transaction"),
+            Ok(("postgres://h/d".into(), true))
+        );
+        assert_eq!(
+            t("postgresql://h/d?sslmode=disable&dlock_pooler=transaction&application_name=x"),
+            Ok((
+                "postgresql://h/d?sslmode=disable&application_name=x".into(),
+                true
+            ))
+        );
+        assert_eq!(
+            t("postgres://h/d?sslmode=disable"),
+            Ok(("postgres://h/d?sslmode=disable".into(), false))
+        );
+        assert!(t("postgres://h/d?dlock_pooler=session").is_err());
+        assert!(t("postgres://h/d?dlock_pooler").is_err());
+        assert!(t("mysql://h/d?dlock_pooler=transaction").is_err());
+        assert!(behind_pooler("postgres://h/d?dlock_pooler=transaction"));
+        assert!(!behind_pooler("postgres://h/d"));
     }
 }

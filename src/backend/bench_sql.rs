@@ -12,7 +12,9 @@ pub mod shared {
 #[cfg(feature = "postgres")]
 pub mod pg {
     pub use crate::backend::pg::locks::{LEASE_ACQUIRE, LEASE_RELEASE, ROW_ACQUIRE, ROW_RELEASE};
-    pub use crate::backend::pg::sessions::{ADVISORY_LOCK, ADVISORY_UNLOCK, FOR_UPDATE_LOCK};
+    pub use crate::backend::pg::sessions::{
+        ADVISORY_LOCK, ADVISORY_UNLOCK, ADVISORY_XACT_LOCK, FOR_UPDATE_LOCK,
+    };
 }
 
 /// MySQL's and MariaDB's statements.

@@ -23,6 +23,7 @@ mod shared;
 mod sqlite;
 pub(crate) mod stmt;
 
+pub(crate) use any::behind_pooler;
 pub use any::{connect, AnyConnection};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteTuning;
@@ -104,7 +105,9 @@ pub trait LockConnection: sealed::Sealed + diesel::r2d2::R2D2Connection + Send +
 
 impl<T> LockConnection for T where T: sealed::Sealed + diesel::r2d2::R2D2Connection + Send + 'static {}
 
-pub(crate) use sealed::{Acquired, Dialect, Drawn, Flavor, ForUpdateLocked, SessionLocks, Wait};
+pub(crate) use sealed::{
+    Acquired, Dialect, Drawn, Flavor, ForUpdateLocked, SessionLocks, Wait, XactLocked,
+};
 
 /// How the crate reaches the statements of a connection: `conn.sql()`.
 pub(crate) trait Sql {
@@ -189,6 +192,18 @@ pub(crate) mod sealed {
         Locked(Acquired),
         /// The row is locked but the token may not be handed out yet: the caller rolls back,
         /// calls `fence_prepare` with this and tries again.
+        Unfenced(Option<i64>),
+    }
+
+    /// What `SessionLocks::advisory_xact_lock` found.
+    #[derive(Debug, Clone, Copy)]
+    pub enum XactLocked {
+        /// Held by someone else (`try_lock`'s attempt).
+        Busy,
+        /// The lock is the transaction's and the token may be handed out.
+        Locked(Acquired),
+        /// The lock is the transaction's but the token may not be handed out yet: the caller
+        /// rolls back, calls `fence_prepare` with this and tries again.
         Unfenced(Option<i64>),
     }
 
@@ -364,8 +379,20 @@ pub(crate) mod sealed {
         fn advisory_lock(&mut self, key: &str, wait: Wait) -> QueryResult<Option<Acquired>>;
         /// Advisory: releases one hold of the lock; false if this session did not hold it.
         fn advisory_unlock(&mut self, key: &str) -> QueryResult<bool>;
-        /// Advisory: does this session hold the lock?
+        /// Advisory: does this session hold the lock? (AdvisoryXact asks this too, inside
+        /// its transaction: the lock shows the same.)
         fn advisory_held(&mut self, key: &str) -> QueryResult<bool>;
+        /// AdvisoryXact, inside the transaction the caller opened: takes the
+        /// transaction-level advisory lock, waiting as `wait` says, and draws a token (see
+        /// `fence`). A bounded wait that times out is an error that `is_lock_unavailable`
+        /// recognises; either way the caller rolls back, which frees a lock granted as the
+        /// wait timed out. Only PostgreSQL has such locks (`build` refuses the others).
+        fn advisory_xact_lock(&mut self, key: &str, wait: Wait) -> QueryResult<XactLocked> {
+            let _ = (key, wait);
+            Err(diesel::result::Error::QueryBuilderError(
+                "transaction-level advisory locks exist on PostgreSQL only".into(),
+            ))
+        }
 
         /// This server's flavor; asked once, when a `ForUpdate` `Locker` is built.
         fn flavor(&mut self) -> QueryResult<Flavor> {

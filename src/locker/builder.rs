@@ -167,6 +167,11 @@ impl<C: LockConnection> LockerBuilder<C> {
     /// Defaults to none: waiters in other processes poll with backoff. Ignored on other
     /// backends and by the session strategies, which wait on the server.
     ///
+    /// Behind a transaction-pooling PgBouncer (a pool from a `dlock_pooler=transaction`
+    /// URL), give the server's own address here: `LISTEN` holds a server session, which
+    /// such a pooler hands to other clients, so `build` refuses a `listen_url` carrying
+    /// `dlock_pooler=transaction`. Without a direct URL, leave it unset (waiters poll).
+    ///
     /// # Examples
     /// ```no_run
     /// use diesel_lock::{Locker, Strategy};
@@ -197,7 +202,8 @@ impl<C: LockConnection> LockerBuilder<C> {
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] for a ttl or `stale_after` under 1 ms, a heartbeat not shorter
-    /// than the ttl, an empty or oversized owner, a zero `max_backoff`, a MySQL pool with
+    /// than the ttl, an empty or oversized owner, a zero `max_backoff`, a `listen_url` through
+    /// a transaction pooler (`dlock_pooler=transaction`), a MySQL pool with
     /// autocommit off, or a SQLite pool without WAL or a busy timeout;
     /// [`Error::Unsupported`] for a strategy the backend cannot honour; [`Error::Pool`] if a
     /// connection was needed and none could be had; [`Error::Thread`] if the listener's
@@ -230,6 +236,17 @@ impl<C: LockConnection> LockerBuilder<C> {
         }
         if self.max_backoff.is_zero() {
             return Err(Error::InvalidConfig("max_backoff must not be zero".into()));
+        }
+        if self
+            .listen_url
+            .as_deref()
+            .is_some_and(crate::backend::behind_pooler)
+        {
+            // LISTEN registers one server session, which a transaction pooler gives to other
+            // clients after the statement: the notifications would never come.
+            return Err(Error::InvalidConfig(
+                "listen_url must reach PostgreSQL directly (or through session pooling), not through a transaction pooler".into(),
+            ));
         }
         let backend = match static_backend::<C>() {
             Some(b) => b,

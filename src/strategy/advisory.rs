@@ -46,7 +46,7 @@ impl<C: LockConnection> RawLock<C> for AdvisoryLock<C> {
         }
     }
 
-    fn interrupter(&self, conn: &mut C) -> Result<Option<Interrupter>> {
+    fn interrupter(&self, conn: &mut Conn<C>) -> Result<Option<Interrupter>> {
         session::interrupter(&self.pool, conn).map(Some)
     }
 }

@@ -1,7 +1,7 @@
 //! `Strategy::ForUpdate`: the key's row locked by `SELECT … FOR UPDATE` in a transaction
 //! that the guard keeps open; release = COMMIT.
 
-use super::session::{self, discard, Session};
+use super::session::{self, discard, Session, TxnTarget};
 use super::{Conn, Hold, Interrupter, Pool, RawLock, Setup, Strategy, Taken};
 use crate::backend::{Flavor, ForUpdateLocked, LockConnection, Sql, Wait};
 use crate::Result;
@@ -40,7 +40,22 @@ impl<C: LockConnection> RawLock<C> for ForUpdateLock<C> {
         let mut created = false;
         for _ in 0..4 {
             Tm::<C>::begin_transaction(&mut **conn)?;
+            // A cancellation may end this session only while this transaction is open (see
+            // `TxnTarget`: behind a transaction pooler the session changes between them).
+            let target = conn.target.clone();
+            match TxnTarget::enter(target.as_deref(), &mut **conn) {
+                Ok(true) => {}
+                Ok(false) => {
+                    rollback(conn);
+                    return Ok(None); // cancelled before it could wait
+                }
+                Err(e) => {
+                    rollback(conn);
+                    return Err(e.into());
+                }
+            }
             let locked = conn.session_sql()?.for_update_lock(key, wait, self.flavor);
+            TxnTarget::leave(target.as_deref());
             match locked {
                 Ok(ForUpdateLocked::Locked(a)) => {
                     return Ok(Some(Taken {
@@ -87,8 +102,8 @@ impl<C: LockConnection> RawLock<C> for ForUpdateLock<C> {
         ))
     }
 
-    fn interrupter(&self, conn: &mut C) -> Result<Option<Interrupter>> {
-        session::interrupter(&self.pool, conn).map(Some)
+    fn interrupter(&self, conn: &mut Conn<C>) -> Result<Option<Interrupter>> {
+        Ok(Some(session::txn_interrupter(&self.pool, conn)))
     }
 }
 

@@ -16,6 +16,7 @@ use diesel::r2d2::ConnectionManager;
 use std::time::Duration;
 
 mod advisory;
+mod advisory_xact;
 mod for_update;
 pub(crate) mod heartbeat;
 mod lease;
@@ -35,10 +36,15 @@ pub(crate) use session::Pooled;
 /// | `Lease` | ✓ | ✓ | ✓ | free once `ttl` has passed without renewal |
 /// | `ForUpdate` | ✓ | ✓ | refused | free as soon as the server sees the session end |
 /// | `Advisory` | ✓ | ✓ | refused | free as soon as the server sees the session end |
+/// | `AdvisoryXact` | ✓ | refused | refused | free as soon as the server sees the session end |
 ///
-/// The two session strategies (`ForUpdate`, `Advisory`) keep the lock in the holder's
-/// database session: the guard owns one pooled connection for its whole life, so size the
-/// pool for the locks held at once plus the waiters. Waiting happens on the server (the
+/// The session strategies (`ForUpdate`, `Advisory`, `AdvisoryXact`) keep the lock in the
+/// holder's database session: the guard owns one pooled connection for its whole life, so
+/// size the pool for the locks held at once plus the waiters. `ForUpdate` and `AdvisoryXact`
+/// keep it in a transaction the guard holds open, which a transaction-pooling PgBouncer
+/// keeps on one server session; `Advisory`'s lock belongs to the server session itself,
+/// which such a pooler hands to other clients between transactions (README, "Behind a
+/// connection pooler"). Waiting happens on the server (the
 /// server's lock queue hands the lock over the moment it is released) and a deadline is
 /// enforced there too. What they guarantee when things go wrong:
 ///
@@ -167,7 +173,31 @@ pub enum Strategy {
     ///
     /// The token is drawn in the same statement as the lock, once it is granted, from the
     /// global source described above: no write and no flush of its own.
+    ///
+    /// Behind a transaction-pooling PgBouncer use `AdvisoryXact` (or `ForUpdate`, `Row`,
+    /// `Lease`) instead: the pooler hands the session that holds an `Advisory` lock to other
+    /// clients, and cannot be detected from the connection.
     Advisory,
+    /// PostgreSQL `pg_advisory_xact_lock`, held by a transaction that the guard keeps open;
+    /// release = COMMIT. The same keys as [`Advisory`](Self::Advisory) (the two strategies
+    /// exclude each other on a key), the same waits (`pg_try_advisory_xact_lock` for
+    /// `try_lock`, `lock_timeout` for `try_lock_for`) and the same fencing tokens, drawn by
+    /// the locking statement once the lock is granted; a token that may not go out yet (a
+    /// new life of the server, a bound to raise) is rolled back, made ready outside the
+    /// transaction and drawn again, as `ForUpdate` does. The holder's transaction commits
+    /// asynchronously (nothing in it needs to survive a crash).
+    ///
+    /// The strategy for a transaction-pooling PgBouncer (`pool_mode = transaction`): the
+    /// transaction keeps its server session for as long as the guard lives, and the lock
+    /// ends with the transaction, never left behind on a pooled server session. Like
+    /// `ForUpdate` it keeps a transaction open while held (PostgreSQL's
+    /// `idle_in_transaction_session_timeout`, if set, ends it, and [`check`](crate::LockGuard::check)
+    /// then reports the lock lost; a long open transaction holds back vacuum's horizon).
+    ///
+    /// PostgreSQL only: `build` returns [`Error::Unsupported`] on MySQL, whose `GET_LOCK`
+    /// belongs to the session whatever transaction is open (it has no lock that ends with a
+    /// transaction), and on SQLite.
+    AdvisoryXact,
 }
 
 impl Default for Strategy {
@@ -201,6 +231,7 @@ impl Strategy {
             Strategy::Lease { .. } => "lease",
             Strategy::ForUpdate => "for-update",
             Strategy::Advisory => "advisory",
+            Strategy::AdvisoryXact => "advisory-xact",
         }
     }
 }
@@ -226,7 +257,9 @@ impl Strategy {
                 stale_after: Some(s),
             } => (s / 3).min(Duration::from_secs(5)),
             Strategy::Row { stale_after: None } => Duration::from_secs(5),
-            Strategy::ForUpdate | Strategy::Advisory => Duration::from_secs(1),
+            Strategy::ForUpdate | Strategy::Advisory | Strategy::AdvisoryXact => {
+                Duration::from_secs(1)
+            }
         }
     }
 
@@ -277,6 +310,7 @@ pub(crate) fn build<C: LockConnection>(
         Strategy::Lease { ttl } => Box::new(lease::LeaseLock::new(setup, ttl)?),
         Strategy::ForUpdate => Box::new(for_update::ForUpdateLock::new(setup, strategy)?),
         Strategy::Advisory => Box::new(advisory::AdvisoryLock::new(setup, strategy)?),
+        Strategy::AdvisoryXact => Box::new(advisory_xact::AdvisoryXactLock::new(setup, strategy)?),
     })
 }
 
@@ -299,7 +333,7 @@ pub(crate) trait RawLock<C: LockConnection>: Send + Sync + 'static {
     /// something that, called from another thread, ends such a wait running on `conn` (by
     /// ending its session). Asked before each cancellable attempt that may wait; `None`
     /// (the default, no I/O) for strategies that never wait on the server.
-    fn interrupter(&self, _conn: &mut C) -> Result<Option<Interrupter>> {
+    fn interrupter(&self, _conn: &mut Conn<C>) -> Result<Option<Interrupter>> {
         Ok(None)
     }
 
@@ -327,34 +361,43 @@ pub(crate) type Interrupter = Box<dyn Fn() -> Option<Box<dyn FnOnce() + Send>> +
 /// late one would otherwise end the session of whoever took the connection next, perhaps
 /// holding another lock: found by the adversary). A strategy whose guard keeps the connection
 /// takes it out with [`take`](Self::take).
-pub(crate) struct Conn<C: LockConnection>(Option<Pooled<C>>);
+///
+/// It also carries what a strategy that waits inside a transaction needs to let a
+/// cancellation end the right session ([`session::TxnTarget`]).
+pub(crate) struct Conn<C: LockConnection> {
+    conn: Option<Pooled<C>>,
+    target: Option<std::sync::Arc<session::TxnTarget>>,
+}
 
 impl<C: LockConnection> Conn<C> {
     pub(crate) fn new(conn: Pooled<C>) -> Self {
-        Conn(Some(conn))
+        Conn {
+            conn: Some(conn),
+            target: None,
+        }
     }
 
     /// Takes the connection for a guard.
     pub(crate) fn take(&mut self) -> Pooled<C> {
-        self.0.take().expect("the connection was taken already")
+        self.conn.take().expect("the connection was taken already")
     }
 
     /// The connection, unless a guard took it.
     pub(crate) fn get_mut(&mut self) -> Option<&mut Pooled<C>> {
-        self.0.as_mut()
+        self.conn.as_mut()
     }
 }
 
 impl<C: LockConnection> std::ops::Deref for Conn<C> {
     type Target = C;
     fn deref(&self) -> &C {
-        self.0.as_ref().expect("the connection was taken")
+        self.conn.as_ref().expect("the connection was taken")
     }
 }
 
 impl<C: LockConnection> std::ops::DerefMut for Conn<C> {
     fn deref_mut(&mut self) -> &mut C {
-        self.0.as_mut().expect("the connection was taken")
+        self.conn.as_mut().expect("the connection was taken")
     }
 }
 

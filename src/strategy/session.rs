@@ -2,14 +2,14 @@
 //! and the rule for giving it back: only when it provably holds nothing. Otherwise it is
 //! closed, and the server frees whatever the session held.
 
-use super::{Interrupter, Pool, Strategy};
+use super::{Conn, Interrupter, Pool, Strategy};
 use crate::backend::{Backend, Flavor, LockConnection, Sql};
 use crate::{Error, Result};
 use diesel::connection::{Connection, TransactionManager};
 use diesel::r2d2::ConnectionManager;
 use diesel::QueryResult;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// A connection checked out of the locker's pool.
 pub(crate) type Pooled<C> = r2d2::PooledConnection<ConnectionManager<C>>;
@@ -85,6 +85,19 @@ impl<C: LockConnection> Session<C> {
     }
 }
 
+/// Refuses a strategy that needs locks ending with a transaction (`AdvisoryXact`) on a
+/// backend without them: MySQL's `GET_LOCK` belongs to the session whatever transaction is
+/// open, and SQLite has no such locks.
+pub(crate) fn require_xact_locks(backend: Backend, strategy: Strategy) -> Result<()> {
+    match backend {
+        Backend::Postgres => Ok(()),
+        Backend::Mysql | Backend::Sqlite => Err(Error::Unsupported {
+            strategy: strategy.name(),
+            backend: backend.name(),
+        }),
+    }
+}
+
 /// Refuses a session strategy on a backend without row or session locks (SQLite locks the
 /// whole database, never a row, and has no session locks).
 pub(crate) fn require_sessions(backend: Backend, strategy: Strategy) -> Result<()> {
@@ -133,6 +146,102 @@ pub(crate) fn interrupter<C: LockConnection>(pool: &Pool<C>, conn: &mut C) -> Re
             }
         }) as Box<dyn FnOnce() + Send>)
     }))
+}
+
+/// The session a cancellation may end, for strategies that wait inside a transaction
+/// (`ForUpdate`, `AdvisoryXact`): known only while a transaction of the attempt is open.
+///
+/// Behind a transaction pooler, the server session of a statement outside a transaction is
+/// any of the pooler's: asking its id before the transaction (as `interrupter` does) could
+/// name a session that the pooler gives to another client, and a cancellation would end
+/// that client's. So the id is asked inside each transaction ([`enter`](Self::enter)) and
+/// forgotten before it ends ([`leave`](Self::leave)); the mutex makes ending the session
+/// and leaving the transaction exclusive, so a session is never ended after its
+/// transaction has ended.
+#[derive(Debug, Default)]
+pub(crate) struct TxnTarget {
+    state: Mutex<TargetState>,
+}
+
+#[derive(Debug, Default)]
+struct TargetState {
+    session: Option<i64>,
+    cancelled: bool,
+}
+
+impl TxnTarget {
+    /// Inside a transaction just begun on `conn`, before it may wait: records its session,
+    /// or returns false if the wait was cancelled already (the caller rolls back and gives
+    /// up). With no target (the attempt cannot be cancelled), only true.
+    pub(crate) fn enter<C: LockConnection>(
+        target: Option<&TxnTarget>,
+        conn: &mut C,
+    ) -> QueryResult<bool> {
+        let Some(target) = target else {
+            return Ok(true);
+        };
+        let id = conn.session_sql()?.session_id()?;
+        let mut state = target.state.lock().unwrap_or_else(|p| p.into_inner());
+        if state.cancelled {
+            return Ok(false);
+        }
+        state.session = Some(id);
+        Ok(true)
+    }
+
+    /// Before the transaction ends (rollback), or once the lock is held: no cancellation
+    /// ends this session any more; waits for one ending it now.
+    pub(crate) fn leave(target: Option<&TxnTarget>) {
+        if let Some(target) = target {
+            target
+                .state
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .session = None;
+        }
+    }
+}
+
+/// [`interrupter`] for strategies that wait inside a transaction: the session to end is
+/// the one [`TxnTarget::enter`] recorded, if any; a later `enter` of the attempt refuses
+/// to wait.
+pub(crate) fn txn_interrupter<C: LockConnection>(
+    pool: &Pool<C>,
+    conn: &mut Conn<C>,
+) -> Interrupter {
+    let target = Arc::new(TxnTarget::default());
+    conn.target = Some(target.clone());
+    let pool = pool.clone();
+    Box::new(move || {
+        let mut other = match pool.get() {
+            Ok(c) => c,
+            Err(e) => {
+                log::warn!("a wait was cancelled, but no connection was free to end its session ({e}); it waits on until its deadline or the lock");
+                // Still keep the attempt from starting a wait it has not started yet.
+                target
+                    .state
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .cancelled = true;
+                return None;
+            }
+        };
+        let target = target.clone();
+        Some(Box::new(move || {
+            // Held while the session is ended: its transaction cannot end meanwhile.
+            let mut state = target.state.lock().unwrap_or_else(|p| p.into_inner());
+            state.cancelled = true;
+            let Some(id) = state.session else {
+                return; // not waiting yet; `enter` now refuses to
+            };
+            match other.session_sql().and_then(|s| s.end_session(id)) {
+                Ok(_) => log::debug!("wait cancelled: session {id} ended"),
+                Err(e) => {
+                    log::warn!("a wait was cancelled but its session {id} could not be ended: {e}")
+                }
+            }
+        }) as Box<dyn FnOnce() + Send>)
+    })
 }
 
 /// Makes r2d2 close `conn` when it is dropped instead of returning it to the pool.

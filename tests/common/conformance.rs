@@ -24,6 +24,13 @@ pub trait Sessions {
     fn session_id(&mut self) -> i64;
     /// Ends session `id` from this connection and returns once the server has done so.
     fn kill_session(&mut self, id: i64);
+    /// The server session that holds `key` under session strategy `s`, looked up from
+    /// another connection (behind a transaction pooler a connection's own id says nothing
+    /// before its transaction begins).
+    fn holder_session(&mut self, key: &str, s: Strategy) -> i64 {
+        let _ = (key, s);
+        unreachable!("only looked up through PgBouncer")
+    }
 }
 
 impl Sessions for diesel::SqliteConnection {
@@ -61,6 +68,30 @@ impl Sessions for diesel::PgConnection {
             .get_result::<Done>(self)
             .unwrap();
         assert!(done.done, "backend {id} did not exit");
+    }
+    fn holder_session(&mut self, key: &str, s: Strategy) -> i64 {
+        let q = match s {
+            // The holder's transaction updated the row: its xmax is the holder's xid.
+            Strategy::ForUpdate => diesel::sql_query(
+                "SELECT l.pid::int8 AS id FROM dlock_for_update f JOIN pg_locks l \
+                 ON l.locktype = 'transactionid' AND l.granted AND l.mode = 'ExclusiveLock' \
+                 AND l.transactionid::text = f.xmax::text WHERE f.lock_key = $1",
+            )
+            .bind::<Text, _>(key)
+            .get_result::<Id>(self),
+            _ => {
+                let k = diesel_lock::key_hash(key);
+                diesel::sql_query(
+                    "SELECT pid::int8 AS id FROM pg_locks WHERE locktype = 'advisory' \
+                     AND granted AND classid::int8 = $1 AND objid::int8 = $2 AND objsubid = 1",
+                )
+                .bind::<BigInt, _>(i64::from((k >> 32) as u32))
+                .bind::<BigInt, _>(i64::from(k as u32))
+                .get_result::<Id>(self)
+            }
+        };
+        q.unwrap_or_else(|e| panic!("no session holds {key:?}: {e}"))
+            .id
     }
 }
 
@@ -195,18 +226,31 @@ pub fn drop_and_release_both_free_the_key<C: TestDb>(h: &Harness<C>, s: Strategy
 
 /// Strategies whose lock lives in a server session that the guard's connection keeps.
 pub fn is_session(s: Strategy) -> bool {
-    matches!(s, Strategy::ForUpdate | Strategy::Advisory)
+    matches!(
+        s,
+        Strategy::ForUpdate | Strategy::Advisory | Strategy::AdvisoryXact
+    )
 }
 
 /// A session strategy's lock is lost when its session ends: the holder is given a pool of
 /// one connection, whose session id is learnt first, and that session is terminated from
 /// another connection. The pool must then hand out a fresh connection that works.
+///
+/// Through a transaction pooler (a `dlock_pooler` URL) the holder's session is looked up by
+/// its lock instead, and the fresh connection's session cannot be told apart (the pooler's
+/// server sessions are shared), only shown to work.
 pub fn session_lost<C: TestDb>(h: &Harness<C>, s: Strategy, key: &str) {
+    let pooled = super::strip_pooler(&h.url).is_some();
     let pool = super::pool::<C>(&h.url, 1);
-    let id = pool.get().unwrap().session_id();
+    let before = pool.get().unwrap().session_id();
     let l = Locker::builder(pool.clone()).strategy(s).build().unwrap();
     let g = l.lock(key).unwrap();
     g.check().unwrap();
+    let id = if pooled {
+        h.pool.get().unwrap().holder_session(key, s)
+    } else {
+        before
+    };
     h.pool.get().unwrap().kill_session(id);
     assert!(matches!(g.check(), Err(Error::LockLost { .. })));
     match g.release() {
@@ -214,7 +258,9 @@ pub fn session_lost<C: TestDb>(h: &Harness<C>, s: Strategy, key: &str) {
         other => panic!("expected LockLost, got {other:?}"),
     }
     let fresh = pool.get().unwrap().session_id();
-    assert_ne!(fresh, id, "the dead connection went back to the pool");
+    if !pooled {
+        assert_ne!(fresh, id, "the dead connection went back to the pool");
+    }
     let g = l
         .try_lock(key)
         .unwrap()

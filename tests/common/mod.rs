@@ -1,9 +1,10 @@
 //! Shared test setup: one harness per backend, unique keys, and the checks every backend ×
 //! strategy must pass (`conformance`).
 //!
-//! PostgreSQL and MySQL come from `DLOCK_TEST_PG_URL` / `DLOCK_TEST_MYSQL_URL`. A missing URL
+//! PostgreSQL and MySQL come from `DLOCK_TEST_PG_URL` / `DLOCK_TEST_MYSQL_URL`, PostgreSQL
+//! through a transaction-pooling PgBouncer from `DLOCK_TEST_PGBOUNCER_URL`. A missing URL
 //! skips that backend with a printed line, unless `DLOCK_TEST_REQUIRE` is `all` (or names the
-//! backend: `pg`, `mysql`), in which case it fails the test.
+//! backend: `pg`, `mysql`, `pgbouncer`), in which case it fails the test.
 //!
 //! `netns` (network-partition tests) skips the same way where the machine forbids network
 //! namespaces, and fails instead when `DLOCK_TEST_REQUIRE` is `all` or names `netns`.
@@ -136,10 +137,48 @@ pub fn url(var: &str, name: &str) -> Option<String> {
 /// No idle minimum: r2d2 refills idle connections from a background thread, and a refill still
 /// connecting when the test process exits crashes inside OpenSSL's exit handlers (seen as
 /// SIGSEGV in PQconnectdb → RAND_get_rand_method).
+///
+/// A URL with `dlock_pooler=transaction` (a PgBouncer's) gives a pool as `diesel_lock::connect`
+/// makes for it: the parameter taken out, no statement cache ([`NoStatementCache`]).
 pub fn pool<C: LockConnection>(url: &str, size: u32) -> Pool<ConnectionManager<C>> {
-    pool_builder(size)
-        .build(ConnectionManager::<C>::new(url))
-        .expect("pool")
+    match strip_pooler(url) {
+        Some(plain) => pool_builder(size)
+            .connection_customizer(Box::new(NoStatementCache))
+            .build(ConnectionManager::<C>::new(plain)),
+        None => pool_builder(size).build(ConnectionManager::<C>::new(url)),
+    }
+    .expect("pool")
+}
+
+/// `url` without `dlock_pooler=transaction`, if it had it.
+pub fn strip_pooler(url: &str) -> Option<String> {
+    let (base, query) = url.split_once('?')?;
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|p| *p != "dlock_pooler=transaction")
+        .collect();
+    if kept.len() == query.split('&').count() {
+        return None;
+    }
+    Some(if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    })
+}
+
+/// Makes a pool fit for a transaction pooler: no cache of named prepared statements (what
+/// `connect` does for a `dlock_pooler=transaction` URL; README, "Behind a connection pooler").
+#[derive(Debug, Clone, Copy)]
+pub struct NoStatementCache;
+
+impl<C: diesel::Connection> diesel::r2d2::CustomizeConnection<C, diesel::r2d2::Error>
+    for NoStatementCache
+{
+    fn on_acquire(&self, c: &mut C) -> Result<(), diesel::r2d2::Error> {
+        c.set_prepared_statement_cache_size(diesel::connection::CacheSize::Disabled);
+        Ok(())
+    }
 }
 
 /// The settings every test pool shares (see `pool` for why there is no idle minimum).
@@ -233,6 +272,39 @@ pub fn pg_listening() -> Option<Harness<diesel::PgConnection>> {
     let mut h = pg_sized(10)?;
     h.listen_url = Some(h.url.clone());
     Some(h)
+}
+
+/// The PgBouncer URL as `scripts/services.sh` prints it (with `dlock_pooler=transaction`, for
+/// `diesel_lock::connect`), or `None` (skip; see `url`).
+#[cfg(feature = "postgres")]
+pub fn pgbouncer_url() -> Option<String> {
+    url("DLOCK_TEST_PGBOUNCER_URL", "pgbouncer")
+}
+
+/// A harness on `url`, a PgBouncer's with `dlock_pooler=transaction` (kept in `url`, so that
+/// a child process handed it knows; `pool` takes it out and turns the statement cache off).
+#[cfg(feature = "postgres")]
+pub fn pgbouncer_at(url: &str, size: u32) -> Harness<diesel::PgConnection> {
+    let mut url = url.to_owned();
+    if !url.contains("sslmode") {
+        url.push_str(if url.contains('?') {
+            "&sslmode=disable"
+        } else {
+            "?sslmode=disable"
+        });
+    }
+    server_at(&url, size)
+}
+
+/// PostgreSQL through the transaction-pooling PgBouncer.
+#[cfg(feature = "postgres")]
+pub fn pgbouncer_sized(size: u32) -> Option<Harness<diesel::PgConnection>> {
+    Some(pgbouncer_at(&pgbouncer_url()?, size))
+}
+
+#[cfg(feature = "postgres")]
+pub fn pgbouncer() -> Option<Harness<diesel::PgConnection>> {
+    pgbouncer_sized(10)
 }
 
 #[cfg(feature = "mysql")]

@@ -79,24 +79,22 @@ impl Dialect for PgConnection {
     }
 
     fn run_migrations(&mut self) -> Result<()> {
-        stmt("SELECT pg_advisory_lock(?)")
-            .bind::<BigInt, _>(MIGRATION_LOCK)
-            .execute(self)?;
         // One transaction for all of them (diesel runs each in a savepoint inside it): DDL is
         // transactional here, so other sessions see the old schema or the new, never half.
-        let result = migrate_with_retry(self, |c| {
+        // Migrators are serialised by a transaction-level advisory lock taken first in that
+        // transaction: it ends with the transaction, so it works through a transaction
+        // pooler too (a session-level lock would stay with whichever server session the
+        // pooler picked, and block every later migration on other sessions).
+        migrate_with_retry(self, |c| {
             c.transaction(|c| {
+                stmt("SELECT pg_advisory_xact_lock(?)")
+                    .bind::<BigInt, _>(MIGRATION_LOCK)
+                    .execute(c)?;
                 c.run_pending_migrations(MIGRATIONS)
                     .map(drop)
                     .map_err(Error::Migration)
             })
-        });
-        let unlocked = stmt("SELECT pg_advisory_unlock(?)")
-            .bind::<BigInt, _>(MIGRATION_LOCK)
-            .execute(self);
-        result?;
-        unlocked?;
-        Ok(())
+        })
     }
 
     fn is_contention(&self, e: &diesel::result::Error) -> bool {

@@ -7,7 +7,7 @@ use crate::backend::interrupt::EndSession;
 use crate::backend::sealed::SessionLocks;
 use crate::backend::shared::{exists, One};
 use crate::backend::stmt::stmt;
-use crate::backend::{Acquired, Drawn, Flavor, ForUpdateLocked, Wait};
+use crate::backend::{Acquired, Drawn, Flavor, ForUpdateLocked, Wait, XactLocked};
 use chrono::{DateTime, Utc};
 use diesel::pg::PgConnection;
 use diesel::sql_types::{BigInt, Bool, Nullable, Text, Timestamptz};
@@ -29,6 +29,14 @@ pub const FOR_UPDATE_LOCK: &str =
 pub const ADVISORY_LOCK: &str =
     "WITH l AS (SELECT set_config('synchronous_commit', 'off', true) AS s, \
      pg_advisory_lock(?) AS got) \
+     SELECT true AS got, 0::int8 AS id, \
+     nextval('dlock_fence_seq') + (SELECT off FROM dlock_fence_live) AS token, \
+     (SELECT high FROM dlock_fence_live) AS high, clock_timestamp() AS acquired_at FROM l";
+
+/// `advisory_xact_lock` with `Wait::Forever`.
+pub const ADVISORY_XACT_LOCK: &str =
+    "WITH l AS (SELECT set_config('synchronous_commit', 'off', true) AS s, \
+     pg_advisory_xact_lock(?) AS got) \
      SELECT true AS got, 0::int8 AS id, \
      nextval('dlock_fence_seq') + (SELECT off FROM dlock_fence_live) AS token, \
      (SELECT high FROM dlock_fence_live) AS high, clock_timestamp() AS acquired_at FROM l";
@@ -241,6 +249,51 @@ impl SessionLocks for PgConnection {
             .get_result::<One>(self)
             .optional(),
         )
+    }
+    fn advisory_xact_lock(&mut self, key: &str, wait: Wait) -> QueryResult<XactLocked> {
+        // As advisory_lock, with the lock that ends with the transaction. set_config(.., true)
+        // lasts as long as the transaction: synchronous_commit off makes the holder's COMMIT
+        // wait for no flush (nothing in it needs to survive a crash; the token is safe by its
+        // bound). A timeout aborts the transaction, and the caller's rollback frees a lock
+        // granted as the timeout fired.
+        let k = crate::key_hash(key);
+        let row = match wait {
+            Wait::No => stmt(
+                "WITH l AS (SELECT set_config('synchronous_commit', 'off', true) AS s, \
+                 pg_try_advisory_xact_lock(?) AS got) \
+                 SELECT l.got, 0::int8 AS id, \
+                 CASE WHEN l.got THEN nextval('dlock_fence_seq') + (SELECT off FROM dlock_fence_live) END \
+                 AS token, (SELECT high FROM dlock_fence_live) AS high, \
+                 clock_timestamp() AS acquired_at FROM l",
+            )
+            .bind::<BigInt, _>(k)
+            .get_result::<LockedRow>(self),
+            Wait::For(d) => stmt(
+                "WITH l AS (SELECT set_config('synchronous_commit', 'off', true) AS s, \
+                 CASE WHEN set_config('lock_timeout', ?, true) IS NOT NULL \
+                 THEN pg_advisory_xact_lock(?) END AS got) \
+                 SELECT true AS got, 0::int8 AS id, \
+                 nextval('dlock_fence_seq') + (SELECT off FROM dlock_fence_live) AS token, \
+                 (SELECT high FROM dlock_fence_live) AS high, clock_timestamp() AS acquired_at FROM l",
+            )
+            .bind::<Text, _>(lock_timeout_ms(d))
+            .bind::<BigInt, _>(k)
+            .get_result::<LockedRow>(self),
+            Wait::Forever => stmt(ADVISORY_XACT_LOCK)
+                .bind::<BigInt, _>(k)
+                .get_result::<LockedRow>(self),
+        }?;
+        if !row.got {
+            return Ok(XactLocked::Busy);
+        }
+        Ok(match row.drawn().checked() {
+            Ok(token) => XactLocked::Locked(Acquired {
+                id: 0,
+                token,
+                acquired_at: row.acquired_at,
+            }),
+            Err(drawn) => XactLocked::Unfenced(drawn),
+        })
     }
     fn fence_prepare(&mut self, drawn: Option<i64>) -> QueryResult<()> {
         match drawn {

@@ -108,7 +108,8 @@ pub(crate) struct RunArgs {
     #[arg(long, value_parser = parse_key)]
     pub(crate) key: String,
 
-    /// How the lock is kept. for-update and advisory need PostgreSQL or MySQL.
+    /// How the lock is kept. for-update and advisory need PostgreSQL or MySQL,
+    /// advisory-xact PostgreSQL.
     #[arg(long, value_enum, default_value_t = StrategyArg::Lease)]
     pub(crate) strategy: StrategyArg,
 
@@ -165,6 +166,9 @@ pub(crate) enum StrategyArg {
     ForUpdate,
     /// pg_advisory_lock / GET_LOCK (PostgreSQL, MySQL).
     Advisory,
+    /// pg_advisory_xact_lock in a transaction kept open (PostgreSQL; works behind a
+    /// transaction-pooling PgBouncer).
+    AdvisoryXact,
 }
 
 #[derive(Debug, Clone, Copy)]

@@ -48,6 +48,7 @@ fn locker(
         },
         StrategyArg::ForUpdate => Strategy::ForUpdate,
         StrategyArg::Advisory => Strategy::Advisory,
+        StrategyArg::AdvisoryXact => Strategy::AdvisoryXact,
     };
     let pool = db.connect()?;
     let mut builder = Locker::builder(pool.clone()).strategy(strategy);

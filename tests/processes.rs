@@ -19,6 +19,7 @@ fn parse_strategy(s: &str) -> Strategy {
         "row" => Strategy::Row { stale_after: ms },
         "lease" => Strategy::Lease { ttl: ms.unwrap() },
         "advisory" => Strategy::Advisory,
+        "advisory-xact" => Strategy::AdvisoryXact,
         "for-update" => Strategy::ForUpdate,
         other => panic!("unknown strategy {other}"),
     }
@@ -417,7 +418,43 @@ macro_rules! session_process_tests {
     };
 }
 
+/// The strategies whose lock lives in a transaction (ForUpdate, AdvisoryXact): what works
+/// through a transaction pooler. The children get the harness's URL, PgBouncer's with its
+/// `dlock_pooler` parameter, which their pools heed as the parent's do.
+macro_rules! xact_process_tests {
+    ($module:ident, $backend:literal, $harness:expr) => {
+        mod $module {
+            use super::*;
+
+            #[test]
+            fn mutual_exclusion_advisory_xact() {
+                if let Some(h) = $harness {
+                    mutual_exclusion_across_processes($backend, &h, "advisory-xact");
+                }
+            }
+            #[test]
+            fn mutual_exclusion_for_update() {
+                if let Some(h) = $harness {
+                    mutual_exclusion_across_processes($backend, &h, "for-update");
+                }
+            }
+            #[test]
+            fn tokens_across_processes_advisory_xact() {
+                if let Some(h) = $harness {
+                    tokens_increase_across_processes($backend, &h, "advisory-xact");
+                }
+            }
+        }
+    };
+}
+
 process_tests!(sqlite, "sqlite", common::sqlite());
+#[cfg(feature = "postgres")]
+xact_process_tests!(pg_xact, "pg", common::pg());
+#[cfg(feature = "postgres")]
+xact_process_tests!(pgbouncer_xact, "pg", common::pgbouncer());
+#[cfg(feature = "postgres")]
+process_tests!(pgbouncer, "pg", common::pgbouncer());
 #[cfg(feature = "postgres")]
 session_process_tests!(pg_sessions, "pg", common::pg());
 #[cfg(feature = "mysql")]

@@ -1,4 +1,5 @@
-//! Faults of the session strategies (ForUpdate, Advisory) against real servers: a holder
+//! Faults of the session strategies (ForUpdate, Advisory, AdvisoryXact) against real servers,
+//! PostgreSQL also through a transaction-pooling PgBouncer (ForUpdate, AdvisoryXact): a holder
 //! process killed, a holder's session terminated by the server, a guard dropped during a
 //! panic, an exhausted pool, deadline accuracy of server-side waits, the advisory key
 //! mapping, and SQLite's refusals.
@@ -14,7 +15,24 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const SESSION_STRATEGIES: [Strategy; 2] = [Strategy::ForUpdate, Strategy::Advisory];
+const SESSION_STRATEGIES: [Strategy; 3] = [
+    Strategy::ForUpdate,
+    Strategy::Advisory,
+    Strategy::AdvisoryXact,
+];
+
+/// The session strategies a harness's backend has: AdvisoryXact on PostgreSQL only, and
+/// through a transaction pooler (a `dlock_pooler` URL) not Advisory, whose session the
+/// pooler shares.
+fn session_strategies<C: LockConnection>(h: &Harness<C>) -> Vec<Strategy> {
+    if !h.url.starts_with("postgres") {
+        vec![Strategy::ForUpdate, Strategy::Advisory]
+    } else if common::strip_pooler(&h.url).is_some() {
+        vec![Strategy::ForUpdate, Strategy::AdvisoryXact]
+    } else {
+        SESSION_STRATEGIES.to_vec()
+    }
+}
 
 fn locker<C: LockConnection>(
     pool: &r2d2::Pool<diesel::r2d2::ConnectionManager<C>>,
@@ -42,6 +60,7 @@ fn child_holder() {
     let strategy = match strategy {
         "for-update" => Strategy::ForUpdate,
         "advisory" => Strategy::Advisory,
+        "advisory-xact" => Strategy::AdvisoryXact,
         other => panic!("unknown strategy {other}"),
     };
     fn hold<C: LockConnection>(h: Harness<C>, s: Strategy, key: &str) -> ! {
@@ -55,6 +74,8 @@ fn child_holder() {
     match backend {
         #[cfg(feature = "postgres")]
         "pg" => hold(common::pg().unwrap(), strategy, key),
+        #[cfg(feature = "postgres")]
+        "pgbouncer" => hold(common::pgbouncer().unwrap(), strategy, key),
         #[cfg(feature = "mysql")]
         "mysql" => hold(common::mysql().unwrap(), strategy, key),
         other => panic!("unknown backend {other}"),
@@ -64,7 +85,7 @@ fn child_holder() {
 /// A holder process killed with SIGKILL: its connection dies with it, the server ends the
 /// session, and the next process acquires within 1 s.
 fn killed_holder<C: TestDb>(h: &Harness<C>, backend: &str) {
-    for s in SESSION_STRATEGIES {
+    for s in session_strategies(h) {
         let key = unique_key("sigkill");
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args([
@@ -117,7 +138,7 @@ fn killed_holder<C: TestDb>(h: &Harness<C>, backend: &str) {
 /// guard merely dropped: no panic, the pool hands out a fresh connection, and no pooled
 /// connection holds the lock (a try_lock from every connection of the pool succeeds in turn).
 fn terminated_then_dropped<C: TestDb>(h: &Harness<C>) {
-    for s in SESSION_STRATEGIES {
+    for s in session_strategies(h) {
         let pool = common::pool::<C>(&h.url, 1);
         let id = pool.get().unwrap().session_id();
         let l = locker(&pool, s);
@@ -148,7 +169,7 @@ fn terminated_then_dropped<C: TestDb>(h: &Harness<C>) {
 /// A guard dropped while its thread panics: the lock is released and its connection is
 /// closed rather than pooled (r2d2 discards connections dropped during a panic).
 fn dropped_in_panic<C: TestDb>(h: &Harness<C>) {
-    for s in SESSION_STRATEGIES {
+    for s in session_strategies(h) {
         let pool = common::pool::<C>(&h.url, 1);
         let id = pool.get().unwrap().session_id();
         let l = locker(&pool, s);
@@ -178,7 +199,7 @@ fn dropped_in_panic<C: TestDb>(h: &Harness<C>) {
 /// key returns Err(Error::Pool) at its deadline (it cannot even ask), and try_lock after its
 /// short grace period of 20 ms. Never a hang.
 fn exhausted_pool<C: TestDb>(h: &Harness<C>) {
-    for s in SESSION_STRATEGIES {
+    for s in session_strategies(h) {
         let pool = common::pool::<C>(&h.url, 1);
         let l = locker(&pool, s);
         let _g = l.lock(&unique_key("only")).unwrap();
@@ -202,7 +223,7 @@ fn exhausted_pool<C: TestDb>(h: &Harness<C>) {
 /// within tens of milliseconds. 1.3 s covers MySQL's whole-second innodb_lock_wait_timeout
 /// followed by NOWAIT retries for the fraction.
 fn deadline_accuracy<C: TestDb>(h: &Harness<C>, backend: &str) {
-    for s in SESSION_STRATEGIES {
+    for s in session_strategies(h) {
         let holder = locker(&h.pool, s);
         let waiter = Locker::builder(h.pool.clone()).strategy(s).build().unwrap();
         let key = unique_key("accuracy");
@@ -217,6 +238,34 @@ fn deadline_accuracy<C: TestDb>(h: &Harness<C>, backend: &str) {
             );
             assert!(took >= timeout, "early: {took:?}");
             assert!(took < timeout + Duration::from_millis(80), "late: {took:?}");
+        }
+    }
+}
+
+/// Through the transaction-pooling PgBouncer (ForUpdate, AdvisoryXact). A holder's session
+/// cannot be named from its own connection there (`terminated_then_dropped` and
+/// `dropped_in_panic` need that): the conformance suite's `release_reports_a_lost_lock`
+/// ends one found by its lock instead.
+#[cfg(feature = "postgres")]
+mod pgbouncer {
+    use super::*;
+
+    #[test]
+    fn killed_holder() {
+        if let Some(h) = common::pgbouncer() {
+            super::killed_holder(&h, "pgbouncer");
+        }
+    }
+    #[test]
+    fn exhausted_pool() {
+        if let Some(h) = common::pgbouncer_sized(2) {
+            super::exhausted_pool(&h);
+        }
+    }
+    #[test]
+    fn deadline_accuracy() {
+        if let Some(h) = common::pgbouncer() {
+            super::deadline_accuracy(&h, "pgbouncer");
         }
     }
 }
@@ -331,6 +380,31 @@ mod mysql {
     fn deadline_accuracy() {
         if let Some(h) = common::mysql() {
             super::deadline_accuracy(&h, "mysql");
+        }
+    }
+    /// GET_LOCK belongs to the session whatever transaction is open: MySQL has no lock that
+    /// ends with a transaction, so AdvisoryXact is refused (typed and AnyConnection pools).
+    #[test]
+    fn advisory_xact_is_refused() {
+        if let Some(h) = common::mysql() {
+            let any = diesel_lock::connect(&h.url).unwrap();
+            for r in [
+                Locker::builder(h.pool.clone())
+                    .strategy(Strategy::AdvisoryXact)
+                    .build()
+                    .map(drop),
+                Locker::builder(any)
+                    .strategy(Strategy::AdvisoryXact)
+                    .build()
+                    .map(drop),
+            ] {
+                match r {
+                    Err(Error::Unsupported { strategy, backend }) => {
+                        assert_eq!((strategy, backend), ("advisory-xact", "mysql"))
+                    }
+                    other => panic!("expected Unsupported, got {other:?}"),
+                }
+            }
         }
     }
 

@@ -198,7 +198,9 @@ fn waiting(conn: &mut PgConnection, key: &str, s: Strategy) -> bool {
 /// and a holder keeps its transaction open, waiters are cancelled, once they wait in the
 /// server's queue and also at once (before, or as, their transaction begins). Every
 /// cancelled wait returns without the lock, the holder keeps its lock, and the other
-/// clients never see a connection fail.
+/// clients never see a connection fail. (With the waiter's session id asked before its
+/// transaction, as for session-level Advisory, cancelled waits went on here: the id named
+/// a server session the pooler had given to someone else.)
 #[test]
 fn a_cancelled_wait_ends_only_its_own_session() {
     let Some(h) = common::pgbouncer() else {
@@ -236,10 +238,13 @@ fn a_cancelled_wait_ends_only_its_own_session() {
             .unwrap();
         for round in 0..20 {
             let cancel = Cancel::new();
-            let thread = {
+            let (tx, rx) = std::sync::mpsc::channel();
+            {
                 let (waiter, cancel, key) = (waiter.clone(), cancel.clone(), key.clone());
-                std::thread::spawn(move || waiter.try_lock_cancellable(&key, None, &cancel))
-            };
+                std::thread::spawn(move || {
+                    let _ = tx.send(waiter.try_lock_cancellable(&key, None, &cancel));
+                });
+            }
             if round % 2 == 0 {
                 let mut watcher = h.pool.get().unwrap();
                 let started = Instant::now();
@@ -251,7 +256,12 @@ fn a_cancelled_wait_ends_only_its_own_session() {
                 std::thread::sleep(Duration::from_micros(300 * round));
             }
             cancel.cancel();
-            let got = thread.join().unwrap();
+            // Ending some other server session instead would leave this wait going on.
+            let got = rx
+                .recv_timeout(Duration::from_secs(10))
+                .unwrap_or_else(|_| {
+                    panic!("{} round {round}: the cancelled wait went on", s.name())
+                });
             assert!(
                 matches!(got, Ok(None)),
                 "{} round {round}: {got:?}",

@@ -43,8 +43,12 @@
 //!   UPDATE` in a transaction the guard keeps open; release is `COMMIT`.
 //! - [`Strategy::Advisory`] (PostgreSQL `pg_advisory_lock`, MySQL `GET_LOCK`): a lock held
 //!   by the guard's database session.
+//! - [`Strategy::AdvisoryXact`] (PostgreSQL `pg_advisory_xact_lock`): the same lock held by
+//!   a transaction the guard keeps open; release is `COMMIT`. What works behind a
+//!   transaction-pooling PgBouncer (with `dlock_pooler=transaction` in the URL given to
+//!   [`connect`]; README, "Behind a connection pooler"), where `Advisory` does not.
 //!
-//! The last two are *session strategies*: the guard owns a pooled connection for its whole
+//! The last three are *session strategies*: the guard owns a pooled connection for its whole
 //! life, waiting happens in the server's lock queue, and a holder that dies frees its lock
 //! as soon as the server sees its connection close, with no ttl to wait out. A failover
 //! ends the lock with the session, and so does a network partition once the server's TCP

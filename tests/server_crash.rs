@@ -229,6 +229,11 @@ mod pg {
     fn for_update_tokens_survive_server_crashes() {
         run(Strategy::ForUpdate);
     }
+
+    #[test]
+    fn advisory_xact_tokens_survive_server_crashes() {
+        run(Strategy::AdvisoryXact);
+    }
 }
 
 #[cfg(feature = "mysql")]

@@ -262,7 +262,11 @@ fn a_late_cancellation_spares_a_session_that_moved_on<C: ServerWaits>(h: &Harnes
 #[test]
 fn pg_a_late_cancellation_spares_a_session_that_moved_on() {
     if let Some(h) = common::pg() {
-        for s in [Strategy::Advisory, Strategy::ForUpdate] {
+        for s in [
+            Strategy::Advisory,
+            Strategy::ForUpdate,
+            Strategy::AdvisoryXact,
+        ] {
             a_late_cancellation_spares_a_session_that_moved_on(&h, s);
         }
     }
@@ -323,6 +327,8 @@ waiting_tests!(pg_lease, common::pg(), LEASE);
 waiting_tests!(pg_for_update, common::pg(), Strategy::ForUpdate);
 #[cfg(feature = "postgres")]
 waiting_tests!(pg_advisory, common::pg(), Strategy::Advisory);
+#[cfg(feature = "postgres")]
+waiting_tests!(pg_advisory_xact, common::pg(), Strategy::AdvisoryXact);
 #[cfg(feature = "mysql")]
 waiting_tests!(mysql_row, common::mysql(), ROW);
 #[cfg(feature = "mysql")]

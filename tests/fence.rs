@@ -14,7 +14,14 @@ use diesel::sql_types::BigInt;
 use diesel::{QueryableByName, RunQueryDsl};
 use diesel_lock::{LockConnection, Strategy};
 
-const SESSION_STRATEGIES: [Strategy; 2] = [Strategy::Advisory, Strategy::ForUpdate];
+/// The strategies with these tokens on the harness's backend (AdvisoryXact: PostgreSQL).
+fn session_strategies<C: LockConnection>(h: &Harness<C>) -> Vec<Strategy> {
+    let mut v = vec![Strategy::Advisory, Strategy::ForUpdate];
+    if h.url.starts_with("postgres") {
+        v.push(Strategy::AdvisoryXact);
+    }
+    v
+}
 
 #[derive(QueryableByName)]
 struct High {
@@ -50,7 +57,7 @@ fn durable_bound<C: LockConnection + Bound>(h: &Harness<C>) -> i64 {
 
 /// Tokens, several keys, both strategies: each at most the bound committed in `dlock_fence`.
 fn tokens_stay_under_the_durable_bound<C: LockConnection + Bound>(h: &Harness<C>) {
-    for s in SESSION_STRATEGIES {
+    for s in session_strategies(h) {
         let l = h.locker(s);
         for i in 0..20 {
             let g = l.lock(&format!("bound-{}", i % 3)).unwrap();
@@ -70,7 +77,7 @@ fn tokens_stay_under_the_durable_bound<C: LockConnection + Bound>(h: &Harness<C>
 /// connection of `h`'s pool): the acquisition raises the durable bound past its token
 /// before handing it out, and tokens keep increasing.
 fn a_token_above_the_bound_raises_it<C: LockConnection + Bound>(h: &Harness<C>, lower: &str) {
-    for s in SESSION_STRATEGIES {
+    for s in session_strategies(h) {
         let l = h.locker(s);
         let first = l.lock("raise").unwrap();
         let t1 = first.token();
@@ -92,7 +99,7 @@ fn a_token_above_the_bound_raises_it<C: LockConnection + Bound>(h: &Harness<C>, 
 /// A new life of the server, as a crash leaves it (`forget` empties the live table): the
 /// next token exceeds the durable bound, hence every token handed out before.
 fn a_new_life_starts_above_the_bound<C: LockConnection + Bound>(h: &Harness<C>, forget: &str) {
-    for s in SESSION_STRATEGIES {
+    for s in session_strategies(h) {
         let l = h.locker(s);
         let before: Vec<i64> = (0..5)
             .map(|_| {

@@ -70,6 +70,9 @@ pub(crate) use session::Pooled;
 /// failover to a replica that had not received the bound's last raise may repeat tokens.
 /// | release | `COMMIT` | one `pg_advisory_unlock` / `RELEASE_LOCK` |
 ///
+/// `AdvisoryXact` (PostgreSQL) behaves as `ForUpdate` in this table: its lock ends with the
+/// transaction, hence with the session; its token is drawn as `Advisory`'s; release = `COMMIT`.
+///
 /// A guard's connection goes back to the pool only if its release worked; after a failed
 /// release, a lost session or a panic it is closed, which makes the server free the lock.
 ///

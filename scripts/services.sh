@@ -60,9 +60,14 @@ fi
 
 if wants pgbouncer; then
   wants pg || { say "pgbouncer needs pg in SERVICES"; exit 1; }
+  dir=${DLOCK_PGBOUNCER_DIR:-/var/tmp/dlock-pgbouncer}
+  if port_open 6432 && ! { [ -f "$dir/pgbouncer.pid" ] && kill -0 "$(cat "$dir/pgbouncer.pid")" 2>/dev/null; }; then
+    # Not ours (Debian's own pgbouncer service, say): its pool mode and databases are unknown.
+    say "something other than this script's PgBouncer listens on 6432; stop it first"
+    exit 1
+  fi
   if ! port_open 6432; then
     apt_install pgbouncer
-    dir=${DLOCK_PGBOUNCER_DIR:-/var/tmp/dlock-pgbouncer}
     install -d -o postgres -g postgres -m 0700 "$dir"
     # `*`: the tests' own databases (dlock_t_…) go through too. Idle server connections
     # are closed after 10 s: the shared PostgreSQL has 100 connection slots in all.

@@ -56,8 +56,8 @@
 //! settings that make it 25 s); [`LockGuard::check`] asks the server on the guard's own
 //! connection and reports [`Error::LockLost`]. A `Lease` guard cut off from the database
 //! reports the loss by itself, before any other client can take the key. See [`Strategy`]
-//! for the details of each. SQLite has neither, and refuses them with
-//! [`Error::Unsupported`].
+//! for the details of each. SQLite has none of them, and refuses them with
+//! [`Error::Unsupported`] (MySQL refuses `AdvisoryXact`).
 //!
 //! A session lock lives as long as its connection is open in *any* process. The MySQL/MariaDB
 //! client library opens its sockets without close-on-exec (libpq and SQLite set it), so a

@@ -200,6 +200,19 @@ pub enum Strategy {
     /// PostgreSQL only: `build` returns [`Error::Unsupported`] on MySQL, whose `GET_LOCK`
     /// belongs to the session whatever transaction is open (it has no lock that ends with a
     /// transaction), and on SQLite.
+    ///
+    /// ```no_run
+    /// use diesel_lock::{Locker, Strategy};
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// // Through PgBouncer in transaction mode: dlock_pooler turns diesel's statement cache off.
+    /// let pool = diesel_lock::connect("postgres://app@pgbouncer:6432/app?dlock_pooler=transaction")?;
+    /// let locker = Locker::builder(pool).strategy(Strategy::AdvisoryXact).build()?;
+    /// locker.migrate()?;
+    /// let guard = locker.lock("billing-run")?; // a transaction of its own, kept open
+    /// guard.release()?; // COMMIT
+    /// # Ok(()) }
+    /// ```
     AdvisoryXact,
 }
 

@@ -237,7 +237,14 @@ fn deadline_accuracy<C: TestDb>(h: &Harness<C>, backend: &str) {
                 s.name()
             );
             assert!(took >= timeout, "early: {took:?}");
-            assert!(took < timeout + Duration::from_millis(80), "late: {took:?}");
+            // Through PgBouncer, one more hop, on a single-threaded process that competes
+            // for the CPU with the tests (seen: 181 ms for 100 ms on a 2-core machine
+            // at load 6, against 101-106 ms unloaded).
+            let slack = if backend == "pgbouncer" { 250 } else { 80 };
+            assert!(
+                took < timeout + Duration::from_millis(slack),
+                "late: {took:?}"
+            );
         }
     }
 }

@@ -104,6 +104,7 @@ mod guard;
 mod key;
 mod lock_info;
 mod locker;
+mod loss;
 pub mod optimistic;
 mod random;
 mod strategy;
@@ -116,6 +117,7 @@ pub use guard::LockGuard;
 pub use key::{key_hash, MAX_KEY_LEN};
 pub use lock_info::LockInfo;
 pub use locker::{Cancel, Locker, LockerBuilder};
+pub use loss::{LockStatus, LossWatch};
 pub use strategy::Strategy;
 
 #[doc(hidden)]

@@ -10,9 +10,11 @@
 //! in `Strategy::name`), and its statements in each backend folder.
 
 use crate::backend::{Backend, LockConnection, Sql, Wait};
+use crate::loss::Loss;
 use crate::{Error, Result};
 use chrono::{DateTime, Utc};
 use diesel::r2d2::ConnectionManager;
+use std::sync::Arc;
 use std::time::Duration;
 
 mod advisory;
@@ -364,7 +366,22 @@ pub(crate) trait Hold: Send + Sync {
     fn release(self: Box<Self>, key: &str) -> Result<bool>;
     /// Asks the database whether the lock is still ours.
     fn held(&self, key: &str) -> Result<bool>;
+    /// The loss status that this hold marks by itself (a lease's: the heartbeat and the
+    /// local deadline), if any; the guard makes one otherwise.
+    fn loss(&self) -> Option<Arc<Loss>> {
+        None
+    }
+    /// How often the guard's loss watcher asks [`held`](Self::held), for a strategy that
+    /// nothing else tells of a loss; `None` if it needs no asking.
+    fn probe_every(&self) -> Option<Duration> {
+        Some(PROBE_EVERY)
+    }
 }
+
+/// How often a loss watcher asks the database about a lock nothing else watches (`Row`,
+/// `ForUpdate`, `Advisory`): the pace [`Strategy::check_every`] gives the session
+/// strategies. One query each time (on the guard's own connection for a session strategy).
+pub(crate) const PROBE_EVERY: Duration = Duration::from_secs(1);
 
 /// A successful acquisition.
 pub(crate) struct Taken {

@@ -99,6 +99,7 @@
 pub mod admin;
 mod backend;
 mod backoff;
+mod election;
 mod error;
 mod guard;
 mod key;
@@ -112,6 +113,7 @@ mod strategy;
 #[cfg(feature = "sqlite")]
 pub use backend::SqliteTuning;
 pub use backend::{connect, AnyConnection, Backend, LockConnection};
+pub use election::{Election, Leadership};
 pub use error::{Error, Result};
 pub use guard::LockGuard;
 pub use key::{key_hash, MAX_KEY_LEN};

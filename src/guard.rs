@@ -41,6 +41,8 @@ pub struct LockGuard<C: LockConnection> {
     hold: Arc<HoldCell>,
     /// Whether the lock is held, lost or released, for those waiting to be told.
     loss: Arc<Loss>,
+    /// When the guard was made, for the time held (metrics).
+    made: Instant,
     _connection: PhantomData<fn() -> C>,
 }
 
@@ -58,6 +60,8 @@ impl<C: LockConnection> std::fmt::Debug for LockGuard<C> {
 impl<C: LockConnection> LockGuard<C> {
     pub(crate) fn new(shared: Arc<Shared>, key: String, taken: Taken) -> Self {
         let loss = taken.hold.loss().unwrap_or_else(Loss::new);
+        shared.meter.guard_created();
+        loss.set_meter(shared.meter);
         LockGuard {
             shared,
             key,
@@ -65,6 +69,7 @@ impl<C: LockConnection> LockGuard<C> {
             acquired_at: taken.acquired_at,
             hold: Arc::new(RwLock::new(Some(taken.hold))),
             loss,
+            made: Instant::now(),
             _connection: PhantomData,
         }
     }
@@ -310,6 +315,8 @@ impl<C: LockConnection> LockGuard<C> {
         };
         self.loss
             .end_release(matches!(result, Err(Error::LockLost { .. })));
+        let failed = matches!(result, Err(ref e) if !matches!(e, Error::LockLost { .. }));
+        self.shared.meter.guard_ended(self.made.elapsed(), failed);
         self.shared.queues.wake(&self.key);
         match &result {
             Ok(()) => log::debug!("lock {:?} released (token {})", self.key, self.token),

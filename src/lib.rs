@@ -102,6 +102,7 @@ mod backoff;
 mod election;
 mod error;
 mod guard;
+mod instrument;
 mod key;
 mod lock_info;
 mod locker;

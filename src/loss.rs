@@ -16,6 +16,7 @@
 //! the release's own delete must not report a loss), then ends in `Released`, or in `Lost`
 //! if the release found the lock no longer ours.
 
+use crate::instrument::Meter;
 use crate::strategy::Hold;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
@@ -45,6 +46,8 @@ struct State {
     callbacks: Vec<Callback>,
     /// The watcher thread was started.
     watching: bool,
+    /// The labels of the losses counted (set by the guard once made).
+    meter: Option<Meter>,
 }
 
 /// One guard's loss status, shared by the guard, its strategy (a lease's `Validity`), its
@@ -71,6 +74,7 @@ impl Loss {
                 until: None,
                 callbacks: Vec::new(),
                 watching: false,
+                meter: None,
             }),
             changed: Condvar::new(),
         })
@@ -83,18 +87,35 @@ impl Loss {
             && !st.releasing
             && st.until.is_some_and(|u| Instant::now() >= u)
         {
-            st.status = LockStatus::Lost;
-            self.changed.notify_all();
+            self.lose(&mut st);
         }
         st
+    }
+
+    /// Held → lost: waiters woken, the loss counted.
+    fn lose(&self, st: &mut State) {
+        st.status = LockStatus::Lost;
+        if let Some(meter) = st.meter {
+            meter.lost();
+        }
+        self.changed.notify_all();
+    }
+
+    /// The labels under which a loss is counted; a loss before (between the acquisition and
+    /// the guard) is counted now.
+    pub(crate) fn set_meter(&self, meter: Meter) {
+        let mut st = self.state();
+        st.meter = Some(meter);
+        if st.status == LockStatus::Lost {
+            meter.lost();
+        }
     }
 
     /// The lock is lost (unless a release is under way or it ended already).
     pub(crate) fn mark_lost(&self) {
         let mut st = self.state();
         if st.status == LockStatus::Held && !st.releasing {
-            st.status = LockStatus::Lost;
-            self.changed.notify_all();
+            self.lose(&mut st);
         }
     }
 
@@ -114,11 +135,11 @@ impl Loss {
     pub(crate) fn end_release(&self, lost: bool) {
         let mut st = self.state();
         if st.status == LockStatus::Held {
-            st.status = if lost {
-                LockStatus::Lost
+            if lost {
+                self.lose(&mut st);
             } else {
-                LockStatus::Released
-            };
+                st.status = LockStatus::Released;
+            }
         }
         if st.status == LockStatus::Released {
             st.callbacks.clear();

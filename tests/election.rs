@@ -2,7 +2,9 @@
 //! processes; the leader is killed (SIGKILL), twice; each time exactly one new leader follows
 //! within ttl + 1 s (at once for `Advisory`), and every leader writes its term to a table
 //! while it leads: in the table's order the terms never go down and each term has one
-//! process, so no two leaders ever wrote in turn. Failover times are printed.
+//! process, so no two leaders ever wrote in turn. A leader stopped (SIGSTOP) past its ttl is
+//! replaced, and told it was deposed as soon as it resumes; its writes, fenced by term, never
+//! land after its successor's. Failover times are printed.
 
 mod common;
 
@@ -32,22 +34,31 @@ trait Terms: LockConnection {
 }
 
 macro_rules! terms {
-    ($conn:ty, $create:expr, $ph:expr) => {
+    ($conn:ty, $create:expr, $ph:expr, $dual:expr) => {
         impl Terms for $conn {
             fn create_terms(&mut self) {
                 self.batch_execute($create).expect("create the terms table");
             }
             fn write_term(&mut self, name: &str, term: i64, pid: i64) {
+                // Fenced by the term: refused once a greater term was written (what a
+                // resource does with a fencing token), so a deposed leader that has not yet
+                // noticed cannot write after its successor.
                 let ph: fn(usize) -> String = $ph;
                 diesel::sql_query(format!(
-                    "INSERT INTO dlock_test_terms (name, term, pid) VALUES ({}, {}, {})",
+                    "INSERT INTO dlock_test_terms (name, term, pid) SELECT {}, {}, {} {} \
+                     WHERE NOT EXISTS (SELECT 1 FROM dlock_test_terms WHERE name = {} AND term > {})",
                     ph(1),
                     ph(2),
-                    ph(3)
+                    ph(3),
+                    $dual,
+                    ph(4),
+                    ph(5)
                 ))
                 .bind::<diesel::sql_types::Text, _>(name)
                 .bind::<BigInt, _>(term)
                 .bind::<BigInt, _>(pid)
+                .bind::<diesel::sql_types::Text, _>(name)
+                .bind::<BigInt, _>(term)
                 .execute(self)
                 .expect("write the term");
             }
@@ -70,21 +81,24 @@ terms!(
     diesel::SqliteConnection,
     "CREATE TABLE IF NOT EXISTS dlock_test_terms (id INTEGER PRIMARY KEY AUTOINCREMENT, \
      name TEXT NOT NULL, term BIGINT NOT NULL, pid BIGINT NOT NULL)",
-    |_| "?".to_owned()
+    |_| "?".to_owned(),
+    ""
 );
 #[cfg(feature = "postgres")]
 terms!(
     diesel::PgConnection,
     "CREATE TABLE IF NOT EXISTS dlock_test_terms (id BIGSERIAL PRIMARY KEY, \
      name VARCHAR(255) NOT NULL, term BIGINT NOT NULL, pid BIGINT NOT NULL)",
-    |n| format!("${n}")
+    |n| format!("${n}"),
+    ""
 );
 #[cfg(feature = "mysql")]
 terms!(
     diesel::MysqlConnection,
     "CREATE TABLE IF NOT EXISTS dlock_test_terms (id BIGINT AUTO_INCREMENT PRIMARY KEY, \
      name VARCHAR(255) NOT NULL, term BIGINT NOT NULL, pid BIGINT NOT NULL)",
-    |_| "?".to_owned()
+    |_| "?".to_owned(),
+    "FROM DUAL"
 );
 
 fn strategy(name: &str, ttl: Duration) -> Strategy {
@@ -222,7 +236,14 @@ fn three_candidates<C: Terms>(h: &Harness<C>, backend: &str, strat: &str) {
     while let Ok((_, line, _)) = rx.try_recv() {
         assert!(!line.contains("LEADER "), "an extra leader: {line}");
     }
-    let rows = h.pool.get().unwrap().read_terms(&key);
+    check_table(h, &key, &terms);
+    eprintln!("FAILOVER {backend} {strat} (ttl {TTL:?}): {failovers:?}; terms {terms:?}");
+}
+
+/// In the table's order the terms never go down, each term was written by one process, and
+/// the terms written are those elected, in order.
+fn check_table<C: Terms>(h: &Harness<C>, key: &str, terms: &[i64]) {
+    let rows = h.pool.get().unwrap().read_terms(key);
     assert!(!rows.is_empty());
     let mut seen: Vec<(i64, i64)> = Vec::new();
     for r in &rows {
@@ -240,10 +261,89 @@ fn three_candidates<C: Terms>(h: &Harness<C>, backend: &str, strat: &str) {
         written, terms,
         "the terms written are those elected, in order"
     );
-    eprintln!(
-        "FAILOVER {backend} {strat} (ttl {TTL:?}): {failovers:?}; terms {terms:?}; {} writes",
-        rows.len()
-    );
+}
+
+/// The next line of candidate `who` holding `word`.
+fn next_from(
+    rx: &mpsc::Receiver<(usize, String, Instant)>,
+    who: usize,
+    word: &str,
+    within: Duration,
+) -> (String, Instant) {
+    let deadline = Instant::now() + within;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (i, line, at) = rx
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("no {word:?} from {who}"));
+        assert!(
+            !(i != who && line.contains("LEADER ")),
+            "an extra leader: {line}"
+        );
+        if i == who && line.contains(word) {
+            return (line, at);
+        }
+    }
+}
+
+/// The leader is stopped (SIGSTOP) past its lease's ttl: another candidate is elected; the
+/// old leader, resumed (SIGCONT), is told it was deposed at once (its lease's local deadline
+/// has passed), and the table (fenced by term) never shows its term after its successor's.
+fn stopped_leader<C: Terms>(h: &Harness<C>, backend: &str) {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    h.pool.get().unwrap().create_terms();
+    h.locker(Strategy::Lease { ttl: TTL });
+    let key = unique_key("paused-leader");
+    let spec = [backend, &h.url, "lease", &key].join("\t");
+    let (tx, rx) = mpsc::channel();
+    let mut kids: Vec<Child> = (0..3).map(|i| spawn(i, &spec, tx.clone())).collect();
+    let (leader, term, _) = next_leader(&rx, Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = Pid::from_raw(kids[leader].id() as i32);
+    kill(pid, Signal::SIGSTOP).unwrap();
+    let stopped = Instant::now();
+    let (next, next_term, at) = next_leader(&rx, TTL + Duration::from_secs(5));
+    let took = at.saturating_duration_since(stopped);
+    assert_ne!(next, leader);
+    assert!(next_term > term);
+    assert!(took <= TTL + Duration::from_secs(1), "{backend}: {took:?}");
+    std::thread::sleep(Duration::from_millis(300));
+    let resumed = Instant::now();
+    kill(pid, Signal::SIGCONT).unwrap();
+    let (line, told) = next_from(&rx, leader, "DEPOSED", Duration::from_secs(5));
+    assert!(line.ends_with(&format!("DEPOSED {term}")), "{line}");
+    let told = told.saturating_duration_since(resumed);
+    assert!(told < TTL / 3, "{backend}: deposed {told:?} after SIGCONT");
+    std::thread::sleep(Duration::from_millis(300));
+    for kid in &mut kids {
+        let _ = kid.kill();
+        let _ = kid.wait();
+    }
+    check_table(h, &key, &[term, next_term]);
+    eprintln!("FAILOVER {backend} lease, leader stopped (ttl {TTL:?}): new leader {took:?} after SIGSTOP; old leader told {told:?} after SIGCONT");
+}
+
+#[cfg(feature = "sqlite")]
+#[test]
+fn sqlite_stopped_leader() {
+    stopped_leader(&common::sqlite().unwrap(), "sqlite");
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn pg_stopped_leader() {
+    if let Some(h) = common::pg() {
+        stopped_leader(&h, "pg");
+    }
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_stopped_leader() {
+    if let Some(h) = common::mysql() {
+        stopped_leader(&h, "mysql");
+    }
 }
 
 #[cfg(feature = "sqlite")]

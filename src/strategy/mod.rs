@@ -208,8 +208,9 @@ impl Strategy {
 }
 
 impl Strategy {
-    /// How often a holder that must notice a lost lock in time (a supervisor like `dlock
-    /// run`) should call [`LockGuard::check`](crate::LockGuard::check): a third of a lease's
+    /// How often a holder that must notice a lost lock in time should call
+    /// [`LockGuard::check`](crate::LockGuard::check) if it polls (rather than being told by
+    /// [`LockGuard::loss_watch`](crate::LockGuard::loss_watch), as `dlock run` is): a third of a lease's
     /// ttl (renewals run at that pace too), a third of a row's `stale_after` but at most 5 s,
     /// 1 s for the session strategies (a cheap query on the holding session), else 5 s.
     ///

@@ -377,3 +377,61 @@ impl LossWatch {
         self.loss.on_lost(Box::new(f));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_deadline_marks_the_loss_and_wakes_the_waiter() {
+        let loss = Loss::new();
+        let until = Instant::now() + Duration::from_millis(50);
+        loss.set_until(until);
+        assert_eq!(loss.status(), LockStatus::Held);
+        // No deadline of its own: only the lease's wakes it.
+        assert_eq!(loss.wait_until(None), LockStatus::Lost);
+        assert!(Instant::now() >= until);
+    }
+
+    #[test]
+    fn a_release_under_way_is_never_reported_as_a_loss() {
+        let loss = Loss::new();
+        loss.set_until(Instant::now() + Duration::from_millis(30));
+        loss.begin_release();
+        std::thread::sleep(Duration::from_millis(40)); // the deadline passes mid-release
+        loss.mark_lost(); // a renewal racing the release's delete
+        assert_eq!(loss.status(), LockStatus::Held);
+        loss.end_release(false);
+        assert_eq!(loss.wait_until(None), LockStatus::Released);
+        loss.mark_lost();
+        assert_eq!(
+            loss.status(),
+            LockStatus::Released,
+            "released stays released"
+        );
+    }
+
+    #[test]
+    fn a_release_that_found_the_lock_gone_is_a_loss() {
+        let loss = Loss::new();
+        loss.begin_release();
+        loss.end_release(true);
+        assert_eq!(loss.status(), LockStatus::Lost);
+    }
+
+    #[test]
+    fn callbacks_run_once_lost_and_never_once_released() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let lost = Loss::new();
+        lost.mark_lost();
+        let t = tx.clone();
+        lost.on_lost(Box::new(move || t.send("late").unwrap())); // at once
+        assert_eq!(rx.try_recv(), Ok("late"));
+        let released = Loss::new();
+        released.on_lost(Box::new(move || tx.send("never").unwrap()));
+        released.begin_release();
+        released.end_release(false);
+        assert!(rx.try_recv().is_err());
+        assert!(released.state().callbacks.is_empty(), "dropped unrun");
+    }
+}

@@ -130,15 +130,26 @@ fn forced_release<C: TestDb>(h: &Harness<C>, backend: &str) {
             let forced = Instant::now();
             assert_eq!(watch.wait(ttl), LockStatus::Lost, "{backend} {}", s.name());
             let told = forced.elapsed();
-            // One heartbeat interval (ttl/3) or one probe interval, plus the statement.
+            // One heartbeat interval (ttl/3) or one probe interval, plus the statement; a
+            // renewal that met contention (it waits for a row lock at most a quarter
+            // interval, on MySQL a whole second) is retried a quarter interval later: seen
+            // once at 2.0 s on MySQL with the whole suite running beside it. The median must
+            // keep to one interval.
             assert!(
-                told <= Duration::from_secs(1) + MARGIN,
+                told <= Duration::from_secs(2) + MARGIN,
                 "{backend} {}: {told:?}",
                 s.name()
             );
             took.push(told);
             assert!(g.check().is_err());
         }
+        let mut sorted = took.clone();
+        sorted.sort();
+        assert!(
+            sorted[sorted.len() / 2] <= Duration::from_secs(1) + MARGIN,
+            "{backend} {}: {sorted:?}",
+            s.name()
+        );
         eprintln!(
             "LATENCY {backend} {} forced release: {}",
             s.name(),
@@ -289,7 +300,8 @@ fn lease_stolen<C: TestDb>(h: &Harness<C>, backend: &str) {
     let stolen = Instant::now();
     assert_eq!(watch.wait(ttl), LockStatus::Lost);
     let told = stolen.elapsed();
-    assert!(told <= ttl / 3 + MARGIN, "{told:?}");
+    // One interval; two if that renewal met contention (see `forced_release`).
+    assert!(told <= ttl * 2 / 3 + MARGIN, "{told:?}");
     eprintln!("LATENCY {backend} lease taken over (renewal finds it gone): {told:?}");
 }
 

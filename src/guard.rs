@@ -2,11 +2,13 @@
 
 use crate::backend::LockConnection;
 use crate::locker::Shared;
-use crate::strategy::{Hold, Taken};
+use crate::loss::{ensure_watcher, HoldCell, LockStatus, Loss, LossWatch};
+use crate::strategy::Taken;
 use crate::{Error, Result};
 use chrono::{DateTime, Utc};
 use std::marker::PhantomData;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
 
 /// A held lock. Dropping it releases the lock; [`release`](Self::release) does the same and
 /// reports failure, which `Drop` can only log (at `warn`).
@@ -34,8 +36,13 @@ pub struct LockGuard<C: LockConnection> {
     key: String,
     token: i64,
     acquired_at: DateTime<Utc>,
-    /// What the strategy keeps to release and check the lock; `None` once released.
-    hold: Option<Box<dyn Hold>>,
+    /// What the strategy keeps to release and check the lock; `None` once released. Shared
+    /// with the loss watcher thread, if one was started.
+    hold: Arc<HoldCell>,
+    /// Whether the lock is held, lost or released, for those waiting to be told.
+    loss: Arc<Loss>,
+    /// When the guard was made, for the time held (metrics).
+    made: Instant,
     _connection: PhantomData<fn() -> C>,
 }
 
@@ -52,12 +59,17 @@ impl<C: LockConnection> std::fmt::Debug for LockGuard<C> {
 
 impl<C: LockConnection> LockGuard<C> {
     pub(crate) fn new(shared: Arc<Shared>, key: String, taken: Taken) -> Self {
+        let loss = taken.hold.loss().unwrap_or_else(Loss::new);
+        shared.meter.guard_created();
+        loss.set_meter(shared.meter);
         LockGuard {
             shared,
             key,
             token: taken.token,
             acquired_at: taken.acquired_at,
-            hold: Some(taken.hold),
+            hold: Arc::new(RwLock::new(Some(taken.hold))),
+            loss,
+            made: Instant::now(),
             _connection: PhantomData,
         }
     }
@@ -165,10 +177,94 @@ impl<C: LockConnection> LockGuard<C> {
     /// # Ok(()) }
     /// ```
     pub fn check(&self) -> Result<()> {
-        match &self.hold {
-            Some(hold) if hold.held(&self.key)? => Ok(()),
-            _ => Err(self.lost()),
+        let held = match &*self.hold.read().unwrap_or_else(|p| p.into_inner()) {
+            Some(hold) => hold.held(&self.key)?,
+            None => false,
+        };
+        if held {
+            Ok(())
+        } else {
+            self.loss.mark_lost();
+            Err(self.lost())
         }
+    }
+
+    /// A handle that tells when this lock is lost, without asking: to wait for it
+    /// ([`LossWatch::wait`]) or be called ([`LossWatch::on_lost`]) from any thread. It
+    /// never reports a loss after a normal release ([`LockStatus::Released`]).
+    ///
+    /// How soon a loss is told, counted from the moment the library can know it:
+    /// - `Lease`: at once when the heartbeat's renewal finds the lease expired or taken (it
+    ///   renews every interval, ttl/3 by default, so within one interval of a takeover or a
+    ///   forced release), and at the lease's local deadline when it could not be renewed in
+    ///   time (see [`check`](Self::check)); no database work of its own.
+    /// - `Row`, `ForUpdate`, `Advisory`: a watcher thread of the guard, started by the first
+    ///   call of this method (or of [`wait_lost`](Self::wait_lost),
+    ///   [`on_lost`](Self::on_lost)), asks the database once a second what
+    ///   [`check`](Self::check) asks (for a session strategy, one query on the guard's own
+    ///   connection, which fails at once when the server ended the session).
+    ///
+    /// Every strategy starts that thread with the first such call (it runs the callbacks);
+    /// it ends with the lock.
+    ///
+    /// ```
+    /// use diesel_lock::{admin, LockStatus};
+    /// use std::time::Duration;
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let pool = diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?;
+    /// # let locker = diesel_lock::Locker::builder(pool.clone()).build()?;
+    /// # locker.migrate()?;
+    /// let guard = locker.lock("exports")?;
+    /// let watch = guard.loss_watch();
+    /// admin::force_release(&mut *pool.get()?, "exports")?; // an administrator steps in
+    /// assert_eq!(watch.wait(Duration::from_secs(10)), LockStatus::Lost);
+    /// # Ok(()) }
+    /// ```
+    pub fn loss_watch(&self) -> LossWatch {
+        ensure_watcher(&self.loss, &self.hold, &self.key);
+        LossWatch::new(self.loss.clone())
+    }
+
+    /// Waits at most `timeout` for the lock to be lost: true if it was (see
+    /// [`loss_watch`](Self::loss_watch) for how soon a loss is told).
+    ///
+    /// ```
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let locker = diesel_lock::Locker::builder(diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?).build()?;
+    /// # locker.migrate()?;
+    /// let guard = locker.lock("k")?;
+    /// assert!(!guard.wait_lost(std::time::Duration::from_millis(10)));
+    /// # Ok(()) }
+    /// ```
+    pub fn wait_lost(&self, timeout: Duration) -> bool {
+        ensure_watcher(&self.loss, &self.hold, &self.key);
+        self.loss.wait_until(Instant::now().checked_add(timeout)) == LockStatus::Lost
+    }
+
+    /// Runs `f` once, on a thread of the library, when the lock is lost (see
+    /// [`loss_watch`](Self::loss_watch)); never after a normal release. `f` should be quick:
+    /// send on a channel, set a flag, signal a process.
+    ///
+    /// ```
+    /// use diesel_lock::admin;
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let pool = diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?;
+    /// # let locker = diesel_lock::Locker::builder(pool.clone()).build()?;
+    /// # locker.migrate()?;
+    /// let guard = locker.lock("k")?;
+    /// let (tx, rx) = std::sync::mpsc::channel();
+    /// guard.on_lost(move || tx.send("lost").unwrap());
+    /// admin::force_release(&mut *pool.get()?, "k")?;
+    /// assert_eq!(rx.recv().unwrap(), "lost");
+    /// # Ok(()) }
+    /// ```
+    pub fn on_lost(&self, f: impl FnOnce() + Send + 'static) {
+        self.loss_watch().on_lost(f);
     }
 
     /// Releases the lock now and reports whether that worked.
@@ -205,7 +301,11 @@ impl<C: LockConnection> LockGuard<C> {
     }
 
     fn release_inner(&mut self) -> Result<()> {
-        let Some(hold) = self.hold.take() else {
+        // From here on only the release's outcome tells the loss watchers anything: a
+        // renewal racing the release's own delete must not report a loss.
+        self.loss.begin_release();
+        let taken = self.hold.write().unwrap_or_else(|p| p.into_inner()).take();
+        let Some(hold) = taken else {
             return Ok(());
         };
         let result = match hold.release(&self.key) {
@@ -213,6 +313,10 @@ impl<C: LockConnection> LockGuard<C> {
             Ok(false) => Err(self.lost()),
             Err(e) => Err(e),
         };
+        self.loss
+            .end_release(matches!(result, Err(Error::LockLost { .. })));
+        let failed = matches!(result, Err(ref e) if !matches!(e, Error::LockLost { .. }));
+        self.shared.meter.guard_ended(self.made.elapsed(), failed);
         self.shared.queues.wake(&self.key);
         match &result {
             Ok(()) => log::debug!("lock {:?} released (token {})", self.key, self.token),

@@ -67,6 +67,15 @@
 //! `std::os::unix::process::CommandExt::pre_exec` (Linux 5.11+: `close_range(3, !0,
 //! CLOSE_RANGE_CLOEXEC)`; else `fcntl(fd, F_SETFD, FD_CLOEXEC)` on each), as `dlock run` does.
 //!
+//! # Losing a lock, leaders, metrics
+//! A guard tells when its lock is lost without being asked: [`LockGuard::wait_lost`],
+//! [`LockGuard::on_lost`] and [`LockGuard::loss_watch`] (a [`LossWatch`] handle for other
+//! threads), never after a normal release (see `loss_watch` for how soon each strategy
+//! tells). [`Election`] runs "one of N replicas leads" on a lock, its term being the lock's
+//! fencing token. With the `metrics` feature the library records acquisitions, contention,
+//! time waited and held, locks held, losses and release failures through the
+//! [`metrics`](https://docs.rs/metrics) facade, labelled by strategy and backend.
+//!
 //! Without any lock, [`optimistic::transaction`] runs read-modify-write work in a
 //! transaction that commits only if the key's version did not change meanwhile.
 //!
@@ -92,7 +101,7 @@
 //!
 //! # Backends
 //! Features `sqlite` (default, compiled in), `postgres` and `mysql` (link the system's
-//! `libpq` and `libmysqlclient`), and `cli` for the `dlock` binary. [`connect`] builds a pool
+//! `libpq` and `libmysqlclient`), `cli` for the `dlock` binary, and `metrics` (above). [`connect`] builds a pool
 //! of [`AnyConnection`] from a URL; a pool of a concrete diesel connection works too. For
 //! SQLite pools you build yourself, add [`SqliteTuning`] as the connection customizer
 //! (`build` refuses a SQLite pool without WAL and a busy timeout).
@@ -103,11 +112,14 @@
 pub mod admin;
 mod backend;
 mod backoff;
+mod election;
 mod error;
 mod guard;
+mod instrument;
 mod key;
 mod lock_info;
 mod locker;
+mod loss;
 pub mod optimistic;
 mod random;
 mod strategy;
@@ -115,11 +127,13 @@ mod strategy;
 #[cfg(feature = "sqlite")]
 pub use backend::SqliteTuning;
 pub use backend::{connect, AnyConnection, Backend, LockConnection};
+pub use election::{Election, Leadership};
 pub use error::{Error, Result};
 pub use guard::LockGuard;
 pub use key::{key_hash, MAX_KEY_LEN};
 pub use lock_info::LockInfo;
 pub use locker::{Cancel, Locker, LockerBuilder};
+pub use loss::{LockStatus, LossWatch};
 pub use strategy::Strategy;
 
 #[doc(hidden)]

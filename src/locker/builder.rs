@@ -269,6 +269,7 @@ impl<C: LockConnection> LockerBuilder<C> {
         let shared = Arc::new(Shared {
             owner,
             queues: Queues::default(),
+            meter: crate::instrument::Meter::new(self.strategy.name(), backend.name()),
         });
         #[cfg(feature = "postgres")]
         let listener = match &self.listen_url {

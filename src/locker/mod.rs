@@ -4,6 +4,7 @@
 
 mod builder;
 mod cancel;
+mod metered;
 mod queue;
 mod wait;
 
@@ -101,6 +102,8 @@ impl<C: LockConnection> std::fmt::Debug for Locker<C> {
 pub(crate) struct Shared {
     pub(crate) owner: String,
     pub(crate) queues: Queues,
+    /// The metrics' labels (strategy, backend); nothing without the `metrics` feature.
+    pub(crate) meter: crate::instrument::Meter,
 }
 
 impl<C: LockConnection> Locker<C> {

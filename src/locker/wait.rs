@@ -49,7 +49,7 @@ impl Deadline {
 }
 
 impl<C: LockConnection> Locker<C> {
-    pub(super) fn acquire(
+    pub(super) fn acquire_unmetered(
         &self,
         key: &str,
         deadline: Deadline,
@@ -209,6 +209,9 @@ impl<C: LockConnection> Locker<C> {
             }
         }
         drop(conn);
+        if !cancelled && matches!(attempt, Ok(None)) {
+            inner.shared.meter.contended();
+        }
         match attempt {
             Ok(Some(taken)) if cancelled => {
                 // Granted as it was cancelled; its session may have been ended already.

@@ -137,6 +137,11 @@ impl Beat {
         self.lease.deadline()
     }
 
+    /// The guard's loss status, which the lease marks (see `Validity`).
+    pub(crate) fn loss(&self) -> Arc<crate::loss::Loss> {
+        self.lease.loss()
+    }
+
     /// The database says the lease is not ours: lost for good, and no more renewals.
     pub(crate) fn lose(&self) {
         self.lease.lose();

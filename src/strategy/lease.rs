@@ -168,6 +168,14 @@ impl<C: LockConnection> Hold for LeaseHold<C> {
         }
     }
 
+    fn loss(&self) -> Option<Arc<crate::loss::Loss>> {
+        self.beat.as_ref().map(Beat::loss)
+    }
+
+    fn probe_every(&self) -> Option<Duration> {
+        None // the heartbeat and the local deadline mark the loss
+    }
+
     fn held(&self, key: &str) -> Result<bool> {
         let Some(beat) = &self.beat else {
             return Ok(false);

@@ -10,9 +10,11 @@
 //! in `Strategy::name`), and its statements in each backend folder.
 
 use crate::backend::{Backend, LockConnection, Sql, Wait};
+use crate::loss::Loss;
 use crate::{Error, Result};
 use chrono::{DateTime, Utc};
 use diesel::r2d2::ConnectionManager;
+use std::sync::Arc;
 use std::time::Duration;
 
 mod advisory;
@@ -253,8 +255,9 @@ impl Strategy {
 }
 
 impl Strategy {
-    /// How often a holder that must notice a lost lock in time (a supervisor like `dlock
-    /// run`) should call [`LockGuard::check`](crate::LockGuard::check): a third of a lease's
+    /// How often a holder that must notice a lost lock in time should call
+    /// [`LockGuard::check`](crate::LockGuard::check) if it polls (rather than being told by
+    /// [`LockGuard::loss_watch`](crate::LockGuard::loss_watch), as `dlock run` is): a third of a lease's
     /// ttl (renewals run at that pace too), a third of a row's `stale_after` but at most 5 s,
     /// 1 s for the session strategies (a cheap query on the holding session), else 5 s.
     ///
@@ -423,7 +426,22 @@ pub(crate) trait Hold: Send + Sync {
     fn release(self: Box<Self>, key: &str) -> Result<bool>;
     /// Asks the database whether the lock is still ours.
     fn held(&self, key: &str) -> Result<bool>;
+    /// The loss status that this hold marks by itself (a lease's: the heartbeat and the
+    /// local deadline), if any; the guard makes one otherwise.
+    fn loss(&self) -> Option<Arc<Loss>> {
+        None
+    }
+    /// How often the guard's loss watcher asks [`held`](Self::held), for a strategy that
+    /// nothing else tells of a loss; `None` if it needs no asking.
+    fn probe_every(&self) -> Option<Duration> {
+        Some(PROBE_EVERY)
+    }
 }
+
+/// How often a loss watcher asks the database about a lock nothing else watches (`Row`,
+/// `ForUpdate`, `Advisory`): the pace [`Strategy::check_every`] gives the session
+/// strategies. One query each time (on the guard's own connection for a session strategy).
+pub(crate) const PROBE_EVERY: Duration = Duration::from_secs(1);
 
 /// A successful acquisition.
 pub(crate) struct Taken {

@@ -20,7 +20,8 @@
 //! as a renewal (the guard may already have said "lost", and whoever asked may have stopped
 //! working on that basis), and the heartbeat stops renewing that lease.
 
-use std::sync::Mutex;
+use crate::loss::Loss;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How long after sending a successful acquisition or renewal its lease counts as held
@@ -36,6 +37,9 @@ pub(crate) struct Validity {
     state: Mutex<State>,
     /// `local_validity(ttl)`.
     validity: Duration,
+    /// The guard's loss status, kept in step under `state`'s mutex: its deadline is always
+    /// this one, and it is marked lost when this is.
+    loss: Arc<Loss>,
 }
 
 #[derive(Debug)]
@@ -48,13 +52,21 @@ impl Validity {
     /// A lease whose acquiring statement was sent at `sent`.
     pub(crate) fn new(sent: Instant, ttl: Duration) -> Self {
         let validity = local_validity(ttl);
+        let loss = Loss::new();
+        loss.set_until(sent + validity);
         Validity {
             state: Mutex::new(State {
                 until: sent + validity,
                 lost: false,
             }),
             validity,
+            loss,
         }
+    }
+
+    /// The loss status of the guard, which this marks.
+    pub(crate) fn loss(&self) -> Arc<Loss> {
+        self.loss.clone()
     }
 
     /// The state, its deadline applied. One mutex for both fields, so that no caller can
@@ -63,6 +75,7 @@ impl Validity {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if !st.lost && Instant::now() >= st.until {
             st.lost = true;
+            self.loss.mark_lost();
         }
         st
     }
@@ -80,6 +93,7 @@ impl Validity {
     /// The database says the lease is not ours (any more).
     pub(crate) fn lose(&self) {
         self.state().lost = true;
+        self.loss.mark_lost();
     }
 
     /// A renewal sent at `sent` succeeded: the deadline moves to `sent` plus the validity,
@@ -89,6 +103,7 @@ impl Validity {
         let mut st = self.state();
         if !st.lost {
             st.until = st.until.max(sent + self.validity);
+            self.loss.set_until(st.until);
         }
         !st.lost
     }

@@ -9,7 +9,7 @@ use crate::args::{
 };
 use crate::database::Database;
 use crate::job::{describe, exit_code, signal_name, Job};
-use crate::supervise::{hold_at_least, supervise, watch, watch_plan, Event};
+use crate::supervise::{hold_at_least, lost_event, supervise, Event};
 use diesel::r2d2::{ConnectionManager, Pool};
 use diesel_lock::{admin, AnyConnection, Cancel, Error, LockGuard, Locker, Strategy};
 use signal_hook::consts::signal::{SIGCHLD, SIGHUP, SIGINT, SIGTERM};
@@ -142,23 +142,12 @@ pub(crate) fn run(
         }
     );
 
-    let (check_every, give_up_after) = watch_plan(locker.strategy());
-    let outcome = std::thread::scope(|scope| {
-        // Owned by this closure, so that a panic below drops it while unwinding: the watcher
-        // then stops, the scope ends, and the panic reaches main instead of waiting here for
-        // ever (with the lease renewed all the while).
-        let (stop_tx, stop_rx) = mpsc::channel::<()>();
-        let guard = &guard;
-        let lost_tx = tx.clone();
-        scope.spawn(move || watch(guard, check_every, give_up_after, &stop_rx, &lost_tx));
-        let outcome = supervise(job, &events, args.kill_after);
-        let outcome = match outcome {
-            Ok(o) if o.lost.is_none() => hold_at_least(o, acquired, args.min_hold, &events),
-            other => other,
-        };
-        let _ = stop_tx.send(());
-        outcome
-    });
+    lost_event(&guard, &tx);
+    let outcome = supervise(job, &events, args.kill_after);
+    let outcome = match outcome {
+        Ok(o) if o.lost.is_none() => hold_at_least(o, acquired, args.min_hold, &events),
+        other => other,
+    };
     let outcome = outcome?;
     if let Some(why) = outcome.lost {
         drop(guard); // nothing of ours left to release; Drop logs what it finds

@@ -1,11 +1,11 @@
-//! While the command of `dlock run` runs: the events the signal thread and the lock watcher
-//! send, the watcher that checks the lock (`watch`, at the pace `watch_plan` sets from what
-//! the library says about the strategy), the loop that waits for the command, passes signals
-//! on and stops it if the lock is lost (`supervise`), and `--min-hold` (`hold_at_least`).
+//! While the command of `dlock run` runs: the events the signal thread and the guard's loss
+//! notification (`LockGuard::on_lost`, see `lost_event`) send, the loop that waits for the
+//! command, passes signals on and stops it if the lock is lost (`supervise`), and
+//! `--min-hold` (`hold_at_least`).
 
-use crate::args::{chain, deadline_after, round_ms, Failure};
+use crate::args::{deadline_after, round_ms, Failure};
 use crate::job::{signal_name, Job};
-use diesel_lock::{AnyConnection, Error, LockGuard, Strategy};
+use diesel_lock::{AnyConnection, LockGuard};
 use nix::sys::signal::Signal;
 use signal_hook::consts::signal::SIGCHLD;
 use signal_hook::low_level::siginfo::{Cause, Origin};
@@ -22,49 +22,16 @@ pub(crate) enum Event {
     Waited,
 }
 
-/// How `watch` keeps an eye on a lock of `strategy`: how often it checks the lock, and how
-/// long it may go without a successful check before the lock must be presumed lost (`None`:
-/// never; only a check that finds the lock gone ends it). The library answers both.
-pub(crate) fn watch_plan(strategy: Strategy) -> (Duration, Option<Duration>) {
-    (strategy.check_every(), strategy.expires_after())
-}
-
-/// Checks the lock every `every` until told to stop; reports a loss on `tx`.
-pub(crate) fn watch(
-    guard: &LockGuard<AnyConnection>,
-    every: Duration,
-    give_up_after: Option<Duration>,
-    stop: &Receiver<()>,
-    tx: &Sender<Event>,
-) {
-    let every = every.max(Duration::from_millis(10));
-    let mut confirmed = Instant::now();
-    loop {
-        match stop.recv_timeout(every) {
-            Err(RecvTimeoutError::Timeout) => {}
-            _ => return,
-        }
-        match guard.check() {
-            Ok(()) => confirmed = Instant::now(),
-            Err(Error::LockLost { key }) => {
-                let _ = tx.send(Event::Lost(format!(
-                    "the lock on {key:?} was lost while the command ran (a lease that expired, a row past --stale-after, a session ended by the server, or `dlock release --force`)"
-                )));
-                return;
-            }
-            Err(e) => {
-                log::warn!("could not check the lock: {e}");
-                if give_up_after.is_some_and(|g| confirmed.elapsed() >= g) {
-                    let _ = tx.send(Event::Lost(format!(
-                        "the lock on {:?} could not be confirmed for a whole ttl ({}) and must be presumed lost",
-                        guard.key(),
-                        chain(&e)
-                    )));
-                    return;
-                }
-            }
-        }
-    }
+/// Has a loss of `guard`'s lock sent on `tx` as `Event::Lost`, by the library the moment it
+/// learns of it (the lease heartbeat or deadline; for the other strategies, a query once a
+/// second), with no polling of ours.
+pub(crate) fn lost_event(guard: &LockGuard<AnyConnection>, tx: &Sender<Event>) {
+    let (tx, key) = (tx.clone(), guard.key().to_owned());
+    guard.on_lost(move || {
+        let _ = tx.send(Event::Lost(format!(
+            "the lock on {key:?} was lost while the command ran (a lease that expired or could not be renewed in time, a row past --stale-after, a session ended by the server, or `dlock release --force`)"
+        )));
+    });
 }
 
 #[derive(Debug)]
@@ -179,25 +146,5 @@ pub(crate) fn hold_at_least(
             }
             Err(_) => {}
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn watch_plan_per_strategy() {
-        let s = Duration::from_secs;
-        assert_eq!(
-            watch_plan(Strategy::Lease { ttl: s(30) }),
-            (s(10), Some(s(30)))
-        );
-        let row = |stale_after| Strategy::Row { stale_after };
-        assert_eq!(watch_plan(row(Some(s(6)))), (s(2), None));
-        assert_eq!(watch_plan(row(Some(s(60)))), (s(5), None));
-        assert_eq!(watch_plan(row(None)), (s(5), None));
-        assert_eq!(watch_plan(Strategy::ForUpdate), (s(1), None));
-        assert_eq!(watch_plan(Strategy::Advisory), (s(1), None));
     }
 }

@@ -1,0 +1,385 @@
+//! Leader election (`Election`) across processes, on every backend: three candidate
+//! processes; the leader is killed (SIGKILL), twice; each time exactly one new leader follows
+//! within ttl + 1 s (at once for `Advisory`), and every leader writes its term to a table
+//! while it leads: in the table's order the terms never go down and each term has one
+//! process, so no two leaders ever wrote in turn. A leader stopped (SIGSTOP) past its ttl is
+//! replaced, and told it was deposed as soon as it resumes; its writes, fenced by term, never
+//! land after its successor's. Failover times are printed.
+
+mod common;
+
+use common::{unique_key, Harness};
+use diesel::connection::SimpleConnection;
+use diesel::sql_types::BigInt;
+use diesel::{QueryableByName, RunQueryDsl};
+use diesel_lock::{Election, Leadership, LockConnection, Strategy};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+#[derive(QueryableByName, Debug)]
+struct TermRow {
+    #[diesel(sql_type = BigInt)]
+    term: i64,
+    #[diesel(sql_type = BigInt)]
+    pid: i64,
+}
+
+/// The terms table, per backend (its key column and the id that orders the writes).
+trait Terms: LockConnection {
+    fn create_terms(&mut self);
+    fn write_term(&mut self, name: &str, term: i64, pid: i64);
+    fn read_terms(&mut self, name: &str) -> Vec<TermRow>;
+}
+
+macro_rules! terms {
+    ($conn:ty, $create:expr, $ph:expr, $dual:expr) => {
+        impl Terms for $conn {
+            fn create_terms(&mut self) {
+                self.batch_execute($create).expect("create the terms table");
+            }
+            fn write_term(&mut self, name: &str, term: i64, pid: i64) {
+                // Fenced by the term: refused once a greater term was written (what a
+                // resource does with a fencing token), so a deposed leader that has not yet
+                // noticed cannot write after its successor.
+                let ph: fn(usize) -> String = $ph;
+                diesel::sql_query(format!(
+                    "INSERT INTO dlock_test_terms (name, term, pid) SELECT {}, {}, {} {} \
+                     WHERE NOT EXISTS (SELECT 1 FROM dlock_test_terms WHERE name = {} AND term > {})",
+                    ph(1),
+                    ph(2),
+                    ph(3),
+                    $dual,
+                    ph(4),
+                    ph(5)
+                ))
+                .bind::<diesel::sql_types::Text, _>(name)
+                .bind::<BigInt, _>(term)
+                .bind::<BigInt, _>(pid)
+                .bind::<diesel::sql_types::Text, _>(name)
+                .bind::<BigInt, _>(term)
+                .execute(self)
+                .expect("write the term");
+            }
+            fn read_terms(&mut self, name: &str) -> Vec<TermRow> {
+                let ph: fn(usize) -> String = $ph;
+                diesel::sql_query(format!(
+                    "SELECT term, pid FROM dlock_test_terms WHERE name = {} ORDER BY id",
+                    ph(1)
+                ))
+                .bind::<diesel::sql_types::Text, _>(name)
+                .load(self)
+                .expect("read the terms")
+            }
+        }
+    };
+}
+
+#[cfg(feature = "sqlite")]
+terms!(
+    diesel::SqliteConnection,
+    "CREATE TABLE IF NOT EXISTS dlock_test_terms (id INTEGER PRIMARY KEY AUTOINCREMENT, \
+     name TEXT NOT NULL, term BIGINT NOT NULL, pid BIGINT NOT NULL)",
+    |_| "?".to_owned(),
+    ""
+);
+#[cfg(feature = "postgres")]
+terms!(
+    diesel::PgConnection,
+    "CREATE TABLE IF NOT EXISTS dlock_test_terms (id BIGSERIAL PRIMARY KEY, \
+     name VARCHAR(255) NOT NULL, term BIGINT NOT NULL, pid BIGINT NOT NULL)",
+    |n| format!("${n}"),
+    ""
+);
+#[cfg(feature = "mysql")]
+terms!(
+    diesel::MysqlConnection,
+    "CREATE TABLE IF NOT EXISTS dlock_test_terms (id BIGINT AUTO_INCREMENT PRIMARY KEY, \
+     name VARCHAR(255) NOT NULL, term BIGINT NOT NULL, pid BIGINT NOT NULL)",
+    |_| "?".to_owned(),
+    "FROM DUAL"
+);
+
+fn strategy(name: &str, ttl: Duration) -> Strategy {
+    match name {
+        "lease" => Strategy::Lease { ttl },
+        "advisory" => Strategy::Advisory,
+        "for-update" => Strategy::ForUpdate,
+        other => panic!("unknown strategy {other}"),
+    }
+}
+
+const TTL: Duration = Duration::from_millis(2000);
+
+/// A candidate: campaigns; prints `LEADER <term>` when elected; while it leads, writes its
+/// term to the table every 20 ms (only while `is_leader()`).
+#[test]
+#[ignore = "entry point of the candidate processes"]
+fn candidate() {
+    let Ok(spec) = std::env::var("DLOCK_CANDIDATE") else {
+        return;
+    };
+    let p: Vec<&str> = spec.split('\t').collect();
+    let (backend, url, strat, key) = (p[0], p[1], strategy(p[2], TTL), p[3]);
+    fn run<C: Terms>(h: Harness<C>, s: Strategy, key: &str) {
+        let e = Election::start(h.locker(s), key).unwrap();
+        let events = e.subscribe();
+        let pid = i64::from(std::process::id());
+        loop {
+            match events.recv_timeout(Duration::from_millis(20)) {
+                Ok(Leadership::Elected { term }) => println!("\nLEADER {term}"),
+                Ok(Leadership::Deposed { term }) => println!("\nDEPOSED {term}"),
+                Ok(_) => {}
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            }
+            if let Some(term) = e.term() {
+                h.pool.get().unwrap().write_term(key, term, pid);
+            }
+        }
+    }
+    match backend {
+        #[cfg(feature = "sqlite")]
+        "sqlite" => run(common::sqlite_at(url, 4), strat, key),
+        #[cfg(feature = "postgres")]
+        "pg" => run(
+            common::server_at::<diesel::PgConnection>(url, 4),
+            strat,
+            key,
+        ),
+        #[cfg(feature = "mysql")]
+        "mysql" => run(
+            common::server_at::<diesel::MysqlConnection>(url, 4),
+            strat,
+            key,
+        ),
+        other => panic!("unknown backend {other}"),
+    }
+}
+
+/// A candidate process, its lines sent to `tx` as (index, line, when read).
+fn spawn(i: usize, spec: &str, tx: mpsc::Sender<(usize, String, Instant)>) -> Child {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "candidate",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("DLOCK_CANDIDATE", spec)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let out = BufReader::new(child.stdout.take().unwrap());
+    std::thread::spawn(move || {
+        for line in out.lines() {
+            let Ok(line) = line else { return };
+            let _ = tx.send((i, line, Instant::now()));
+        }
+    });
+    child
+}
+
+/// The next `LEADER` line: which candidate, its term, when.
+fn next_leader(
+    rx: &mpsc::Receiver<(usize, String, Instant)>,
+    within: Duration,
+) -> (usize, i64, Instant) {
+    let deadline = Instant::now() + within;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (i, line, at) = rx.recv_timeout(left).expect("no new leader in time");
+        if let Some(at_word) = line.find("LEADER ") {
+            let term = line[at_word + "LEADER ".len()..].trim().parse().unwrap();
+            return (i, term, at);
+        }
+    }
+}
+
+fn three_candidates<C: Terms>(h: &Harness<C>, backend: &str, strat: &str) {
+    h.pool.get().unwrap().create_terms();
+    h.locker(strategy(strat, TTL)); // migrated
+    let key = unique_key("leader");
+    let spec = [backend, &h.url, strat, &key].join("\t");
+    let (tx, rx) = mpsc::channel();
+    let mut kids: Vec<Child> = (0..3).map(|i| spawn(i, &spec, tx.clone())).collect();
+    let (mut leader, mut term, _) = next_leader(&rx, Duration::from_secs(20));
+    let mut terms = vec![term];
+    let mut failovers = Vec::new();
+    for _ in 0..2 {
+        // Let the leader write for a while, then kill it.
+        std::thread::sleep(Duration::from_millis(300));
+        kids[leader].kill().unwrap(); // SIGKILL
+        let killed = Instant::now();
+        kids[leader].wait().unwrap();
+        let (next, next_term, at) = next_leader(&rx, TTL + Duration::from_secs(5));
+        let took = at.saturating_duration_since(killed);
+        assert_ne!(next, leader, "a killed candidate cannot lead");
+        assert!(next_term > term, "term {next_term} after {term}");
+        assert!(
+            took <= TTL + Duration::from_secs(1),
+            "{backend} {strat}: a new leader only {took:?} after the kill"
+        );
+        failovers.push(took);
+        (leader, term) = (next, next_term);
+        terms.push(term);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    for kid in &mut kids {
+        let _ = kid.kill();
+        let _ = kid.wait();
+    }
+    // No other LEADER line came (one leader at a time: the others were waiting).
+    while let Ok((_, line, _)) = rx.try_recv() {
+        assert!(!line.contains("LEADER "), "an extra leader: {line}");
+    }
+    check_table(h, &key, &terms);
+    eprintln!("FAILOVER {backend} {strat} (ttl {TTL:?}): {failovers:?}; terms {terms:?}");
+}
+
+/// In the table's order the terms never go down, each term was written by one process, and
+/// the terms written are those elected, in order.
+fn check_table<C: Terms>(h: &Harness<C>, key: &str, terms: &[i64]) {
+    let rows = h.pool.get().unwrap().read_terms(key);
+    assert!(!rows.is_empty());
+    let mut seen: Vec<(i64, i64)> = Vec::new();
+    for r in &rows {
+        match seen.last() {
+            Some(&(t, pid)) if t == r.term => assert_eq!(pid, r.pid, "term {t} by two processes"),
+            Some(&(t, _)) => assert!(r.term > t, "term {} written after term {t}", r.term),
+            None => {}
+        }
+        if seen.last().map(|&(t, _)| t) != Some(r.term) {
+            seen.push((r.term, r.pid));
+        }
+    }
+    let written: Vec<i64> = seen.iter().map(|&(t, _)| t).collect();
+    assert_eq!(
+        written, terms,
+        "the terms written are those elected, in order"
+    );
+}
+
+/// The next line of candidate `who` holding `word`.
+fn next_from(
+    rx: &mpsc::Receiver<(usize, String, Instant)>,
+    who: usize,
+    word: &str,
+    within: Duration,
+) -> (String, Instant) {
+    let deadline = Instant::now() + within;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (i, line, at) = rx
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("no {word:?} from {who}"));
+        assert!(
+            !(i != who && line.contains("LEADER ")),
+            "an extra leader: {line}"
+        );
+        if i == who && line.contains(word) {
+            return (line, at);
+        }
+    }
+}
+
+/// The leader is stopped (SIGSTOP) past its lease's ttl: another candidate is elected; the
+/// old leader, resumed (SIGCONT), is told it was deposed at once (its lease's local deadline
+/// has passed), and the table (fenced by term) never shows its term after its successor's.
+fn stopped_leader<C: Terms>(h: &Harness<C>, backend: &str) {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    h.pool.get().unwrap().create_terms();
+    h.locker(Strategy::Lease { ttl: TTL });
+    let key = unique_key("paused-leader");
+    let spec = [backend, &h.url, "lease", &key].join("\t");
+    let (tx, rx) = mpsc::channel();
+    let mut kids: Vec<Child> = (0..3).map(|i| spawn(i, &spec, tx.clone())).collect();
+    let (leader, term, _) = next_leader(&rx, Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = Pid::from_raw(kids[leader].id() as i32);
+    kill(pid, Signal::SIGSTOP).unwrap();
+    let stopped = Instant::now();
+    let (next, next_term, at) = next_leader(&rx, TTL + Duration::from_secs(5));
+    let took = at.saturating_duration_since(stopped);
+    assert_ne!(next, leader);
+    assert!(next_term > term);
+    assert!(took <= TTL + Duration::from_secs(1), "{backend}: {took:?}");
+    std::thread::sleep(Duration::from_millis(300));
+    let resumed = Instant::now();
+    kill(pid, Signal::SIGCONT).unwrap();
+    let (line, told) = next_from(&rx, leader, "DEPOSED", Duration::from_secs(5));
+    assert!(line.ends_with(&format!("DEPOSED {term}")), "{line}");
+    let told = told.saturating_duration_since(resumed);
+    assert!(told < TTL / 3, "{backend}: deposed {told:?} after SIGCONT");
+    std::thread::sleep(Duration::from_millis(300));
+    for kid in &mut kids {
+        let _ = kid.kill();
+        let _ = kid.wait();
+    }
+    check_table(h, &key, &[term, next_term]);
+    eprintln!("FAILOVER {backend} lease, leader stopped (ttl {TTL:?}): new leader {took:?} after SIGSTOP; old leader told {told:?} after SIGCONT");
+}
+
+#[cfg(feature = "sqlite")]
+#[test]
+fn sqlite_stopped_leader() {
+    stopped_leader(&common::sqlite().unwrap(), "sqlite");
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn pg_stopped_leader() {
+    if let Some(h) = common::pg() {
+        stopped_leader(&h, "pg");
+    }
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_stopped_leader() {
+    if let Some(h) = common::mysql() {
+        stopped_leader(&h, "mysql");
+    }
+}
+
+#[cfg(feature = "sqlite")]
+#[test]
+fn sqlite_lease() {
+    three_candidates(&common::sqlite().unwrap(), "sqlite", "lease");
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn pg_lease() {
+    if let Some(h) = common::pg() {
+        three_candidates(&h, "pg", "lease");
+    }
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn pg_advisory() {
+    if let Some(h) = common::pg() {
+        three_candidates(&h, "pg", "advisory");
+    }
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_lease() {
+    if let Some(h) = common::mysql() {
+        three_candidates(&h, "mysql", "lease");
+    }
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_advisory() {
+    if let Some(h) = common::mysql() {
+        three_candidates(&h, "mysql", "advisory");
+    }
+}

@@ -62,6 +62,19 @@ impl<C: LockConnection> LockGuard<C> {
         }
     }
 
+    /// The same guard with its hold replaced (the hold of a reentrant `Locker`'s nest).
+    pub(crate) fn map_taken(mut self, f: impl FnOnce(Taken) -> Taken) -> Self {
+        if let Some(hold) = self.hold.take() {
+            let taken = f(Taken {
+                hold,
+                token: self.token,
+                acquired_at: self.acquired_at,
+            });
+            self.hold = Some(taken.hold);
+        }
+        self
+    }
+
     fn lost(&self) -> Error {
         Error::LockLost {
             key: self.key.clone(),

@@ -115,7 +115,7 @@ pub use error::{Error, Result};
 pub use guard::LockGuard;
 pub use key::{key_hash, MAX_KEY_LEN};
 pub use lock_info::LockInfo;
-pub use locker::{Cancel, Locker, LockerBuilder};
+pub use locker::{Cancel, Locker, LockerBuilder, MultiGuard};
 pub use strategy::Strategy;
 
 #[doc(hidden)]

@@ -11,6 +11,7 @@ use diesel::QueryResult;
 mod any;
 pub mod bench_sql;
 pub(crate) mod fence;
+pub(crate) mod holders;
 pub(crate) mod interrupt;
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -210,7 +211,7 @@ pub(crate) mod sealed {
     /// backends that have them, [`SessionLocks`] (through [`Dialect::sessions`]). This trait
     /// itself classifies the connection and its errors and runs the migrations. Durations
     /// are whole microseconds.
-    pub trait Dialect: Locks + Admin {
+    pub trait Dialect: Locks + Admin + crate::backend::holders::HolderLocks {
         /// The backend of this connection.
         fn backend(&self) -> Backend;
         /// Creates or upgrades the tables; safe to run from many processes at once.

@@ -13,11 +13,13 @@ use crate::backend::{Backend, LockConnection, Sql, Wait};
 use crate::{Error, Result};
 use chrono::{DateTime, Utc};
 use diesel::r2d2::ConnectionManager;
+use std::sync::Arc;
 use std::time::Duration;
 
 mod advisory;
 mod for_update;
 pub(crate) mod heartbeat;
+mod holders;
 mod lease;
 mod row;
 pub(crate) mod session;
@@ -264,6 +266,95 @@ pub(crate) struct Setup<C: LockConnection> {
     pub(crate) backend: Backend,
     /// `LockerBuilder::heartbeat`, if it was set (only `Lease` has a heartbeat).
     pub(crate) heartbeat: Option<Duration>,
+    /// `LockerBuilder::max_backoff`: the longest pause between a waiter's attempts.
+    pub(crate) max_backoff: Duration,
+}
+
+/// The kinds of lock beside the strategy's own exclusive one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// One of many readers of a reader-writer lock.
+    Read,
+    /// The writer of a reader-writer lock.
+    Write,
+    /// One of at most this many holders of a semaphore.
+    Permits(u32),
+}
+
+/// What a `Locker` offers beyond its strategy's exclusive lock: a raw lock per [`Mode`].
+pub(crate) struct Modes<C: LockConnection> {
+    backend: Backend,
+    strategy: &'static str,
+    holders: Option<Arc<holders::HolderCore<C>>>,
+}
+
+impl<C: LockConnection> Modes<C> {
+    /// The raw lock of `mode`. `Ok(None)`: the strategy's own exclusive lock is the writer
+    /// (session strategies). `Error::Unsupported` where the strategy or backend cannot honour
+    /// the mode.
+    pub(crate) fn raw(&self, mode: Mode) -> Result<Box<dyn RawLock<C>>> {
+        let unsupported = |strategy| Error::Unsupported {
+            strategy,
+            backend: self.backend.name(),
+        };
+        let Some(core) = &self.holders else {
+            return Err(unsupported(match mode {
+                Mode::Permits(_) => semaphore_name(self.strategy),
+                Mode::Read | Mode::Write => shared_name(self.strategy),
+            }));
+        };
+        let (mode, permits) = match mode {
+            Mode::Read => (crate::backend::holders::HolderMode::Read, 0),
+            Mode::Write => (crate::backend::holders::HolderMode::Write, 0),
+            Mode::Permits(0) => {
+                return Err(Error::InvalidConfig(
+                    "a semaphore needs at least one permit".into(),
+                ))
+            }
+            Mode::Permits(n) => (crate::backend::holders::HolderMode::Permit, n),
+        };
+        Ok(Box::new(holders::HolderLock {
+            core: core.clone(),
+            mode,
+            permits,
+        }))
+    }
+}
+
+/// The names `Error::Unsupported` gives the modes a strategy lacks.
+fn shared_name(strategy: &'static str) -> &'static str {
+    match strategy {
+        "row" => "row (shared mode)",
+        "advisory" => "advisory (shared mode)",
+        "for-update" => "for-update (shared mode)",
+        _ => "shared mode",
+    }
+}
+
+fn semaphore_name(strategy: &'static str) -> &'static str {
+    match strategy {
+        "row" => "row (semaphore)",
+        "advisory" => "advisory (semaphore)",
+        "for-update" => "for-update (semaphore)",
+        _ => "semaphore",
+    }
+}
+
+/// The modes of `strategy` (see [`Modes`]): `Lease` keeps readers, writers and permits as
+/// shared leases on every backend; the other strategies have none yet.
+pub(crate) fn build_modes<C: LockConnection>(
+    strategy: Strategy,
+    setup: &Setup<C>,
+) -> Result<Modes<C>> {
+    let holders = match strategy {
+        Strategy::Lease { ttl } => Some(Arc::new(holders::HolderCore::new(setup, ttl)?)),
+        Strategy::Row { .. } | Strategy::ForUpdate | Strategy::Advisory => None,
+    };
+    Ok(Modes {
+        backend: setup.backend,
+        strategy: strategy.name(),
+        holders,
+    })
 }
 
 /// Turns the public `Strategy` into its raw lock, checking its options and that the backend
@@ -313,6 +404,13 @@ pub(crate) trait RawLock<C: LockConnection>: Send + Sync + 'static {
     /// `Locker::purge`: deletes what only takes up space; the number of rows deleted.
     fn purge(&self, _idle: Duration) -> Result<usize> {
         Ok(0)
+    }
+
+    /// False for a lock that others may hold beside its holder (a reader, a semaphore
+    /// permit): the waiting code then does not tell the key's local waiters that only its
+    /// release can help them.
+    fn exclusive(&self) -> bool {
+        true
     }
 }
 

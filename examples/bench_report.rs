@@ -260,6 +260,26 @@ fn main() {
         }
     }
 
+    // Kinds of lock: exclusive, readers, a semaphore of 3, 8 threads on one key with a
+    // `Locker` each, each holding 1 ms.
+    let mut kind_lines = Vec::new();
+    for &db in &backends {
+        for kind in [Kind::Exclusive, Kind::Read, Kind::Permits(3)] {
+            let (rate, overlap) = kinds(db, kind, window);
+            eprintln!(
+                "kinds {} {}: {rate:.0}/s overlap {overlap:.2}",
+                db.name(),
+                kind.name()
+            );
+            kind_lines.push(format!(
+                "| {} | {} | {} | {overlap:.2} |",
+                db.name(),
+                kind.name(),
+                thousands(rate)
+            ));
+        }
+    }
+
     let redis_contention = (!redis_runs.is_empty()).then(|| {
         (
             support::median(&redis_runs.iter().map(|x| x.0).collect::<Vec<_>>()),
@@ -271,6 +291,7 @@ fn main() {
         &backends,
         &rows,
         &scale_lines,
+        &kind_lines,
         redis_contention,
         (round, rounds, window),
     );
@@ -298,6 +319,7 @@ fn markdown(
     backends: &[Db],
     rows: &BTreeMap<(usize, &'static str), Row>,
     scale_lines: &[String],
+    kind_lines: &[String],
     redis_contention: Option<(f64, f64)>,
     (round, rounds, window): (Duration, usize, Duration),
 ) -> String {
@@ -406,6 +428,18 @@ fn markdown(
         }
     }
     writeln!(m, "\nFairness is the fewest acquisitions of one thread over the most. \"One `Locker`\": the threads share a `Locker`, whose in-process queue hands the lock over locally. \"A `Locker` each\": every thread has its own `Locker` and pool, as separate processes would.\n").unwrap();
+    if !kind_lines.is_empty() {
+        writeln!(m, "## Kinds of lock: exclusive, shared, semaphore\n\n`Lease` (ttl 10 s), 8 threads on one key, a `Locker` and pool each, every acquisition held 1 ms: acquisitions per second, and overlap, the mean number of holders at once (the sum of hold times over the window; at most 1 for the exclusive lock, 3 for a semaphore of 3, 8 for readers).\n").unwrap();
+        writeln!(
+            m,
+            "| backend | kind | acquisitions/s | overlap |\n|---|---|---:|---:|"
+        )
+        .unwrap();
+        for l in kind_lines {
+            writeln!(m, "{l}").unwrap();
+        }
+        writeln!(m).unwrap();
+    }
     if !scale_lines.is_empty() {
         writeln!(m, "## Scale\n\nAcquire latency (p50 of 2,000, each released before the next) with 10³ and then 10⁶ rows of other keys in `dlock_rows` and `dlock_leases`; then `Locker::purge` deleting them (rows two hours old; `Row` with `stale_after` = 1 h, leases idle ≥ 1 h).\n").unwrap();
         writeln!(m, "| strategy | backend | p50 at 10³ rows | p50 at 10⁶ rows | ratio | purge |\n|---|---|---:|---:|---:|---|").unwrap();
@@ -417,6 +451,73 @@ fn markdown(
     targets(&mut m, backends, rows, redis_contention);
     writeln!(m, "## Handoffs per second, 8 threads on one key\n\n![handoffs/s per strategy × backend](docs/handoffs.svg)\n").unwrap();
     m
+}
+
+/// A kind of lock for `kinds`.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Exclusive,
+    Read,
+    Permits(u32),
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Exclusive => "exclusive (`lock`)",
+            Kind::Read => "shared (`read`)",
+            Kind::Permits(_) => "semaphore of 3 (`permit`)",
+        }
+    }
+}
+
+/// 8 threads, a `Lease` `Locker` each, on one key for `window`, each acquisition held 1 ms:
+/// (acquisitions/s, mean holders at once).
+fn kinds(db: Db, kind: Kind, window: Duration) -> (f64, f64) {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::{Arc, Barrier};
+    use std::time::Instant;
+    let lease = diesel_lock::Strategy::Lease {
+        ttl: Duration::from_secs(10),
+    };
+    let lockers: Vec<_> = (0..8).map(|_| support::locker(db, lease, 2)).collect();
+    let key = support::key("kinds");
+    let (start, done) = (Arc::new(Barrier::new(9)), Arc::new(AtomicBool::new(false)));
+    let held_ns = Arc::new(AtomicU64::new(0));
+    let handles: Vec<_> = lockers
+        .into_iter()
+        .map(|l| {
+            let (key, start, done, held_ns) =
+                (key.clone(), start.clone(), done.clone(), held_ns.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                let mut n = 0u64;
+                while !done.load(Ordering::Relaxed) {
+                    let release = match kind {
+                        Kind::Exclusive => l.acquire(&key),
+                        Kind::Read => l.acquire_read(&key),
+                        Kind::Permits(p) => l.acquire_permit(&key, p),
+                    };
+                    let t = Instant::now();
+                    std::thread::sleep(Duration::from_millis(1));
+                    held_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    release();
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    start.wait();
+    let t0 = Instant::now();
+    std::thread::sleep(window); // the measurement window, not synchronisation
+    done.store(true, Ordering::Relaxed);
+    let total: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+    let elapsed = t0.elapsed().as_secs_f64();
+    (
+        total as f64 / elapsed,
+        held_ns.load(Ordering::Relaxed) as f64 / 1e9 / elapsed,
+    )
 }
 
 fn thousands(x: f64) -> String {

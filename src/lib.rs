@@ -95,9 +95,10 @@
 //! - **Several keys at once**: [`Locker::lock_all`] takes keys in byte order, all or
 //!   nothing, so callers naming them in different orders cannot deadlock ([`MultiGuard`]).
 //!
-//! Readers, writers and permits are `Lease` only for now, on every backend: each holder is a
-//! lease of its own (a crashed holder's share returns after its ttl), with a fencing token
-//! that strictly increases per key. The other strategies return [`Error::Unsupported`].
+//! Readers, writers and permits work with `Lease` on every backend: each holder is a lease
+//! of its own (a crashed holder's share returns after its ttl), with a fencing token that
+//! strictly increases per key. `Advisory` on PostgreSQL has readers and writers
+//! (`pg_advisory_lock_shared`). The rest return [`Error::Unsupported`].
 //!
 //! # Backends
 //! Features `sqlite` (default, compiled in), `postgres` and `mysql` (link the system's

@@ -85,6 +85,24 @@ pub trait HolderLocks {
     fn admin_holders(&mut self, key: Option<&str>) -> QueryResult<Vec<HolderRow>>;
 }
 
+/// Shared session locks: PostgreSQL's `pg_advisory_lock_shared` family, the readers of an
+/// `Advisory` `Locker` (its writers are its ordinary advisory locks, which conflict with
+/// them on the same key). Tokens as `SessionLocks::advisory_lock` draws them.
+pub trait SharedSessionLocks {
+    /// Takes a shared hold, waiting as `wait` says; `Ok(None)`: busy, and not held (a grant
+    /// that raced a timeout is undone). After an `Err` the session may hold it: the caller
+    /// discards the connection.
+    fn advisory_lock_shared(
+        &mut self,
+        key: &str,
+        wait: super::Wait,
+    ) -> QueryResult<Option<Acquired>>;
+    /// Releases one shared hold; false if the session had none.
+    fn advisory_unlock_shared(&mut self, key: &str) -> QueryResult<bool>;
+    /// Does this session hold the key shared?
+    fn advisory_held_shared(&mut self, key: &str) -> QueryResult<bool>;
+}
+
 /// A live holder as `admin_holders` reads it.
 #[derive(Debug, Clone)]
 pub struct HolderRow {

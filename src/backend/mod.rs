@@ -236,6 +236,12 @@ pub(crate) mod sealed {
         fn sessions(&mut self) -> Option<&mut dyn SessionLocks> {
             None
         }
+        /// The shared session locks (PostgreSQL's `pg_advisory_lock_shared`), or `None`.
+        fn shared_sessions(
+            &mut self,
+        ) -> Option<&mut dyn crate::backend::holders::SharedSessionLocks> {
+            None
+        }
     }
 
     /// The statements of the `Row` and `Lease` strategies.

@@ -14,17 +14,22 @@ impl<C: LockConnection> Locker<C> {
     /// Takes `key` as one of many readers, waiting as long as it takes: readers share the
     /// key; a writer ([`write`](Self::write)) excludes everyone.
     ///
-    /// `Lease` only for now (every backend): each reader is a lease of its own, with the
-    /// `Locker`'s ttl, renewed by a heartbeat, in `dlock_shared_leases`, so a crashed
-    /// reader's share returns after its ttl. A key taken with `read`/`write` is not the same
-    /// lock as the key taken with [`lock`](Self::lock): give a key one family. Writers do
-    /// not starve: a waiting writer keeps new readers out (see [`write`](Self::write)).
-    /// Each guard has a fencing token of its own; a key's tokens (readers' and writers'
-    /// alike) strictly increase.
+    /// - `Lease`, every backend: each reader is a lease of its own, with the `Locker`'s ttl,
+    ///   renewed by a heartbeat, in `dlock_shared_leases`, so a crashed reader's share
+    ///   returns after its ttl. A key taken with `read`/`write` is not the same lock as the
+    ///   key taken with [`lock`](Self::lock): give a key one family.
+    /// - `Advisory`, PostgreSQL: `pg_advisory_lock_shared`, held by the guard's session
+    ///   (freed when it ends); `write` is the strategy's own `pg_advisory_lock`, the same
+    ///   lock as [`lock`](Self::lock).
+    ///
+    /// Writers do not starve (see [`write`](Self::write)). Each guard has a fencing token of
+    /// its own; a key's tokens (readers' and writers' alike) strictly increase (`Advisory`:
+    /// drawn from its global source, so with gaps).
     ///
     /// # Errors
     /// [`Error::Unsupported`](crate::Error::Unsupported) for strategies without a shared
-    /// mode (`Row`, `ForUpdate`, `Advisory` for now; MySQL's `GET_LOCK` has none at all);
+    /// mode: `Row`, `ForUpdate` (`FOR SHARE` is not wired in yet), and `Advisory` on MySQL,
+    /// whose `GET_LOCK` has no shared mode;
     /// [`Error::Permits`](crate::Error::Permits) if the key is a semaphore; otherwise as for
     /// [`lock`](Self::lock).
     ///
@@ -97,9 +102,10 @@ impl<C: LockConnection> Locker<C> {
     /// Takes `key` as its one writer, waiting as long as it takes: no reader and no other
     /// writer holds it meanwhile.
     ///
-    /// Writers do not starve under a stream of readers: a writer that waits (`write`,
-    /// `try_write_for`, not one `try_write`) and finds readers leaves an intent on the key
-    /// that keeps new readers out. It lasts 4 × [`max_backoff`](super::LockerBuilder::max_backoff)
+    /// Writers do not starve under a stream of readers. `Advisory` (PostgreSQL): the server
+    /// queues a new reader behind a writer waiting in its lock queue. `Lease`: a writer that
+    /// waits (`write`, `try_write_for`, not one `try_write`) and finds readers leaves an
+    /// intent on the key that keeps new readers out. It lasts 4 × [`max_backoff`](super::LockerBuilder::max_backoff)
     /// (at least 100 ms, at most 5 s) and each of the writer's attempts renews it, so a
     /// writer waits at most until the readers that held the key at its first attempt have
     /// left, plus one pause between attempts (at most `max_backoff`). A writer that gives up

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 mod advisory;
+mod advisory_shared;
 mod for_update;
 pub(crate) mod heartbeat;
 mod holders;
@@ -281,22 +282,40 @@ pub(crate) enum Mode {
     Permits(u32),
 }
 
+/// A reader's raw lock and a writer's.
+type ReadWrite<C> = (Arc<dyn RawLock<C>>, Arc<dyn RawLock<C>>);
+
 /// What a `Locker` offers beyond its strategy's exclusive lock: a raw lock per [`Mode`].
 pub(crate) struct Modes<C: LockConnection> {
     backend: Backend,
     strategy: &'static str,
+    /// `Lease`: readers, writers and permits as shared leases.
     holders: Option<Arc<holders::HolderCore<C>>>,
+    /// `Advisory` on PostgreSQL: readers (`pg_advisory_lock_shared`) and writers (the
+    /// strategy's own advisory lock).
+    advisory: Option<ReadWrite<C>>,
 }
 
 impl<C: LockConnection> Modes<C> {
-    /// The raw lock of `mode`. `Ok(None)`: the strategy's own exclusive lock is the writer
-    /// (session strategies). `Error::Unsupported` where the strategy or backend cannot honour
-    /// the mode.
-    pub(crate) fn raw(&self, mode: Mode) -> Result<Box<dyn RawLock<C>>> {
+    /// The raw lock of `mode`, or `Error::Unsupported` where the strategy or backend cannot
+    /// honour it.
+    pub(crate) fn raw(&self, mode: Mode) -> Result<Arc<dyn RawLock<C>>> {
         let unsupported = |strategy| Error::Unsupported {
             strategy,
             backend: self.backend.name(),
         };
+        if let Mode::Permits(0) = mode {
+            return Err(Error::InvalidConfig(
+                "a semaphore needs at least one permit".into(),
+            ));
+        }
+        if let Some((read, write)) = &self.advisory {
+            return match mode {
+                Mode::Read => Ok(read.clone()),
+                Mode::Write => Ok(write.clone()),
+                Mode::Permits(_) => Err(unsupported(semaphore_name(self.strategy))),
+            };
+        }
         let Some(core) = &self.holders else {
             return Err(unsupported(match mode {
                 Mode::Permits(_) => semaphore_name(self.strategy),
@@ -306,14 +325,9 @@ impl<C: LockConnection> Modes<C> {
         let (mode, permits) = match mode {
             Mode::Read => (crate::backend::holders::HolderMode::Read, 0),
             Mode::Write => (crate::backend::holders::HolderMode::Write, 0),
-            Mode::Permits(0) => {
-                return Err(Error::InvalidConfig(
-                    "a semaphore needs at least one permit".into(),
-                ))
-            }
             Mode::Permits(n) => (crate::backend::holders::HolderMode::Permit, n),
         };
-        Ok(Box::new(holders::HolderLock {
+        Ok(Arc::new(holders::HolderLock {
             core: core.clone(),
             mode,
             permits,
@@ -341,24 +355,46 @@ fn semaphore_name(strategy: &'static str) -> &'static str {
 }
 
 /// The modes of `strategy` (see [`Modes`]): `Lease` keeps readers, writers and permits as
-/// shared leases on every backend; the other strategies have none yet.
+/// shared leases on every backend; `Advisory` on PostgreSQL has readers and writers
+/// (`pg_advisory_lock_shared` beside `pg_advisory_lock`); the others have none yet.
 pub(crate) fn build_modes<C: LockConnection>(
     strategy: Strategy,
     setup: &Setup<C>,
 ) -> Result<Modes<C>> {
-    let holders = match strategy {
-        Strategy::Lease { ttl } => Some(Arc::new(holders::HolderCore::new(setup, ttl)?)),
-        Strategy::Row { .. } | Strategy::ForUpdate | Strategy::Advisory => None,
-    };
-    Ok(Modes {
+    let mut modes = Modes {
         backend: setup.backend,
         strategy: strategy.name(),
-        holders,
-    })
+        holders: None,
+        advisory: None,
+    };
+    match strategy {
+        Strategy::Lease { ttl } => {
+            modes.holders = Some(Arc::new(holders::HolderCore::new(setup, ttl)?));
+        }
+        Strategy::Advisory if setup.backend == Backend::Postgres => {
+            let write = advisory::AdvisoryLock::new(
+                Setup {
+                    pool: setup.pool.clone(),
+                    owner: setup.owner.clone(),
+                    backend: setup.backend,
+                    heartbeat: setup.heartbeat,
+                    max_backoff: setup.max_backoff,
+                },
+                strategy,
+            )?;
+            let read = advisory_shared::AdvisorySharedLock {
+                pool: setup.pool.clone(),
+            };
+            modes.advisory = Some((Arc::new(read), Arc::new(write)));
+        }
+        Strategy::Row { .. } | Strategy::ForUpdate | Strategy::Advisory => {}
+    }
+    Ok(modes)
 }
 
 /// Turns the public `Strategy` into its raw lock, checking its options and that the backend
-/// can honour it. The one `match` on the strategy outside `Strategy::name`.
+/// can honour it. With `build_modes`, the only `match` on the strategy outside
+/// `Strategy::name` and its durations.
 pub(crate) fn build<C: LockConnection>(
     strategy: Strategy,
     setup: Setup<C>,

@@ -60,8 +60,9 @@ pub fn held_locks<C: LockConnection>(conn: &mut C) -> Result<Vec<LockInfo>> {
         .into_iter()
         .chain(conn.sql().admin_leases(None)?)
         .map(|h| h.info)
+        .chain(conn.sql().admin_holders(None)?.into_iter().map(|h| h.info))
         .collect();
-    all.sort_by(|a, b| (&a.key, a.strategy).cmp(&(&b.key, b.strategy)));
+    all.sort_by(|a, b| (&a.key, a.strategy, a.token).cmp(&(&b.key, b.strategy, b.token)));
     Ok(all)
 }
 
@@ -95,8 +96,14 @@ pub fn lock_info<C: LockConnection>(conn: &mut C, key: &str) -> Result<Vec<LockI
         .into_iter()
         .chain(conn.sql().admin_leases(Some(key))?)
         .map(|h| h.info)
+        .chain(
+            conn.sql()
+                .admin_holders(Some(key))?
+                .into_iter()
+                .map(|h| h.info),
+        )
         .collect();
-    held.sort_by_key(|i| i.strategy);
+    held.sort_by_key(|i| (i.strategy, i.token));
     Ok(held)
 }
 

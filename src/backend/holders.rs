@@ -235,6 +235,13 @@ macro_rules! holder_row {
                             acquired_at: utc(r.acquired_at),
                             expires_at: Some(utc(r.expires_at)),
                             observed_at: utc(r.observed_at),
+                            mode: match r.mode.as_str() {
+                                "read" => "read",
+                                "write" => "write",
+                                _ => "permit",
+                            },
+                            permits: (r.permits > 0)
+                                .then(|| u32::try_from(r.permits).unwrap_or(u32::MAX)),
                         },
                         mode: r.mode,
                         permits: r.permits,

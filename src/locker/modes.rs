@@ -3,12 +3,12 @@
 //! (`strategy::Modes`), waited for by the same code as `lock`.
 
 use super::wait::Deadline;
-use super::Locker;
+use super::{Cancel, Locker};
 use crate::backend::LockConnection;
 use crate::guard::LockGuard;
 use crate::strategy::Mode;
 use crate::Result;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 impl<C: LockConnection> Locker<C> {
     /// Takes `key` as one of many readers, waiting as long as it takes: readers share the
@@ -85,7 +85,7 @@ impl<C: LockConnection> Locker<C> {
     ///
     /// # Examples
     /// ```
-    /// use std::time::Duration;
+    /// use std::time::{Duration, Instant};
     ///
     /// # fn main() -> diesel_lock::Result<()> {
     /// # let dir = tempfile::tempdir().unwrap();
@@ -164,7 +164,7 @@ impl<C: LockConnection> Locker<C> {
     ///
     /// # Examples
     /// ```
-    /// use std::time::Duration;
+    /// use std::time::{Duration, Instant};
     ///
     /// # fn main() -> diesel_lock::Result<()> {
     /// # let dir = tempfile::tempdir().unwrap();
@@ -246,7 +246,7 @@ impl<C: LockConnection> Locker<C> {
     ///
     /// # Examples
     /// ```
-    /// use std::time::Duration;
+    /// use std::time::{Duration, Instant};
     ///
     /// # fn main() -> diesel_lock::Result<()> {
     /// # let dir = tempfile::tempdir().unwrap();
@@ -265,5 +265,94 @@ impl<C: LockConnection> Locker<C> {
     ) -> Result<Option<LockGuard<C>>> {
         let raw = self.inner.modes.raw(Mode::Permits(permits))?;
         self.acquire(&*raw, key, Deadline::after(timeout), None)
+    }
+
+    /// Waits to take `key` as a reader until `deadline` (`None`: as long as it takes) unless
+    /// `cancel` is cancelled first: `Ok(None)` then. As
+    /// [`try_lock_cancellable`](Self::try_lock_cancellable), for readers.
+    ///
+    /// # Errors
+    /// As for [`read`](Self::read).
+    ///
+    /// # Examples
+    /// ```
+    /// use diesel_lock::Cancel;
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let locker = diesel_lock::Locker::builder(diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?).build()?;
+    /// # locker.migrate()?;
+    /// let cancel = Cancel::new();
+    /// assert!(locker.try_read_cancellable("catalog", None, &cancel)?.is_some());
+    /// # Ok(()) }
+    /// ```
+    pub fn try_read_cancellable(
+        &self,
+        key: &str,
+        deadline: Option<Instant>,
+        cancel: &Cancel,
+    ) -> Result<Option<LockGuard<C>>> {
+        let raw = self.inner.modes.raw(Mode::Read)?;
+        let deadline = deadline.map_or(Deadline::Never, Deadline::At);
+        self.acquire(&*raw, key, deadline, Some(cancel))
+    }
+
+    /// Waits for a permit of the semaphore `key` until `deadline` (`None`: as long as it
+    /// takes) unless `cancel` is cancelled first: `Ok(None)` then.
+    ///
+    /// # Errors
+    /// As for [`permit`](Self::permit).
+    ///
+    /// # Examples
+    /// ```
+    /// use diesel_lock::Cancel;
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let locker = diesel_lock::Locker::builder(diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?).build()?;
+    /// # locker.migrate()?;
+    /// let cancel = Cancel::new();
+    /// assert!(locker.try_permit_cancellable("pool", 2, None, &cancel)?.is_some());
+    /// # Ok(()) }
+    /// ```
+    pub fn try_permit_cancellable(
+        &self,
+        key: &str,
+        permits: u32,
+        deadline: Option<Instant>,
+        cancel: &Cancel,
+    ) -> Result<Option<LockGuard<C>>> {
+        let raw = self.inner.modes.raw(Mode::Permits(permits))?;
+        let deadline = deadline.map_or(Deadline::Never, Deadline::At);
+        self.acquire(&*raw, key, deadline, Some(cancel))
+    }
+
+    /// Waits to take `key` as its writer until `deadline` (`None`: as long as it takes)
+    /// unless `cancel` is cancelled first: `Ok(None)` then.
+    ///
+    /// # Errors
+    /// As for [`read`](Self::read).
+    ///
+    /// # Examples
+    /// ```
+    /// use diesel_lock::Cancel;
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let locker = diesel_lock::Locker::builder(diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?).build()?;
+    /// # locker.migrate()?;
+    /// let cancel = Cancel::new();
+    /// assert!(locker.try_write_cancellable("catalog", None, &cancel)?.is_some());
+    /// # Ok(()) }
+    /// ```
+    pub fn try_write_cancellable(
+        &self,
+        key: &str,
+        deadline: Option<Instant>,
+        cancel: &Cancel,
+    ) -> Result<Option<LockGuard<C>>> {
+        let raw = self.inner.modes.raw(Mode::Write)?;
+        let deadline = deadline.map_or(Deadline::Never, Deadline::At);
+        self.acquire(&*raw, key, deadline, Some(cancel))
     }
 }

@@ -15,6 +15,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Duration;
+use support::kinds::{kinds, Kind};
 use support::{raw, scale, Db, Sharing, Stop};
 
 struct Args {
@@ -451,73 +452,6 @@ fn markdown(
     targets(&mut m, backends, rows, redis_contention);
     writeln!(m, "## Handoffs per second, 8 threads on one key\n\n![handoffs/s per strategy × backend](docs/handoffs.svg)\n").unwrap();
     m
-}
-
-/// A kind of lock for `kinds`.
-#[derive(Debug, Clone, Copy)]
-enum Kind {
-    Exclusive,
-    Read,
-    Permits(u32),
-}
-
-impl Kind {
-    fn name(self) -> &'static str {
-        match self {
-            Kind::Exclusive => "exclusive (`lock`)",
-            Kind::Read => "shared (`read`)",
-            Kind::Permits(_) => "semaphore of 3 (`permit`)",
-        }
-    }
-}
-
-/// 8 threads, a `Lease` `Locker` each, on one key for `window`, each acquisition held 1 ms:
-/// (acquisitions/s, mean holders at once).
-fn kinds(db: Db, kind: Kind, window: Duration) -> (f64, f64) {
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    use std::sync::{Arc, Barrier};
-    use std::time::Instant;
-    let lease = diesel_lock::Strategy::Lease {
-        ttl: Duration::from_secs(10),
-    };
-    let lockers: Vec<_> = (0..8).map(|_| support::locker(db, lease, 2)).collect();
-    let key = support::key("kinds");
-    let (start, done) = (Arc::new(Barrier::new(9)), Arc::new(AtomicBool::new(false)));
-    let held_ns = Arc::new(AtomicU64::new(0));
-    let handles: Vec<_> = lockers
-        .into_iter()
-        .map(|l| {
-            let (key, start, done, held_ns) =
-                (key.clone(), start.clone(), done.clone(), held_ns.clone());
-            std::thread::spawn(move || {
-                start.wait();
-                let mut n = 0u64;
-                while !done.load(Ordering::Relaxed) {
-                    let release = match kind {
-                        Kind::Exclusive => l.acquire(&key),
-                        Kind::Read => l.acquire_read(&key),
-                        Kind::Permits(p) => l.acquire_permit(&key, p),
-                    };
-                    let t = Instant::now();
-                    std::thread::sleep(Duration::from_millis(1));
-                    held_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                    release();
-                    n += 1;
-                }
-                n
-            })
-        })
-        .collect();
-    start.wait();
-    let t0 = Instant::now();
-    std::thread::sleep(window); // the measurement window, not synchronisation
-    done.store(true, Ordering::Relaxed);
-    let total: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
-    let elapsed = t0.elapsed().as_secs_f64();
-    (
-        total as f64 / elapsed,
-        held_ns.load(Ordering::Relaxed) as f64 / 1e9 / elapsed,
-    )
 }
 
 fn thousands(x: f64) -> String {

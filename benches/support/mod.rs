@@ -12,6 +12,7 @@
 #[path = "../../src/backend/stmt.rs"]
 mod stmt;
 
+pub mod kinds;
 pub mod raw;
 pub mod scale;
 

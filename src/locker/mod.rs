@@ -37,8 +37,9 @@ use wait::Deadline;
 /// [`LockerBuilder::max_backoff`]), so across processes no order is promised.
 ///
 /// # Differences from `std::sync::Mutex`
-/// Locks are not reentrant: a second `try_lock` of a held key returns `Ok(None)`, even from the
-/// same `Locker` and thread, and a second `lock` would wait forever. There is no poisoning:
+/// Locks are not reentrant by default: a second `try_lock` of a held key returns `Ok(None)`,
+/// even from the same `Locker` and thread, and a second `lock` would wait forever (see
+/// [`LockerBuilder::reentrant`] to nest them instead). There is no poisoning:
 /// a guard dropped during a panic releases its lock.
 ///
 /// # Examples

@@ -273,3 +273,26 @@ fn session_strategies_refuse_semaphores_mysql() {
         unsupported_strategies(&h, Strategy::ForUpdate);
     }
 }
+
+/// `admin` on tables older than the shared leases' migration still lists the other locks
+/// (and force-releases them) instead of failing.
+#[test]
+fn admin_without_the_shared_tables_lists_the_rest() {
+    use diesel::connection::SimpleConnection;
+    let Some(h) = common::sqlite() else { return };
+    let locker = h.locker(Strategy::Row { stale_after: None });
+    let key = unique_key("old-schema");
+    let _g = locker.lock(&key).unwrap();
+    let mut c = h.pool.get().unwrap();
+    c.batch_execute("DROP TABLE dlock_shared_leases; DROP TABLE dlock_shared_keys")
+        .unwrap();
+    let held = diesel_lock::admin::held_locks(&mut *c).unwrap();
+    assert_eq!(held.len(), 1);
+    assert_eq!(held[0].mode, "exclusive");
+    assert_eq!(
+        diesel_lock::admin::force_release(&mut *c, &key)
+            .unwrap()
+            .len(),
+        1
+    );
+}

@@ -422,11 +422,6 @@ pub(crate) fn force_release_in<C: sealed::Dialect>(
             }
         }
     }
-    for held in conn.admin_holders(Some(key))? {
-        if conn.holders_release(key, &held.holder)? {
-            removed.push(held.info);
-        }
-    }
     Ok(removed)
 }
 

@@ -15,6 +15,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Duration;
+use support::kinds::{kinds, Kind};
 use support::{raw, scale, Db, Sharing, Stop};
 
 struct Args {
@@ -260,6 +261,26 @@ fn main() {
         }
     }
 
+    // Kinds of lock: exclusive, readers, a semaphore of 3, 8 threads on one key with a
+    // `Locker` each, each holding 1 ms.
+    let mut kind_lines = Vec::new();
+    for &db in &backends {
+        for kind in [Kind::Exclusive, Kind::Read, Kind::Permits(3)] {
+            let (rate, overlap) = kinds(db, kind, window);
+            eprintln!(
+                "kinds {} {}: {rate:.0}/s overlap {overlap:.2}",
+                db.name(),
+                kind.name()
+            );
+            kind_lines.push(format!(
+                "| {} | {} | {} | {overlap:.2} |",
+                db.name(),
+                kind.name(),
+                thousands(rate)
+            ));
+        }
+    }
+
     let redis_contention = (!redis_runs.is_empty()).then(|| {
         (
             support::median(&redis_runs.iter().map(|x| x.0).collect::<Vec<_>>()),
@@ -271,6 +292,7 @@ fn main() {
         &backends,
         &rows,
         &scale_lines,
+        &kind_lines,
         redis_contention,
         (round, rounds, window),
     );
@@ -298,6 +320,7 @@ fn markdown(
     backends: &[Db],
     rows: &BTreeMap<(usize, &'static str), Row>,
     scale_lines: &[String],
+    kind_lines: &[String],
     redis_contention: Option<(f64, f64)>,
     (round, rounds, window): (Duration, usize, Duration),
 ) -> String {
@@ -406,6 +429,18 @@ fn markdown(
         }
     }
     writeln!(m, "\nFairness is the fewest acquisitions of one thread over the most. \"One `Locker`\": the threads share a `Locker`, whose in-process queue hands the lock over locally. \"A `Locker` each\": every thread has its own `Locker` and pool, as separate processes would.\n").unwrap();
+    if !kind_lines.is_empty() {
+        writeln!(m, "## Kinds of lock: exclusive, shared, semaphore\n\n`Lease` (ttl 10 s), 8 threads on one key, a `Locker` and pool each, every acquisition held 1 ms: acquisitions per second, and overlap, the mean number of holders at once (the sum of hold times over the window; at most 1 for the exclusive lock, 3 for a semaphore of 3, 8 for readers).\n").unwrap();
+        writeln!(
+            m,
+            "| backend | kind | acquisitions/s | overlap |\n|---|---|---:|---:|"
+        )
+        .unwrap();
+        for l in kind_lines {
+            writeln!(m, "{l}").unwrap();
+        }
+        writeln!(m).unwrap();
+    }
     if !scale_lines.is_empty() {
         writeln!(m, "## Scale\n\nAcquire latency (p50 of 2,000, each released before the next) with 10³ and then 10⁶ rows of other keys in `dlock_rows` and `dlock_leases`; then `Locker::purge` deleting them (rows two hours old; `Row` with `stale_after` = 1 h, leases idle ≥ 1 h).\n").unwrap();
         writeln!(m, "| strategy | backend | p50 at 10³ rows | p50 at 10⁶ rows | ratio | purge |\n|---|---|---:|---:|---:|---|").unwrap();

@@ -2,7 +2,8 @@
 //! `dlock status` and `dlock release --force` are built on.
 //!
 //! These functions see the [`Strategy::Row`](crate::Strategy::Row) and
-//! [`Strategy::Lease`](crate::Strategy::Lease) tables. Locks of the session-scoped strategies
+//! [`Strategy::Lease`](crate::Strategy::Lease) tables, the latter's shared leases and
+//! permits included (one [`LockInfo`] per holder, with its `mode`). Locks of the session-scoped strategies
 //! (`ForUpdate`, `Advisory`) live in the server's lock manager, not in a table, and are not
 //! listed.
 //!
@@ -61,7 +62,8 @@ pub fn held_locks<C: LockConnection>(conn: &mut C) -> Result<Vec<LockInfo>> {
         .chain(conn.sql().admin_leases(None)?)
         .map(|h| h.info)
         .collect();
-    all.sort_by(|a, b| (&a.key, a.strategy).cmp(&(&b.key, b.strategy)));
+    all.extend(holders(conn, None)?.into_iter().map(|h| h.info));
+    all.sort_by(|a, b| (&a.key, a.strategy, a.token).cmp(&(&b.key, b.strategy, b.token)));
     Ok(all)
 }
 
@@ -95,8 +97,14 @@ pub fn lock_info<C: LockConnection>(conn: &mut C, key: &str) -> Result<Vec<LockI
         .into_iter()
         .chain(conn.sql().admin_leases(Some(key))?)
         .map(|h| h.info)
+        .chain(
+            conn.sql()
+                .admin_holders(Some(key))?
+                .into_iter()
+                .map(|h| h.info),
+        )
         .collect();
-    held.sort_by_key(|i| i.strategy);
+    held.sort_by_key(|i| (i.strategy, i.token));
     Ok(held)
 }
 
@@ -129,6 +137,12 @@ pub fn lock_info<C: LockConnection>(conn: &mut C, key: &str) -> Result<Vec<LockI
 pub fn force_release<C: LockConnection>(conn: &mut C, key: &str) -> Result<Vec<LockInfo>> {
     key::validate(key)?;
     let mut removed = conn.sql().admin_force_release(key)?;
+    // Shared leases and permits: each holder's row deleted by its holder id.
+    for held in holders(conn, Some(key))? {
+        if conn.sql().holders_release(key, &held.holder)? {
+            removed.push(held.info);
+        }
+    }
     removed.sort_by_key(|i| i.strategy);
     for info in &removed {
         log::warn!(
@@ -139,4 +153,19 @@ pub fn force_release<C: LockConnection>(conn: &mut C, key: &str) -> Result<Vec<L
         );
     }
     Ok(removed)
+}
+
+/// The live holders of shared leases and permits; none on tables older than the migration
+/// that made them (the other locks are still listed there).
+fn holders<C: LockConnection>(
+    conn: &mut C,
+    key: Option<&str>,
+) -> Result<Vec<crate::backend::holders::HolderRow>> {
+    match conn.sql().admin_holders(key) {
+        Ok(v) => Ok(v),
+        Err(e) => match crate::Error::from(e) {
+            crate::Error::MissingTable(_) => Ok(Vec::new()),
+            e => Err(e),
+        },
+    }
 }

@@ -97,6 +97,17 @@ pub enum Error {
     /// A thread the `Locker` needs could not be started (the operating system refused:
     /// too many threads, no memory).
     Thread(std::io::Error),
+    /// A semaphore was asked for with another number of permits than its key was created
+    /// with (the first acquisition fixes it), or a reader-writer key as a semaphore, or the
+    /// reverse. The key's kind never changes silently.
+    Permits {
+        /// The key.
+        key: String,
+        /// The permits stored with the key; 0 for a reader-writer key.
+        stored: u32,
+        /// The permits asked for; 0 for a reader or a writer.
+        asked: u32,
+    },
 }
 
 impl fmt::Display for Error {
@@ -122,6 +133,18 @@ impl fmt::Display for Error {
             Error::Migration(_) => write!(f, "could not create or upgrade the lock tables"),
             Error::InvalidUrl(why) => write!(f, "invalid database url: {why}"),
             Error::Thread(_) => write!(f, "could not start a thread"),
+            Error::Permits { key, stored: 0, asked } => write!(
+                f,
+                "{key:?} is a reader-writer lock, not a semaphore of {asked} permits"
+            ),
+            Error::Permits { key, stored, asked: 0 } => write!(
+                f,
+                "{key:?} is a semaphore of {stored} permits, not a reader-writer lock"
+            ),
+            Error::Permits { key, stored, asked } => write!(
+                f,
+                "the semaphore {key:?} has {stored} permits, not {asked}"
+            ),
         }
     }
 }

@@ -74,6 +74,24 @@ impl<C: LockConnection> LockGuard<C> {
         }
     }
 
+    /// The same guard with its hold replaced (the hold of a reentrant `Locker`'s nest).
+    pub(crate) fn map_taken(self, f: impl FnOnce(Taken) -> Taken) -> Self {
+        // The guard keeps the loss status of the strategy's own hold (a lease's heartbeat
+        // marks it); a nested guard made later has its own, which its watcher probes.
+        {
+            let mut cell = self.hold.write().unwrap_or_else(|p| p.into_inner());
+            if let Some(hold) = cell.take() {
+                let taken = f(Taken {
+                    hold,
+                    token: self.token,
+                    acquired_at: self.acquired_at,
+                });
+                *cell = Some(taken.hold);
+            }
+        }
+        self
+    }
+
     fn lost(&self) -> Error {
         Error::LockLost {
             key: self.key.clone(),

@@ -97,7 +97,21 @@
 //!
 //! Keys are 1 to 255 bytes of UTF-8 without NUL, compared exactly (case-sensitive) on every
 //! backend; anything else is [`Error::InvalidKey`] before any SQL runs. Locks are not
-//! reentrant.
+//! reentrant unless the `Locker` is built with [`LockerBuilder::reentrant`].
+//!
+//! # More kinds of lock
+//! - **Readers and writers**: [`Locker::read`] / [`Locker::write`] (and `try_` / `_for`
+//!   forms): many readers or one writer per key; a waiting writer keeps new readers out, so
+//!   writers do not starve.
+//! - **Semaphores**: [`Locker::permit`]`(key, n)`: at most `n` holders per key, `n` fixed by
+//!   the key's first acquisition ([`Error::Permits`] otherwise).
+//! - **Several keys at once**: [`Locker::lock_all`] takes keys in byte order, all or
+//!   nothing, so callers naming them in different orders cannot deadlock ([`MultiGuard`]).
+//!
+//! Readers, writers and permits work with `Lease` on every backend: each holder is a lease
+//! of its own (a crashed holder's share returns after its ttl), with a fencing token that
+//! strictly increases per key. `Advisory` on PostgreSQL has readers and writers
+//! (`pg_advisory_lock_shared`). The rest return [`Error::Unsupported`].
 //!
 //! # Backends
 //! Features `sqlite` (default, compiled in), `postgres` and `mysql` (link the system's
@@ -132,7 +146,7 @@ pub use error::{Error, Result};
 pub use guard::LockGuard;
 pub use key::{key_hash, MAX_KEY_LEN};
 pub use lock_info::LockInfo;
-pub use locker::{Cancel, Locker, LockerBuilder};
+pub use locker::{Cancel, Locker, LockerBuilder, MultiGuard};
 pub use loss::{LockStatus, LossWatch};
 pub use strategy::Strategy;
 

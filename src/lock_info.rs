@@ -42,6 +42,13 @@ pub struct LockInfo {
     /// The database's time when this was read: ages and remaining times are measured from it,
     /// never from the local clock.
     pub observed_at: DateTime<Utc>,
+    /// How it is held: `"exclusive"` (`lock`), or a shared lease's `"read"`, `"write"` or
+    /// `"permit"` (see [`Locker::read`](crate::Locker::read) and
+    /// [`Locker::permit`](crate::Locker::permit)); a key's readers and permit holders are
+    /// listed one each.
+    pub mode: &'static str,
+    /// A semaphore's number of permits (for `"permit"`), else `None`.
+    pub permits: Option<u32>,
 }
 
 impl LockInfo {

@@ -12,6 +12,7 @@
 #[path = "../../src/backend/stmt.rs"]
 mod stmt;
 
+pub mod kinds;
 pub mod raw;
 pub mod scale;
 
@@ -141,6 +142,10 @@ pub trait Cycle: Send + Sync {
     fn cycle(&self, key: &str);
     /// Takes the lock; the closure releases it.
     fn acquire(&self, key: &str) -> Box<dyn FnOnce()>;
+    /// Takes the key as a reader (`Lease` only); the closure releases it.
+    fn acquire_read(&self, key: &str) -> Box<dyn FnOnce()>;
+    /// Takes one of `n` permits (`Lease` only); the closure releases it.
+    fn acquire_permit(&self, key: &str, n: u32) -> Box<dyn FnOnce()>;
     fn purge(&self, idle: Duration) -> u64;
 }
 
@@ -150,6 +155,14 @@ impl<C: LockConnection> Cycle for Locker<C> {
     }
     fn acquire(&self, key: &str) -> Box<dyn FnOnce()> {
         let g = self.lock(key).expect("lock");
+        Box::new(move || g.release().expect("release"))
+    }
+    fn acquire_read(&self, key: &str) -> Box<dyn FnOnce()> {
+        let g = self.read(key).expect("read");
+        Box::new(move || g.release().expect("release"))
+    }
+    fn acquire_permit(&self, key: &str, n: u32) -> Box<dyn FnOnce()> {
+        let g = self.permit(key, n).expect("permit");
         Box::new(move || g.release().expect("release"))
     }
     fn purge(&self, idle: Duration) -> u64 {

@@ -11,6 +11,7 @@ use diesel::QueryResult;
 mod any;
 pub mod bench_sql;
 pub(crate) mod fence;
+pub(crate) mod holders;
 pub(crate) mod interrupt;
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -225,7 +226,7 @@ pub(crate) mod sealed {
     /// backends that have them, [`SessionLocks`] (through [`Dialect::sessions`]). This trait
     /// itself classifies the connection and its errors and runs the migrations. Durations
     /// are whole microseconds.
-    pub trait Dialect: Locks + Admin {
+    pub trait Dialect: Locks + Admin + crate::backend::holders::HolderLocks {
         /// The backend of this connection.
         fn backend(&self) -> Backend;
         /// Creates or upgrades the tables; safe to run from many processes at once.
@@ -248,6 +249,12 @@ pub(crate) mod sealed {
         /// The row locks and session locks of the session strategies (`ForUpdate`,
         /// `Advisory`), or `None` on a backend that has neither (SQLite).
         fn sessions(&mut self) -> Option<&mut dyn SessionLocks> {
+            None
+        }
+        /// The shared session locks (PostgreSQL's `pg_advisory_lock_shared`), or `None`.
+        fn shared_sessions(
+            &mut self,
+        ) -> Option<&mut dyn crate::backend::holders::SharedSessionLocks> {
             None
         }
     }

@@ -122,6 +122,8 @@ macro_rules! held_row {
                             acquired_at: utc(r.acquired_at),
                             expires_at: r.expires_at.map(utc),
                             observed_at: utc(r.observed_at),
+                            mode: "exclusive",
+                            permits: None,
                         },
                         id: r.id,
                         holder: r.holder,

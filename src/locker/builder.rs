@@ -37,6 +37,7 @@ pub struct LockerBuilder<C: LockConnection> {
     pub(super) heartbeat: Option<Duration>,
     pub(super) max_backoff: Duration,
     pub(super) listen_url: Option<String>,
+    pub(super) reentrant: bool,
 }
 
 impl<C: LockConnection> std::fmt::Debug for LockerBuilder<C> {
@@ -190,6 +191,43 @@ impl<C: LockConnection> LockerBuilder<C> {
         self
     }
 
+    /// Makes the `Locker` reentrant for its exclusive locks (`lock`, `try_lock*`,
+    /// `lock_all`): a thread that holds a key through this `Locker` (or a clone) and locks it
+    /// again gets a nested guard at once, with no database round trip and the same token;
+    /// the lock is released when the last of the nested guards goes (the outermost, when
+    /// they are dropped in order). Another thread, or another `Locker`, still waits.
+    ///
+    /// Off by default, as in `std::sync::Mutex`: a second lock of a held key is usually a
+    /// bug (code that assumed it had the key to itself, now running inside a section that
+    /// already holds it), and with reentrancy it silently succeeds instead of being seen;
+    /// the nested section also cannot tell whether its own release will free the key. The
+    /// nesting is by thread, so it does not follow a guard sent to another thread. Readers,
+    /// writers and permits (`read`, `write`, `permit`) are never reentrant.
+    ///
+    /// ```
+    /// use diesel_lock::Locker;
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let pool = diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?;
+    /// let locker = Locker::builder(pool).reentrant(true).build()?;
+    /// locker.migrate()?;
+    /// let outer = locker.lock("config")?;
+    /// let inner = locker.lock("config")?; // no wait, no round trip
+    /// assert_eq!(inner.token(), outer.token());
+    /// drop(inner);
+    /// let other = locker.clone();
+    /// let elsewhere = std::thread::spawn(move || other.try_lock("config").map(|g| g.is_some()));
+    /// assert!(!elsewhere.join().unwrap()?); // still held by `outer`
+    /// drop(outer);
+    /// assert!(locker.try_lock("config")?.is_some());
+    /// # Ok(()) }
+    /// ```
+    pub fn reentrant(mut self, on: bool) -> Self {
+        self.reentrant = on;
+        self
+    }
+
     /// Checks the configuration and builds the `Locker`.
     ///
     /// For [`AnyConnection`](crate::AnyConnection) pools this takes one connection from the
@@ -252,15 +290,15 @@ impl<C: LockConnection> LockerBuilder<C> {
             Some(b) => b,
             None => self.pool.get()?.sql().backend(),
         };
-        let raw = strategy::build(
-            self.strategy,
-            Setup {
-                pool: self.pool.clone(),
-                owner: owner.clone(),
-                backend,
-                heartbeat: self.heartbeat,
-            },
-        )?;
+        let setup = Setup {
+            pool: self.pool.clone(),
+            owner: owner.clone(),
+            backend,
+            heartbeat: self.heartbeat,
+            max_backoff: self.max_backoff,
+        };
+        let modes = strategy::build_modes(self.strategy, &setup)?;
+        let raw = strategy::build(self.strategy, setup)?;
         if backend != Backend::Postgres {
             if let Some(why) = self.pool.get()?.sql().misconfigured()? {
                 return Err(Error::InvalidConfig(why));
@@ -270,6 +308,7 @@ impl<C: LockConnection> LockerBuilder<C> {
             owner,
             queues: Queues::default(),
             meter: crate::instrument::Meter::new(self.strategy.name(), backend.name()),
+            nests: self.reentrant.then(Arc::default),
         });
         #[cfg(feature = "postgres")]
         let listener = match &self.listen_url {
@@ -294,6 +333,7 @@ impl<C: LockConnection> LockerBuilder<C> {
                 pool: self.pool,
                 strategy: self.strategy,
                 raw,
+                modes,
                 shared,
                 backend,
                 max_backoff: self.max_backoff,

@@ -5,6 +5,7 @@
 use super::wait::Deadline;
 use super::{Cancel, Locker};
 use crate::backend::LockConnection;
+use crate::strategy::RawLock;
 use crate::{LockGuard, Result};
 use std::time::Instant;
 
@@ -12,12 +13,13 @@ impl<C: LockConnection> Locker<C> {
     /// `acquire_unmetered`, measured.
     pub(super) fn acquire(
         &self,
+        raw: &dyn RawLock<C>,
         key: &str,
         deadline: Deadline,
         cancel: Option<&Cancel>,
     ) -> Result<Option<LockGuard<C>>> {
         let started = Instant::now();
-        let acquired = self.acquire_unmetered(key, deadline, cancel);
+        let acquired = self.acquire_unmetered(raw, key, deadline, cancel);
         let meter = &self.inner.shared.meter;
         match &acquired {
             Ok(Some(_)) => meter.acquired(started.elapsed()),

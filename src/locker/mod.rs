@@ -5,15 +5,19 @@
 mod builder;
 mod cancel;
 mod metered;
+mod modes;
+mod multi;
 mod queue;
+mod reentrant;
 mod wait;
 
 pub use builder::LockerBuilder;
 pub use cancel::Cancel;
+pub use multi::MultiGuard;
 
 use crate::backend::{Backend, LockConnection, Sql};
 use crate::guard::LockGuard;
-use crate::strategy::{RawLock, Strategy};
+use crate::strategy::{Modes, RawLock, Strategy};
 use crate::Result;
 use diesel::r2d2::ConnectionManager;
 use queue::Queues;
@@ -34,8 +38,9 @@ use wait::Deadline;
 /// [`LockerBuilder::max_backoff`]), so across processes no order is promised.
 ///
 /// # Differences from `std::sync::Mutex`
-/// Locks are not reentrant: a second `try_lock` of a held key returns `Ok(None)`, even from the
-/// same `Locker` and thread, and a second `lock` would wait forever. There is no poisoning:
+/// Locks are not reentrant by default: a second `try_lock` of a held key returns `Ok(None)`,
+/// even from the same `Locker` and thread, and a second `lock` would wait forever (see
+/// [`LockerBuilder::reentrant`] to nest them instead). There is no poisoning:
 /// a guard dropped during a panic releases its lock.
 ///
 /// # Examples
@@ -65,6 +70,8 @@ pub(crate) struct Inner<C: LockConnection> {
     strategy: Strategy,
     /// What the strategy does with a key (built once from `strategy`).
     raw: Box<dyn RawLock<C>>,
+    /// Its readers, writers and semaphore permits.
+    modes: Modes<C>,
     /// What guards share with the `Locker`.
     shared: Arc<Shared>,
     backend: Backend,
@@ -104,6 +111,8 @@ pub(crate) struct Shared {
     pub(crate) queues: Queues,
     /// The metrics' labels (strategy, backend); nothing without the `metrics` feature.
     pub(crate) meter: crate::instrument::Meter,
+    /// `LockerBuilder::reentrant`: the keys held, by thread.
+    pub(crate) nests: Option<Arc<reentrant::Nests>>,
 }
 
 impl<C: LockConnection> Locker<C> {
@@ -133,6 +142,7 @@ impl<C: LockConnection> Locker<C> {
             heartbeat: None,
             max_backoff: Duration::from_millis(50),
             listen_url: None,
+            reentrant: false,
         }
     }
 
@@ -196,7 +206,7 @@ impl<C: LockConnection> Locker<C> {
     /// # Ok(()) }
     /// ```
     pub fn lock(&self, key: &str) -> Result<LockGuard<C>> {
-        match self.acquire(key, Deadline::Never, None)? {
+        match self.exclusive(key, Deadline::Never, None)? {
             Some(guard) => Ok(guard),
             None => unreachable!("waiting without a deadline only ends with the lock"),
         }
@@ -221,7 +231,7 @@ impl<C: LockConnection> Locker<C> {
     /// # Ok(()) }
     /// ```
     pub fn try_lock(&self, key: &str) -> Result<Option<LockGuard<C>>> {
-        self.acquire(key, Deadline::Once, None)
+        self.exclusive(key, Deadline::Once, None)
     }
 
     /// Waits at most `timeout`: `Ok(None)` when the deadline passes.
@@ -256,7 +266,7 @@ impl<C: LockConnection> Locker<C> {
     /// # Ok(()) }
     /// ```
     pub fn try_lock_for(&self, key: &str, timeout: Duration) -> Result<Option<LockGuard<C>>> {
-        self.acquire(key, Deadline::after(timeout), None)
+        self.exclusive(key, Deadline::after(timeout), None)
     }
 
     /// Waits until `deadline` at the latest: `Ok(None)` when it passes. The same as
@@ -281,7 +291,7 @@ impl<C: LockConnection> Locker<C> {
     /// # Ok(()) }
     /// ```
     pub fn try_lock_until(&self, key: &str, deadline: Instant) -> Result<Option<LockGuard<C>>> {
-        self.acquire(key, Deadline::At(deadline), None)
+        self.exclusive(key, Deadline::At(deadline), None)
     }
 
     /// Waits until `deadline` (`None`: as long as it takes) unless `cancel` is cancelled
@@ -323,7 +333,26 @@ impl<C: LockConnection> Locker<C> {
         cancel: &Cancel,
     ) -> Result<Option<LockGuard<C>>> {
         let deadline = deadline.map_or(Deadline::Never, Deadline::At);
-        self.acquire(key, deadline, Some(cancel))
+        self.exclusive(key, deadline, Some(cancel))
+    }
+
+    /// The strategy's exclusive lock, through the nests of a reentrant `Locker`.
+    fn exclusive(
+        &self,
+        key: &str,
+        deadline: Deadline,
+        cancel: Option<&Cancel>,
+    ) -> Result<Option<LockGuard<C>>> {
+        let shared = &self.inner.shared;
+        let Some(nests) = &shared.nests else {
+            return self.acquire(&*self.inner.raw, key, deadline, cancel);
+        };
+        crate::key::validate(key)?;
+        if let Some(taken) = nests.nested(key) {
+            return Ok(Some(LockGuard::new(shared.clone(), key.to_owned(), taken)));
+        }
+        let guard = self.acquire(&*self.inner.raw, key, deadline, cancel)?;
+        Ok(guard.map(|g| g.map_taken(|taken| nests.first(key, taken))))
     }
 
     /// Deletes the rows of this `Locker`'s strategy that only take up space, and returns how

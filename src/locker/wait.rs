@@ -8,7 +8,7 @@ use crate::backend::{LockConnection, Sql, Wait};
 use crate::backoff::{self, Backoff};
 use crate::guard::LockGuard;
 use crate::strategy::session::discard;
-use crate::strategy::{Conn, Pooled, Taken};
+use crate::strategy::{Conn, Pooled, RawLock, Taken};
 use crate::{key, Error, Result};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -51,6 +51,7 @@ impl Deadline {
 impl<C: LockConnection> Locker<C> {
     pub(super) fn acquire_unmetered(
         &self,
+        raw: &dyn RawLock<C>,
         key: &str,
         deadline: Deadline,
         cancel: Option<&Cancel>,
@@ -58,8 +59,8 @@ impl<C: LockConnection> Locker<C> {
         key::validate(key)?;
         if let Deadline::Once = deadline {
             return Ok(self
-                .attempt(key, false, deadline, None)?
-                .map(|t| self.guard(key, t)));
+                .attempt(raw, key, false, deadline, None)?
+                .map(|t| self.guard(raw, key, t)));
         }
         // A cancellation wakes this key's local waiters; each then sees the flag.
         let _woken = cancel.map(|c| {
@@ -98,7 +99,7 @@ impl<C: LockConnection> Locker<C> {
             if cancel.is_some_and(Cancel::is_cancelled) {
                 return Ok(None);
             }
-            match self.attempt(key, retry, deadline, cancel) {
+            match self.attempt(raw, key, retry, deadline, cancel) {
                 Ok(Some(taken)) => {
                     if let Some(since) = outage {
                         log::warn!(
@@ -107,7 +108,7 @@ impl<C: LockConnection> Locker<C> {
                         );
                     }
                     // The guard marks the key held before the next local waiter looks.
-                    let guard = self.guard(key, taken);
+                    let guard = self.guard(raw, key, taken);
                     drop(ticket);
                     return Ok(Some(guard));
                 }
@@ -151,12 +152,12 @@ impl<C: LockConnection> Locker<C> {
     /// moment of cancelling is released again.
     fn attempt(
         &self,
+        raw: &dyn RawLock<C>,
         key: &str,
         retry: bool,
         deadline: Deadline,
         cancel: Option<&Cancel>,
     ) -> Result<Option<Taken>> {
-        let inner = &*self.inner;
         #[cfg(test)]
         tests::ATTEMPTS.with(|n| n.set(n.get() + 1));
         let Some(mut conn) = self.connection(deadline, cancel)? else {
@@ -174,7 +175,7 @@ impl<C: LockConnection> Locker<C> {
         let live = Arc::new(Mutex::new(true));
         let registration = match cancel {
             Some(c) if wait != Wait::No => {
-                match inner.raw.interrupter(&mut conn)? {
+                match raw.interrupter(&mut conn)? {
                     Some(interrupt) => {
                         let live = live.clone();
                         Some(c.on_cancel(Arc::new(move || {
@@ -195,7 +196,7 @@ impl<C: LockConnection> Locker<C> {
         let attempt = if cancel.is_some_and(Cancel::is_cancelled) {
             Ok(None)
         } else {
-            inner.raw.try_acquire(&mut conn, key, retry, wait)
+            raw.try_acquire(&mut conn, key, retry, wait)
         };
         // From here on no cancellation ends this session (waits for one ending it now).
         *live.lock().unwrap_or_else(|p| p.into_inner()) = false;
@@ -210,7 +211,7 @@ impl<C: LockConnection> Locker<C> {
         }
         drop(conn);
         if !cancelled && matches!(attempt, Ok(None)) {
-            inner.shared.meter.contended();
+            self.inner.shared.meter.contended();
         }
         match attempt {
             Ok(Some(taken)) if cancelled => {
@@ -320,8 +321,11 @@ impl<C: LockConnection> Locker<C> {
         false
     }
 
-    fn guard(&self, key: &str, taken: Taken) -> LockGuard<C> {
-        self.inner.shared.queues.hold(key);
+    fn guard(&self, raw: &dyn RawLock<C>, key: &str, taken: Taken) -> LockGuard<C> {
+        // A reader or a permit leaves room for others: local waiters keep trying.
+        if raw.exclusive() {
+            self.inner.shared.queues.hold(key);
+        }
         log::debug!(
             "lock {key:?} acquired ({}, token {})",
             self.inner.strategy.name(),

@@ -98,9 +98,24 @@ impl Shared {
     }
 }
 
+/// The statement that renews one lease: `Locks::lease_renew` for `Lease`, another table's
+/// for shared leases and permits (`strategy/holders.rs`).
+pub(crate) type Renew<C> = fn(&mut C, &str, &str, i64, Duration) -> diesel::QueryResult<bool>;
+
+fn renew_lease<C: LockConnection>(
+    c: &mut C,
+    key: &str,
+    holder: &str,
+    ttl_us: i64,
+    bound: Duration,
+) -> diesel::QueryResult<bool> {
+    c.sql().lease_renew(key, holder, ttl_us, bound)
+}
+
 /// The heartbeat of one `Locker`.
 pub(crate) struct Heartbeat<C: LockConnection> {
     shared: Arc<Shared>,
+    renew: Renew<C>,
     pool: r2d2::Pool<ConnectionManager<C>>,
     interval: Duration,
     ttl: Duration,
@@ -161,7 +176,18 @@ impl<C: LockConnection> Heartbeat<C> {
         interval: Duration,
         ttl: Duration,
     ) -> Self {
+        Self::with_renewal(pool, interval, ttl, renew_lease::<C>)
+    }
+
+    /// A heartbeat whose renewals run `renew`.
+    pub(crate) fn with_renewal(
+        pool: r2d2::Pool<ConnectionManager<C>>,
+        interval: Duration,
+        ttl: Duration,
+        renew: Renew<C>,
+    ) -> Self {
         Heartbeat {
+            renew,
             shared: Arc::default(),
             max_threads: pool.max_size().max(1) as usize,
             pool,
@@ -238,6 +264,7 @@ impl<C: LockConnection> Heartbeat<C> {
 
     fn worker(&self) -> Worker<C> {
         Worker {
+            renew: self.renew,
             shared: self.shared.clone(),
             pool: self.pool.clone(),
             interval: self.interval,
@@ -274,6 +301,7 @@ impl<C: LockConnection> Drop for Heartbeat<C> {
 
 /// What one heartbeat thread needs.
 struct Worker<C: LockConnection> {
+    renew: Renew<C>,
     shared: Arc<Shared>,
     pool: r2d2::Pool<ConnectionManager<C>>,
     interval: Duration,
@@ -365,6 +393,7 @@ impl<C: LockConnection> Worker<C> {
 
     fn clone_worker(&self) -> Worker<C> {
         Worker {
+            renew: self.renew,
             shared: self.shared.clone(),
             pool: self.pool.clone(),
             interval: self.interval,
@@ -422,9 +451,7 @@ impl<C: LockConnection> Worker<C> {
             .map_err(crate::Error::from)
             .and_then(|mut c| {
                 // At most a quarter interval behind another session's row lock.
-                c.sql()
-                    .lease_renew(key, holder, ttl_us, interval / 4)
-                    .map_err(Into::into)
+                (self.renew)(&mut *c, key, holder, ttl_us, interval / 4).map_err(Into::into)
             });
         match renewed {
             Ok(true) if lease.renewed(sent) => {

@@ -18,9 +18,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 mod advisory;
+mod advisory_shared;
 mod advisory_xact;
 mod for_update;
 pub(crate) mod heartbeat;
+mod holders;
 mod lease;
 mod row;
 pub(crate) mod session;
@@ -316,10 +318,137 @@ pub(crate) struct Setup<C: LockConnection> {
     pub(crate) backend: Backend,
     /// `LockerBuilder::heartbeat`, if it was set (only `Lease` has a heartbeat).
     pub(crate) heartbeat: Option<Duration>,
+    /// `LockerBuilder::max_backoff`: the longest pause between a waiter's attempts.
+    pub(crate) max_backoff: Duration,
+}
+
+/// The kinds of lock beside the strategy's own exclusive one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// One of many readers of a reader-writer lock.
+    Read,
+    /// The writer of a reader-writer lock.
+    Write,
+    /// One of at most this many holders of a semaphore.
+    Permits(u32),
+}
+
+/// A reader's raw lock and a writer's.
+type ReadWrite<C> = (Arc<dyn RawLock<C>>, Arc<dyn RawLock<C>>);
+
+/// What a `Locker` offers beyond its strategy's exclusive lock: a raw lock per [`Mode`].
+pub(crate) struct Modes<C: LockConnection> {
+    backend: Backend,
+    strategy: &'static str,
+    /// `Lease`: readers, writers and permits as shared leases.
+    holders: Option<Arc<holders::HolderCore<C>>>,
+    /// `Advisory` on PostgreSQL: readers (`pg_advisory_lock_shared`) and writers (the
+    /// strategy's own advisory lock).
+    advisory: Option<ReadWrite<C>>,
+}
+
+impl<C: LockConnection> Modes<C> {
+    /// The raw lock of `mode`, or `Error::Unsupported` where the strategy or backend cannot
+    /// honour it.
+    pub(crate) fn raw(&self, mode: Mode) -> Result<Arc<dyn RawLock<C>>> {
+        let unsupported = |strategy| Error::Unsupported {
+            strategy,
+            backend: self.backend.name(),
+        };
+        if let Mode::Permits(0) = mode {
+            return Err(Error::InvalidConfig(
+                "a semaphore needs at least one permit".into(),
+            ));
+        }
+        if let Some((read, write)) = &self.advisory {
+            return match mode {
+                Mode::Read => Ok(read.clone()),
+                Mode::Write => Ok(write.clone()),
+                Mode::Permits(_) => Err(unsupported(semaphore_name(self.strategy))),
+            };
+        }
+        let Some(core) = &self.holders else {
+            return Err(unsupported(match mode {
+                Mode::Permits(_) => semaphore_name(self.strategy),
+                Mode::Read | Mode::Write => shared_name(self.strategy),
+            }));
+        };
+        let (mode, permits) = match mode {
+            Mode::Read => (crate::backend::holders::HolderMode::Read, 0),
+            Mode::Write => (crate::backend::holders::HolderMode::Write, 0),
+            Mode::Permits(n) => (crate::backend::holders::HolderMode::Permit, n),
+        };
+        Ok(Arc::new(holders::HolderLock {
+            core: core.clone(),
+            mode,
+            permits,
+        }))
+    }
+}
+
+/// The names `Error::Unsupported` gives the modes a strategy lacks.
+fn shared_name(strategy: &'static str) -> &'static str {
+    match strategy {
+        "row" => "row (shared mode)",
+        "advisory" => "advisory (shared mode)",
+        "for-update" => "for-update (shared mode)",
+        _ => "shared mode",
+    }
+}
+
+fn semaphore_name(strategy: &'static str) -> &'static str {
+    match strategy {
+        "row" => "row (semaphore)",
+        "advisory" => "advisory (semaphore)",
+        "for-update" => "for-update (semaphore)",
+        _ => "semaphore",
+    }
+}
+
+/// The modes of `strategy` (see [`Modes`]): `Lease` keeps readers, writers and permits as
+/// shared leases on every backend; `Advisory` on PostgreSQL has readers and writers
+/// (`pg_advisory_lock_shared` beside `pg_advisory_lock`); the others have none yet.
+pub(crate) fn build_modes<C: LockConnection>(
+    strategy: Strategy,
+    setup: &Setup<C>,
+) -> Result<Modes<C>> {
+    let mut modes = Modes {
+        backend: setup.backend,
+        strategy: strategy.name(),
+        holders: None,
+        advisory: None,
+    };
+    match strategy {
+        Strategy::Lease { ttl } => {
+            modes.holders = Some(Arc::new(holders::HolderCore::new(setup, ttl)?));
+        }
+        Strategy::Advisory if setup.backend == Backend::Postgres => {
+            let write = advisory::AdvisoryLock::new(
+                Setup {
+                    pool: setup.pool.clone(),
+                    owner: setup.owner.clone(),
+                    backend: setup.backend,
+                    heartbeat: setup.heartbeat,
+                    max_backoff: setup.max_backoff,
+                },
+                strategy,
+            )?;
+            let read = advisory_shared::AdvisorySharedLock {
+                pool: setup.pool.clone(),
+            };
+            modes.advisory = Some((Arc::new(read), Arc::new(write)));
+        }
+        Strategy::Row { .. }
+        | Strategy::ForUpdate
+        | Strategy::Advisory
+        | Strategy::AdvisoryXact => {}
+    }
+    Ok(modes)
 }
 
 /// Turns the public `Strategy` into its raw lock, checking its options and that the backend
-/// can honour it. The one `match` on the strategy outside `Strategy::name`.
+/// can honour it. With `build_modes`, the only `match` on the strategy outside
+/// `Strategy::name` and its durations.
 pub(crate) fn build<C: LockConnection>(
     strategy: Strategy,
     setup: Setup<C>,
@@ -366,6 +495,13 @@ pub(crate) trait RawLock<C: LockConnection>: Send + Sync + 'static {
     /// `Locker::purge`: deletes what only takes up space; the number of rows deleted.
     fn purge(&self, _idle: Duration) -> Result<usize> {
         Ok(0)
+    }
+
+    /// False for a lock that others may hold beside its holder (a reader, a semaphore
+    /// permit): the waiting code then does not tell the key's local waiters that only its
+    /// release can help them.
+    fn exclusive(&self) -> bool {
+        true
     }
 }
 

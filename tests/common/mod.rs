@@ -15,7 +15,9 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod conformance;
+pub mod kids;
 pub mod netns;
+pub mod occupancy;
 pub mod private_server;
 
 use diesel::r2d2::{ConnectionManager, Pool};

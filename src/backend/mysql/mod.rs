@@ -7,6 +7,7 @@
 
 mod admin;
 mod fence;
+mod holders;
 pub(super) mod locks;
 pub(super) mod sessions;
 

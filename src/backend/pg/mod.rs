@@ -6,8 +6,10 @@
 
 mod admin;
 mod fence;
+mod holders;
 pub(super) mod locks;
 pub(super) mod sessions;
+mod shared_sessions;
 
 use super::sealed::{Dialect, Seal, Sealed, SessionLocks};
 use super::stmt::stmt;
@@ -102,6 +104,10 @@ impl Dialect for PgConnection {
     }
 
     fn sessions(&mut self) -> Option<&mut dyn SessionLocks> {
+        Some(self)
+    }
+
+    fn shared_sessions(&mut self) -> Option<&mut dyn super::holders::SharedSessionLocks> {
         Some(self)
     }
 }

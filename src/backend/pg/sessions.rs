@@ -47,9 +47,9 @@ pub const ADVISORY_UNLOCK: &str = "SELECT pg_advisory_unlock(?) AS released";
 /// What the acquiring statements return: whether the lock is ours (Advisory), ForUpdate's
 /// proof, and the token with the bound it must not exceed (see `fence.rs`).
 #[derive(QueryableByName)]
-struct LockedRow {
+pub(super) struct LockedRow {
     #[diesel(sql_type = Bool)]
-    got: bool,
+    pub(super) got: bool,
     #[diesel(sql_type = BigInt)]
     id: i64,
     #[diesel(sql_type = Nullable<BigInt>)]
@@ -57,11 +57,11 @@ struct LockedRow {
     #[diesel(sql_type = Nullable<BigInt>)]
     high: Option<i64>,
     #[diesel(sql_type = Timestamptz)]
-    acquired_at: DateTime<Utc>,
+    pub(super) acquired_at: DateTime<Utc>,
 }
 
 impl LockedRow {
-    fn drawn(&self) -> Drawn {
+    pub(super) fn drawn(&self) -> Drawn {
         Drawn {
             token: self.token,
             high: self.high,
@@ -70,14 +70,14 @@ impl LockedRow {
 }
 
 #[derive(QueryableByName)]
-struct Released {
+pub(super) struct Released {
     #[diesel(sql_type = Bool)]
-    released: bool,
+    pub(super) released: bool,
 }
 
 /// pg_locks shows an advisory lock taken with one bigint key as classid = high 32 bits,
 /// objid = low 32 bits (both oids, so unsigned) and objsubid = 1.
-fn advisory_lock_ids(key: &str) -> (i64, i64) {
+pub(super) fn advisory_lock_ids(key: &str) -> (i64, i64) {
     let k = crate::key_hash(key);
     (i64::from((k >> 32) as u32), i64::from(k as u32))
 }

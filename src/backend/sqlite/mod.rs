@@ -9,6 +9,7 @@
 //! session strategies (`Dialect::sessions` is `None`).
 
 mod admin;
+mod holders;
 pub(super) mod locks;
 mod tuning;
 

@@ -151,6 +151,24 @@ pub(crate) struct RunArgs {
     #[arg(long, value_parser = parse_duration, default_value = "10s", value_name = "DURATION")]
     pub(crate) kill_after: Duration,
 
+    /// Take the key as one of many readers (a shared lock): other `--shared` runs of the key
+    /// run beside this one; `--write` runs exclude them. lease (every backend) and advisory
+    /// (PostgreSQL) only. With lease, a reader-writer key is a lock of its own: a plain run
+    /// of the key (without `--shared` or `--write`) does not wait for its readers.
+    #[arg(long, conflicts_with_all = ["semaphore", "write"])]
+    pub(crate) shared: bool,
+
+    /// Take the key as the one writer of a reader-writer lock: no `--shared` run and no other
+    /// writer holds it meanwhile, and a waiting writer keeps new readers out. With advisory
+    /// this is the same lock as a plain run.
+    #[arg(long, conflicts_with = "semaphore")]
+    pub(crate) write: bool,
+
+    /// Take one of N permits of the key (a semaphore): at most N runs hold the key at once.
+    /// N is fixed by the key's first run. lease only.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) semaphore: Option<u32>,
+
     /// The command and its arguments (after `--`).
     #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
     pub(crate) command: Vec<OsString>,

@@ -52,6 +52,8 @@ pub(crate) fn list(db: &Database, json: bool) -> Result<u8, Failure> {
                 serde_json::json!({
                     "key": i.key,
                     "strategy": i.strategy,
+                    "mode": i.mode,
+                    "permits": i.permits,
                     "owner": i.owner,
                     "token": i.token,
                     "acquired_at": i.acquired_at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
@@ -70,6 +72,7 @@ pub(crate) fn list(db: &Database, json: bool) -> Result<u8, Failure> {
     let header = [
         "KEY",
         "STRATEGY",
+        "MODE",
         "OWNER",
         "TOKEN",
         "ACQUIRED (UTC)",
@@ -77,12 +80,13 @@ pub(crate) fn list(db: &Database, json: bool) -> Result<u8, Failure> {
         "AGE",
     ]
     .map(str::to_owned);
-    let rows: Vec<[String; 7]> = held
+    let rows: Vec<[String; 8]> = held
         .iter()
         .map(|i| {
             [
                 i.key.clone(),
                 i.strategy.to_owned(),
+                mode(i),
                 i.owner.clone(),
                 i.token.to_string(),
                 time(i.acquired_at),
@@ -110,15 +114,24 @@ pub(crate) fn list(db: &Database, json: bool) -> Result<u8, Failure> {
     output(&text).map(|()| 0)
 }
 
+/// `exclusive`, `read`, `write`, or `permit of N`.
+fn mode(i: &LockInfo) -> String {
+    match i.permits {
+        Some(n) => format!("{} of {n}", i.mode),
+        None => i.mode.to_owned(),
+    }
+}
+
 pub(crate) fn describe_holder(i: &LockInfo) -> String {
     let expires = match i.remaining() {
         Some(left) => format!(", expires in {}", age(left)),
         None => String::new(),
     };
     format!(
-        "{:?} ({}, token {}, since {} UTC, {} ago{expires})",
+        "{:?} ({} {}, token {}, since {} UTC, {} ago{expires})",
         i.owner,
         i.strategy,
+        mode(i),
         i.token,
         time(i.acquired_at),
         age(i.age())

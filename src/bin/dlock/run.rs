@@ -93,7 +93,13 @@ pub(crate) fn run(
         (true, _) | (false, None) => Wait::For(Duration::ZERO),
         (false, Some(w)) => w,
     };
-    let guard = match acquire(&locker, &args.key, wait, &events, &tx)? {
+    let kind = match (args.shared, args.write, args.semaphore) {
+        (true, _, _) => Kind::Shared,
+        (_, true, _) => Kind::Write,
+        (_, _, Some(n)) => Kind::Permit(n),
+        _ => Kind::Exclusive,
+    };
+    let guard = match acquire(&locker, kind, &args.key, wait, &events, &tx)? {
         Some(guard) => guard,
         None => return Ok(not_acquired(&pool, &args, verbose)),
     };
@@ -188,6 +194,7 @@ pub(crate) fn run(
 /// SIGINT/SIGTERM/SIGHUP cancel.
 fn acquire(
     locker: &Locker<AnyConnection>,
+    kind: Kind,
     key: &str,
     wait: Wait,
     events: &Receiver<Event>,
@@ -199,7 +206,7 @@ fn acquire(
     };
     let mut migrated = false;
     loop {
-        match locker.try_lock(key) {
+        match kind.try_once(locker, key) {
             Ok(Some(guard)) => return Ok(Some(guard)),
             Ok(None) => break,
             Err(Error::MissingTable(_)) if !migrated => {
@@ -219,7 +226,7 @@ fn acquire(
         let waiter = std::thread::Builder::new()
             .name("dlock-wait".into())
             .spawn_scoped(scope, || {
-                let waited = locker.try_lock_cancellable(key, deadline, &cancel);
+                let waited = kind.wait(locker, key, deadline, &cancel);
                 let _ = tx.send(Event::Waited);
                 waited
             });
@@ -259,6 +266,45 @@ fn acquire(
         ));
     }
     Ok(waited?)
+}
+
+/// How `dlock run` takes the key: `--shared`, `--write`, `--semaphore N`, or none.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Exclusive,
+    Shared,
+    Write,
+    Permit(u32),
+}
+
+impl Kind {
+    fn try_once(
+        self,
+        locker: &Locker<AnyConnection>,
+        key: &str,
+    ) -> diesel_lock::Result<Option<LockGuard<AnyConnection>>> {
+        match self {
+            Kind::Exclusive => locker.try_lock(key),
+            Kind::Shared => locker.try_read(key),
+            Kind::Write => locker.try_write(key),
+            Kind::Permit(n) => locker.try_permit(key, n),
+        }
+    }
+
+    fn wait(
+        self,
+        locker: &Locker<AnyConnection>,
+        key: &str,
+        deadline: Option<Instant>,
+        cancel: &Cancel,
+    ) -> diesel_lock::Result<Option<LockGuard<AnyConnection>>> {
+        match self {
+            Kind::Exclusive => locker.try_lock_cancellable(key, deadline, cancel),
+            Kind::Shared => locker.try_read_cancellable(key, deadline, cancel),
+            Kind::Write => locker.try_write_cancellable(key, deadline, cancel),
+            Kind::Permit(n) => locker.try_permit_cancellable(key, n, deadline, cancel),
+        }
+    }
 }
 
 /// The one line printed when the lock is held elsewhere, and the exit code.

@@ -1,0 +1,26 @@
+-- Shared (reader-writer) leases and semaphore permits: one header row per key, kept
+-- forever (it carries the key's kind and its token counter), and one row per holder.
+-- Times are UTC text 'YYYY-MM-DD HH:MM:SS.SSS', which sorts as it compares.
+
+-- `permits`: 0 for a reader-writer key, N for a semaphore of N permits; fixed by the first
+-- acquisition. `token`: the last fencing token issued for the key. `intent`/`intent_until`:
+-- a writer waiting for the readers to leave; no new reader gets in while it is live.
+CREATE TABLE IF NOT EXISTS dlock_shared_keys (
+    lock_key TEXT NOT NULL PRIMARY KEY,
+    permits INTEGER NOT NULL,
+    token INTEGER NOT NULL,
+    intent TEXT,
+    intent_until TEXT
+);
+
+-- One row per holder: `mode` is 'read', 'write' or 'permit'; expiry on the database clock.
+CREATE TABLE IF NOT EXISTS dlock_shared_leases (
+    lock_key TEXT NOT NULL,
+    holder TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    mode TEXT NOT NULL,
+    token INTEGER NOT NULL,
+    acquired_at TEXT NOT NULL,
+    expires_at TEXT NOT NULL,
+    PRIMARY KEY (lock_key, holder)
+);

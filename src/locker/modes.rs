@@ -1,0 +1,358 @@
+//! The kinds of lock beside the strategy's exclusive one: readers and writers
+//! (`read`, `write`), and semaphore permits (`permit`). Each is a raw lock of its own
+//! (`strategy::Modes`), waited for by the same code as `lock`.
+
+use super::wait::Deadline;
+use super::{Cancel, Locker};
+use crate::backend::LockConnection;
+use crate::guard::LockGuard;
+use crate::strategy::Mode;
+use crate::Result;
+use std::time::{Duration, Instant};
+
+impl<C: LockConnection> Locker<C> {
+    /// Takes `key` as one of many readers, waiting as long as it takes: readers share the
+    /// key; a writer ([`write`](Self::write)) excludes everyone.
+    ///
+    /// - `Lease`, every backend: each reader is a lease of its own, with the `Locker`'s ttl,
+    ///   renewed by a heartbeat, in `dlock_shared_leases`, so a crashed reader's share
+    ///   returns after its ttl. A key taken with `read`/`write` is not the same lock as the
+    ///   key taken with [`lock`](Self::lock): give a key one family.
+    /// - `Advisory`, PostgreSQL: `pg_advisory_lock_shared`, held by the guard's session
+    ///   (freed when it ends); `write` is the strategy's own `pg_advisory_lock`, the same
+    ///   lock as [`lock`](Self::lock).
+    ///
+    /// Writers do not starve (see [`write`](Self::write)). Each guard has a fencing token of
+    /// its own; a key's tokens (readers' and writers' alike) strictly increase (`Advisory`:
+    /// drawn from its global source, so with gaps).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`](crate::Error::Unsupported) for strategies without a shared
+    /// mode: `Row`, `ForUpdate` (`FOR SHARE` is not wired in yet), and `Advisory` on MySQL,
+    /// whose `GET_LOCK` has no shared mode;
+    /// [`Error::Permits`](crate::Error::Permits) if the key is a semaphore; otherwise as for
+    /// [`lock`](Self::lock).
+    ///
+    /// # Examples
+    /// ```
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let locker = diesel_lock::Locker::builder(diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?).build()?;
+    /// # locker.migrate()?;
+    /// let a = locker.read("catalog")?;
+    /// let b = locker.read("catalog")?; // readers share
+    /// assert!(locker.try_write("catalog")?.is_none());
+    /// assert!(b.token() > a.token());
+    /// drop((a, b));
+    /// assert!(locker.try_write("catalog")?.is_some());
+    /// # Ok(()) }
+    /// ```
+    pub fn read(&self, key: &str) -> Result<LockGuard<C>> {
+        let raw = self.inner.modes.raw(Mode::Read)?;
+        match self.acquire(&*raw, key, Deadline::Never, None)? {
+            Some(guard) => Ok(guard),
+            None => unreachable!("waiting without a deadline only ends with the lock"),
+        }
+    }
+
+    /// One attempt to take `key` as a reader: `Ok(None)` while a writer holds it, or waits
+    /// for it.
+    ///
+    /// # Errors
+    /// As for [`read`](Self::read).
+    ///
+    /// # Examples
+    /// ```
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let locker = diesel_lock::Locker::builder(diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?).build()?;
+    /// # locker.migrate()?;
+    /// let w = locker.write("catalog")?;
+    /// assert!(locker.try_read("catalog")?.is_none());
+    /// drop(w);
+    /// assert!(locker.try_read("catalog")?.is_some());
+    /// # Ok(()) }
+    /// ```
+    pub fn try_read(&self, key: &str) -> Result<Option<LockGuard<C>>> {
+        let raw = self.inner.modes.raw(Mode::Read)?;
+        self.acquire(&*raw, key, Deadline::Once, None)
+    }
+
+    /// Waits at most `timeout` to take `key` as a reader.
+    ///
+    /// # Errors
+    /// As for [`read`](Self::read).
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::{Duration, Instant};
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let locker = diesel_lock::Locker::builder(diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?).build()?;
+    /// # locker.migrate()?;
+    /// assert!(locker.try_read_for("catalog", Duration::from_secs(1))?.is_some());
+    /// # Ok(()) }
+    /// ```
+    pub fn try_read_for(&self, key: &str, timeout: Duration) -> Result<Option<LockGuard<C>>> {
+        let raw = self.inner.modes.raw(Mode::Read)?;
+        self.acquire(&*raw, key, Deadline::after(timeout), None)
+    }
+
+    /// Takes `key` as its one writer, waiting as long as it takes: no reader and no other
+    /// writer holds it meanwhile.
+    ///
+    /// Writers do not starve under a stream of readers. `Advisory` (PostgreSQL): the server
+    /// queues a new reader behind a writer waiting in its lock queue. `Lease`: a writer that
+    /// waits (`write`, `try_write_for`, not one `try_write`) and finds readers leaves an
+    /// intent on the key that keeps new readers out. It lasts 4 × [`max_backoff`](super::LockerBuilder::max_backoff)
+    /// (at least 100 ms, at most 5 s) and each of the writer's attempts renews it, so a
+    /// writer waits at most until the readers that held the key at its first attempt have
+    /// left, plus one pause between attempts (at most `max_backoff`). A writer that gives up
+    /// (its deadline) keeps readers out until its intent runs out.
+    ///
+    /// # Errors
+    /// As for [`read`](Self::read).
+    ///
+    /// # Examples
+    /// ```
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let locker = diesel_lock::Locker::builder(diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?).build()?;
+    /// # locker.migrate()?;
+    /// let w = locker.write("catalog")?;
+    /// assert!(locker.try_read("catalog")?.is_none());
+    /// assert!(locker.try_write("catalog")?.is_none());
+    /// # drop(w);
+    /// # Ok(()) }
+    /// ```
+    pub fn write(&self, key: &str) -> Result<LockGuard<C>> {
+        let raw = self.inner.modes.raw(Mode::Write)?;
+        match self.acquire(&*raw, key, Deadline::Never, None)? {
+            Some(guard) => Ok(guard),
+            None => unreachable!("waiting without a deadline only ends with the lock"),
+        }
+    }
+
+    /// One attempt to take `key` as its writer. It leaves no intent: readers are not held
+    /// back by a writer that does not wait.
+    ///
+    /// # Errors
+    /// As for [`read`](Self::read).
+    ///
+    /// # Examples
+    /// ```
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let locker = diesel_lock::Locker::builder(diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?).build()?;
+    /// # locker.migrate()?;
+    /// let r = locker.read("catalog")?;
+    /// assert!(locker.try_write("catalog")?.is_none());
+    /// assert!(locker.try_read("catalog")?.is_some()); // no intent was left
+    /// # drop(r);
+    /// # Ok(()) }
+    /// ```
+    pub fn try_write(&self, key: &str) -> Result<Option<LockGuard<C>>> {
+        let raw = self.inner.modes.raw(Mode::Write)?;
+        self.acquire(&*raw, key, Deadline::Once, None)
+    }
+
+    /// Waits at most `timeout` to take `key` as its writer.
+    ///
+    /// # Errors
+    /// As for [`read`](Self::read).
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::{Duration, Instant};
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let locker = diesel_lock::Locker::builder(diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?).build()?;
+    /// # locker.migrate()?;
+    /// assert!(locker.try_write_for("catalog", Duration::from_secs(1))?.is_some());
+    /// # Ok(()) }
+    /// ```
+    pub fn try_write_for(&self, key: &str, timeout: Duration) -> Result<Option<LockGuard<C>>> {
+        let raw = self.inner.modes.raw(Mode::Write)?;
+        self.acquire(&*raw, key, Deadline::after(timeout), None)
+    }
+
+    /// Takes one of `permits` permits of the semaphore `key`, waiting as long as it takes:
+    /// at most `permits` guards hold the key at once.
+    ///
+    /// The number is stored with the key by its first acquisition; asking with another one
+    /// is an error ([`Error::Permits`](crate::Error::Permits)), never a silent change.
+    /// `Lease` only for now (every backend): each permit is a lease of its own, renewed by a
+    /// heartbeat, so a crashed holder's permit returns after the `Locker`'s ttl. Each guard
+    /// carries a fencing token; a key's tokens strictly increase.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for 0 permits;
+    /// [`Error::Unsupported`](crate::Error::Unsupported) for strategies without semaphores;
+    /// `Error::Permits` as above; otherwise as for [`lock`](Self::lock).
+    ///
+    /// # Examples
+    /// ```
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let locker = diesel_lock::Locker::builder(diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?).build()?;
+    /// # locker.migrate()?;
+    /// use diesel_lock::Error;
+    ///
+    /// let a = locker.permit("crawler", 2)?;
+    /// let b = locker.permit("crawler", 2)?;
+    /// assert!(locker.try_permit("crawler", 2)?.is_none()); // both taken
+    /// assert!(matches!(locker.try_permit("crawler", 3), Err(Error::Permits { .. })));
+    /// drop(a);
+    /// assert!(locker.try_permit("crawler", 2)?.is_some());
+    /// # drop(b);
+    /// # Ok(()) }
+    /// ```
+    pub fn permit(&self, key: &str, permits: u32) -> Result<LockGuard<C>> {
+        let raw = self.inner.modes.raw(Mode::Permits(permits))?;
+        match self.acquire(&*raw, key, Deadline::Never, None)? {
+            Some(guard) => Ok(guard),
+            None => unreachable!("waiting without a deadline only ends with the lock"),
+        }
+    }
+
+    /// One attempt at a permit of the semaphore `key`: `Ok(None)` while all `permits` are
+    /// held.
+    ///
+    /// # Errors
+    /// As for [`permit`](Self::permit).
+    ///
+    /// # Examples
+    /// ```
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let locker = diesel_lock::Locker::builder(diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?).build()?;
+    /// # locker.migrate()?;
+    /// let only = locker.try_permit("single", 1)?.expect("free");
+    /// assert!(locker.try_permit("single", 1)?.is_none());
+    /// # drop(only);
+    /// # Ok(()) }
+    /// ```
+    pub fn try_permit(&self, key: &str, permits: u32) -> Result<Option<LockGuard<C>>> {
+        let raw = self.inner.modes.raw(Mode::Permits(permits))?;
+        self.acquire(&*raw, key, Deadline::Once, None)
+    }
+
+    /// Waits at most `timeout` for a permit of the semaphore `key`.
+    ///
+    /// # Errors
+    /// As for [`permit`](Self::permit).
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::{Duration, Instant};
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let locker = diesel_lock::Locker::builder(diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?).build()?;
+    /// # locker.migrate()?;
+    /// let held = locker.permit("single", 1)?;
+    /// assert!(locker.try_permit_for("single", 1, Duration::from_millis(20))?.is_none());
+    /// # drop(held);
+    /// # Ok(()) }
+    /// ```
+    pub fn try_permit_for(
+        &self,
+        key: &str,
+        permits: u32,
+        timeout: Duration,
+    ) -> Result<Option<LockGuard<C>>> {
+        let raw = self.inner.modes.raw(Mode::Permits(permits))?;
+        self.acquire(&*raw, key, Deadline::after(timeout), None)
+    }
+
+    /// Waits to take `key` as a reader until `deadline` (`None`: as long as it takes) unless
+    /// `cancel` is cancelled first: `Ok(None)` then. As
+    /// [`try_lock_cancellable`](Self::try_lock_cancellable), for readers.
+    ///
+    /// # Errors
+    /// As for [`read`](Self::read).
+    ///
+    /// # Examples
+    /// ```
+    /// use diesel_lock::Cancel;
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let locker = diesel_lock::Locker::builder(diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?).build()?;
+    /// # locker.migrate()?;
+    /// let cancel = Cancel::new();
+    /// assert!(locker.try_read_cancellable("catalog", None, &cancel)?.is_some());
+    /// # Ok(()) }
+    /// ```
+    pub fn try_read_cancellable(
+        &self,
+        key: &str,
+        deadline: Option<Instant>,
+        cancel: &Cancel,
+    ) -> Result<Option<LockGuard<C>>> {
+        let raw = self.inner.modes.raw(Mode::Read)?;
+        let deadline = deadline.map_or(Deadline::Never, Deadline::At);
+        self.acquire(&*raw, key, deadline, Some(cancel))
+    }
+
+    /// Waits for a permit of the semaphore `key` until `deadline` (`None`: as long as it
+    /// takes) unless `cancel` is cancelled first: `Ok(None)` then.
+    ///
+    /// # Errors
+    /// As for [`permit`](Self::permit).
+    ///
+    /// # Examples
+    /// ```
+    /// use diesel_lock::Cancel;
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let locker = diesel_lock::Locker::builder(diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?).build()?;
+    /// # locker.migrate()?;
+    /// let cancel = Cancel::new();
+    /// assert!(locker.try_permit_cancellable("pool", 2, None, &cancel)?.is_some());
+    /// # Ok(()) }
+    /// ```
+    pub fn try_permit_cancellable(
+        &self,
+        key: &str,
+        permits: u32,
+        deadline: Option<Instant>,
+        cancel: &Cancel,
+    ) -> Result<Option<LockGuard<C>>> {
+        let raw = self.inner.modes.raw(Mode::Permits(permits))?;
+        let deadline = deadline.map_or(Deadline::Never, Deadline::At);
+        self.acquire(&*raw, key, deadline, Some(cancel))
+    }
+
+    /// Waits to take `key` as its writer until `deadline` (`None`: as long as it takes)
+    /// unless `cancel` is cancelled first: `Ok(None)` then.
+    ///
+    /// # Errors
+    /// As for [`read`](Self::read).
+    ///
+    /// # Examples
+    /// ```
+    /// use diesel_lock::Cancel;
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let locker = diesel_lock::Locker::builder(diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?).build()?;
+    /// # locker.migrate()?;
+    /// let cancel = Cancel::new();
+    /// assert!(locker.try_write_cancellable("catalog", None, &cancel)?.is_some());
+    /// # Ok(()) }
+    /// ```
+    pub fn try_write_cancellable(
+        &self,
+        key: &str,
+        deadline: Option<Instant>,
+        cancel: &Cancel,
+    ) -> Result<Option<LockGuard<C>>> {
+        let raw = self.inner.modes.raw(Mode::Write)?;
+        let deadline = deadline.map_or(Deadline::Never, Deadline::At);
+        self.acquire(&*raw, key, deadline, Some(cancel))
+    }
+}

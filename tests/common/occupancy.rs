@@ -1,0 +1,92 @@
+//! A count of the holders of a key kept in a table of its own, which every holder bumps on
+//! entering and lowers on leaving: what each holder reads on entering says how many hold the
+//! key beside it (shared locks, semaphores).
+
+use super::conformance::TestDb;
+use diesel::connection::SimpleConnection;
+use diesel::sql_types::{BigInt, Text};
+use diesel::{Connection, QueryableByName, RunQueryDsl};
+
+#[derive(QueryableByName, Debug, Clone, Copy)]
+pub struct Occupants {
+    /// Holders now, this one included.
+    #[diesel(sql_type = BigInt)]
+    pub holders: i64,
+    /// Writers among them.
+    #[diesel(sql_type = BigInt)]
+    pub writers: i64,
+}
+
+pub trait Occupancy: TestDb {
+    /// Creates the table if needed and the row of `name`.
+    fn occupancy_init(&mut self, name: &str);
+    /// Enters (a writer or not) and returns who is there now.
+    fn enter(&mut self, name: &str, writer: bool) -> Occupants;
+    fn leave(&mut self, name: &str, writer: bool);
+}
+
+macro_rules! occupancy {
+    ($conn:ty, $ph:expr) => {
+        impl Occupancy for $conn {
+            fn occupancy_init(&mut self, name: &str) {
+                let ph: fn(usize) -> String = $ph;
+                self.batch_execute(
+                    "CREATE TABLE IF NOT EXISTS dlock_test_occupancy (
+                        name VARCHAR(255) PRIMARY KEY,
+                        holders BIGINT NOT NULL,
+                        writers BIGINT NOT NULL)",
+                )
+                .expect("create occupancy table");
+                diesel::sql_query(format!(
+                    "INSERT INTO dlock_test_occupancy (name, holders, writers) VALUES ({}, 0, 0)",
+                    ph(1)
+                ))
+                .bind::<Text, _>(name)
+                .execute(self)
+                .expect("init occupancy");
+            }
+
+            fn enter(&mut self, name: &str, writer: bool) -> Occupants {
+                let ph: fn(usize) -> String = $ph;
+                self.transaction(|c| {
+                    diesel::sql_query(format!(
+                        "UPDATE dlock_test_occupancy SET holders = holders + 1, \
+                         writers = writers + {} WHERE name = {}",
+                        ph(1),
+                        ph(2)
+                    ))
+                    .bind::<BigInt, _>(i64::from(writer))
+                    .bind::<Text, _>(name)
+                    .execute(c)?;
+                    diesel::sql_query(format!(
+                        "SELECT holders, writers FROM dlock_test_occupancy WHERE name = {}",
+                        ph(1)
+                    ))
+                    .bind::<Text, _>(name)
+                    .get_result::<Occupants>(c)
+                })
+                .expect("enter")
+            }
+
+            fn leave(&mut self, name: &str, writer: bool) {
+                let ph: fn(usize) -> String = $ph;
+                diesel::sql_query(format!(
+                    "UPDATE dlock_test_occupancy SET holders = holders - 1, \
+                     writers = writers - {} WHERE name = {}",
+                    ph(1),
+                    ph(2)
+                ))
+                .bind::<BigInt, _>(i64::from(writer))
+                .bind::<Text, _>(name)
+                .execute(self)
+                .expect("leave");
+            }
+        }
+    };
+}
+
+occupancy!(diesel::SqliteConnection, |_| "?".to_owned());
+#[cfg(feature = "postgres")]
+occupancy!(diesel::PgConnection, |n| format!("${n}"));
+#[cfg(feature = "mysql")]
+occupancy!(diesel::MysqlConnection, |_| "?".to_owned());

@@ -1,0 +1,298 @@
+//! Semaphores (`Locker::permit`): never more than N holders, across threads and processes
+//! (a count of holders kept in a table, checked by every holder), and the count reaches N;
+//! a SIGKILLed holder's permit comes back within its ttl + 1 s; the number of permits is
+//! fixed per key; strategies without semaphores are refused.
+
+mod common;
+
+use common::kids::{hear, say, Kid};
+use common::occupancy::Occupancy;
+use common::{unique_key, Harness};
+use diesel_lock::{Error, Strategy};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+const N: u32 = 3;
+
+fn lease(ms: u64) -> Strategy {
+    Strategy::Lease {
+        ttl: Duration::from_millis(ms),
+    }
+}
+
+child_entry!(child_main);
+
+/// Modes: `count:THREADS:ROUNDS` (take a permit, enter, check, leave; prints `MAX m`), and
+/// `hold` (take a permit, say `HELD`, wait to be killed).
+fn child_main<C: Occupancy>(h: Harness<C>, ttl: Duration, key: &str, mode: &str) {
+    let locker = h.locker(Strategy::Lease { ttl });
+    if mode == "hold" {
+        let g = locker.permit(key, N).unwrap();
+        say(&format!("HELD {}", g.token()));
+        loop {
+            std::thread::park();
+        }
+    }
+    let (threads, rounds) = mode
+        .strip_prefix("count:")
+        .and_then(|c| c.split_once(':'))
+        .map(|(t, r)| (t.parse::<usize>().unwrap(), r.parse::<usize>().unwrap()))
+        .expect("mode");
+    say("READY");
+    assert_eq!(hear(), "GO");
+    let max = count_holders(&h, &locker, key, threads, rounds);
+    say(&format!("MAX {max}"));
+}
+
+/// `threads` × `rounds` permits of `key`, each holder checking the count of holders; the
+/// largest count seen.
+fn count_holders<C: Occupancy>(
+    h: &Harness<C>,
+    locker: &diesel_lock::Locker<C>,
+    key: &str,
+    threads: usize,
+    rounds: usize,
+) -> i64 {
+    let max = Arc::new(AtomicI64::new(0));
+    let start = Arc::new(Barrier::new(threads));
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let (locker, pool, key) = (locker.clone(), h.pool.clone(), key.to_owned());
+            let (max, start) = (max.clone(), start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                let mut last_token = 0;
+                for _ in 0..rounds {
+                    let g = locker.permit(&key, N).unwrap();
+                    assert!(g.token() > last_token, "tokens of a key increase");
+                    last_token = g.token();
+                    let mut c = pool.get().unwrap();
+                    let seen = c.enter(&key, false);
+                    assert!(
+                        seen.holders <= i64::from(N),
+                        "{} holders of a semaphore of {N}",
+                        seen.holders
+                    );
+                    max.fetch_max(seen.holders, Ordering::Relaxed);
+                    std::thread::sleep(Duration::from_micros(500));
+                    c.leave(&key, false);
+                    drop(c);
+                    g.release().unwrap();
+                }
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.join().unwrap();
+    }
+    max.load(Ordering::Relaxed)
+}
+
+fn never_more_than_n_across_threads<C: Occupancy>(h: &Harness<C>) {
+    let locker = h.locker(lease(10_000));
+    let key = unique_key("sem-threads");
+    h.pool.get().unwrap().occupancy_init(&key);
+    let max = count_holders(h, &locker, &key, 8, 100);
+    assert_eq!(max, i64::from(N), "the count never reached {N}");
+}
+
+/// 8 processes × 200 acquisitions (2 threads × 100 each).
+fn never_more_than_n_across_processes<C: Occupancy>(backend: &str, h: &Harness<C>) {
+    h.locker(lease(10_000)); // migrated
+    let key = unique_key("sem-procs");
+    h.pool.get().unwrap().occupancy_init(&key);
+    let mut kids: Vec<Kid> = (0..8)
+        .map(|_| Kid::spawn(backend, &h.url, 10_000, &key, "count:2:100"))
+        .collect();
+    for k in &mut kids {
+        k.expect("READY");
+    }
+    for k in &mut kids {
+        k.tell("GO");
+    }
+    let max = kids
+        .iter_mut()
+        .map(|k| k.expect("MAX")[4..].parse::<i64>().unwrap())
+        .max()
+        .unwrap();
+    assert_eq!(max, i64::from(N), "the count never reached {N}");
+}
+
+/// A holder killed with SIGKILL: its permit is back within ttl + 1 s (and not long before
+/// the ttl: the other two permits stay held by live holders meanwhile).
+fn killed_holders_permit_returns<C: Occupancy>(backend: &str, h: &Harness<C>) {
+    let ttl = Duration::from_millis(1500);
+    let locker = h.locker(lease(1500));
+    let key = unique_key("sem-kill");
+    let (_a, _b) = (
+        locker.permit(&key, N).unwrap(),
+        locker.permit(&key, N).unwrap(),
+    );
+    let mut kid = Kid::spawn(backend, &h.url, 1500, &key, "hold");
+    kid.expect("HELD");
+    assert!(locker.try_permit(&key, N).unwrap().is_none(), "all taken");
+    kid.kill9();
+    let killed = Instant::now();
+    let g = locker
+        .try_permit_for(&key, N, ttl + Duration::from_secs(1))
+        .unwrap()
+        .expect("the killed holder's permit did not come back within ttl + 1 s");
+    let after = killed.elapsed();
+    assert!(after <= ttl + Duration::from_secs(1), "{after:?}");
+    // Its row lived on for the rest of its ttl (renewed at most ttl/3 before the kill).
+    assert!(after >= ttl / 2, "came back after only {after:?}");
+    drop(g);
+}
+
+fn permits_are_fixed_per_key<C: Occupancy>(h: &Harness<C>) {
+    let locker = h.locker(lease(10_000));
+    let key = unique_key("sem-fixed");
+    let g = locker.permit(&key, 2).unwrap();
+    match locker.try_permit(&key, 3) {
+        Err(Error::Permits { stored, asked, .. }) => assert_eq!((stored, asked), (2, 3)),
+        other => panic!("{other:?}"),
+    }
+    // Still after every permit is released: the number is the key's.
+    drop(g);
+    assert!(matches!(
+        locker.try_permit(&key, 5),
+        Err(Error::Permits { .. })
+    ));
+    // A semaphore is not a reader-writer lock, nor the reverse.
+    assert!(matches!(
+        locker.try_read(&key),
+        Err(Error::Permits {
+            stored: 2,
+            asked: 0,
+            ..
+        })
+    ));
+    let rw = unique_key("sem-rw");
+    drop(locker.read(&rw).unwrap());
+    assert!(matches!(
+        locker.try_permit(&rw, 2),
+        Err(Error::Permits {
+            stored: 0,
+            asked: 2,
+            ..
+        })
+    ));
+    assert!(matches!(
+        locker.try_permit(&key, 0),
+        Err(Error::InvalidConfig(_))
+    ));
+}
+
+fn tokens_increase_and_release_frees<C: Occupancy>(h: &Harness<C>) {
+    let locker = h.locker(lease(10_000));
+    let key = unique_key("sem-tokens");
+    let gs: Vec<_> = (0..N).map(|_| locker.permit(&key, N).unwrap()).collect();
+    assert!(gs.windows(2).all(|w| w[1].token() > w[0].token()));
+    assert!(locker.try_permit(&key, N).unwrap().is_none());
+    let last = gs.last().unwrap().token();
+    gs.into_iter().next().unwrap().release().unwrap();
+    let g = locker.try_permit(&key, N).unwrap().expect("one came back");
+    assert!(g.token() > last);
+    g.check().unwrap();
+}
+
+fn unsupported_strategies<C: Occupancy>(h: &Harness<C>, strategy: Strategy) {
+    let locker = h.locker(strategy);
+    match locker.try_permit(&unique_key("sem-unsupported"), 2) {
+        Err(Error::Unsupported { strategy, .. }) => assert!(strategy.contains("semaphore")),
+        other => panic!("{other:?}"),
+    }
+}
+
+macro_rules! semaphore_tests {
+    ($module:ident, $backend:literal, $harness:expr) => {
+        mod $module {
+            use super::*;
+
+            #[test]
+            fn across_threads() {
+                if let Some(h) = $harness {
+                    never_more_than_n_across_threads(&h);
+                }
+            }
+            #[test]
+            fn across_processes() {
+                if let Some(h) = $harness {
+                    never_more_than_n_across_processes($backend, &h);
+                }
+            }
+            #[test]
+            fn sigkill() {
+                if let Some(h) = $harness {
+                    killed_holders_permit_returns($backend, &h);
+                }
+            }
+            #[test]
+            fn fixed_permits() {
+                if let Some(h) = $harness {
+                    permits_are_fixed_per_key(&h);
+                }
+            }
+            #[test]
+            fn tokens() {
+                if let Some(h) = $harness {
+                    tokens_increase_and_release_frees(&h);
+                }
+            }
+            #[test]
+            fn row_refused() {
+                if let Some(h) = $harness {
+                    unsupported_strategies(&h, Strategy::Row { stale_after: None });
+                }
+            }
+        }
+    };
+}
+
+semaphore_tests!(sqlite, "sqlite", common::sqlite_sized(12));
+#[cfg(feature = "postgres")]
+semaphore_tests!(pg, "pg", common::pg_sized(12));
+#[cfg(feature = "mysql")]
+semaphore_tests!(mysql, "mysql", common::mysql_sized(12));
+
+#[cfg(feature = "postgres")]
+#[test]
+fn session_strategies_refuse_semaphores_pg() {
+    if let Some(h) = common::pg() {
+        unsupported_strategies(&h, Strategy::Advisory);
+        unsupported_strategies(&h, Strategy::ForUpdate);
+    }
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn session_strategies_refuse_semaphores_mysql() {
+    if let Some(h) = common::mysql() {
+        unsupported_strategies(&h, Strategy::Advisory);
+        unsupported_strategies(&h, Strategy::ForUpdate);
+    }
+}
+
+/// `admin` on tables older than the shared leases' migration still lists the other locks
+/// (and force-releases them) instead of failing.
+#[test]
+fn admin_without_the_shared_tables_lists_the_rest() {
+    use diesel::connection::SimpleConnection;
+    let Some(h) = common::sqlite() else { return };
+    let locker = h.locker(Strategy::Row { stale_after: None });
+    let key = unique_key("old-schema");
+    let _g = locker.lock(&key).unwrap();
+    let mut c = h.pool.get().unwrap();
+    c.batch_execute("DROP TABLE dlock_shared_leases; DROP TABLE dlock_shared_keys")
+        .unwrap();
+    let held = diesel_lock::admin::held_locks(&mut *c).unwrap();
+    assert_eq!(held.len(), 1);
+    assert_eq!(held[0].mode, "exclusive");
+    assert_eq!(
+        diesel_lock::admin::force_release(&mut *c, &key)
+            .unwrap()
+            .len(),
+        1
+    );
+}

@@ -1,0 +1,273 @@
+//! Reader-writer locks (`Locker::read` / `write`): readers overlap (measured), no writer
+//! overlaps anyone (a count of holders kept in a table, checked by every holder), across
+//! threads and processes; a writer waiting behind a stream of readers gets in within a
+//! bound; strategies without a shared mode are refused.
+
+mod common;
+
+use common::kids::{hear, say, Kid};
+use common::occupancy::Occupancy;
+use common::{unique_key, Harness};
+use diesel_lock::{Error, Locker, Strategy};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+fn lease() -> Strategy {
+    Strategy::Lease {
+        ttl: Duration::from_secs(10),
+    }
+}
+
+child_entry!(child_main);
+
+/// Mode `mix:THREADS:ROUNDS:STRATEGY`: readers and writers (see `mix`); prints `MAX m` (the
+/// most readers seen together).
+fn child_main<C: Occupancy>(h: Harness<C>, ttl: Duration, key: &str, mode: &str) {
+    let p: Vec<&str> = mode.split(':').collect();
+    assert_eq!(p[0], "mix");
+    let (threads, rounds) = (
+        p[1].parse::<usize>().unwrap(),
+        p[2].parse::<usize>().unwrap(),
+    );
+    let locker = h.locker(match p[3] {
+        "advisory" => Strategy::Advisory,
+        _ => Strategy::Lease { ttl },
+    });
+    say("READY");
+    assert_eq!(hear(), "GO");
+    let max = mix(&h, &locker, key, threads, rounds);
+    say(&format!("MAX {max}"));
+}
+
+/// `threads` threads × `rounds`: every third round of each thread a writer, else a reader;
+/// each holder enters the count and checks it. The most readers seen together.
+fn mix<C: Occupancy>(
+    h: &Harness<C>,
+    locker: &Locker<C>,
+    key: &str,
+    threads: usize,
+    rounds: usize,
+) -> i64 {
+    let max_readers = Arc::new(AtomicI64::new(0));
+    let start = Arc::new(Barrier::new(threads));
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let (locker, pool, key) = (locker.clone(), h.pool.clone(), key.to_owned());
+            let (max_readers, start) = (max_readers.clone(), start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                for round in 0..rounds {
+                    let writer = (round + t) % 3 == 0;
+                    let g = if writer {
+                        locker.write(&key).unwrap()
+                    } else {
+                        locker.read(&key).unwrap()
+                    };
+                    let mut c = pool.get().unwrap();
+                    let seen = c.enter(&key, writer);
+                    if writer {
+                        assert_eq!(
+                            (seen.holders, seen.writers),
+                            (1, 1),
+                            "a writer beside others"
+                        );
+                    } else {
+                        assert_eq!(seen.writers, 0, "a reader beside a writer");
+                        max_readers.fetch_max(seen.holders, Ordering::Relaxed);
+                    }
+                    std::thread::sleep(Duration::from_millis(if writer { 1 } else { 3 }));
+                    c.leave(&key, writer);
+                    drop(c);
+                    g.release().unwrap();
+                }
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.join().unwrap();
+    }
+    max_readers.load(Ordering::Relaxed)
+}
+
+fn readers_overlap_writers_alone_threads<C: Occupancy>(h: &Harness<C>, strategy: Strategy) {
+    let locker = h.locker(strategy);
+    let key = unique_key("rw-threads");
+    h.pool.get().unwrap().occupancy_init(&key);
+    let max = mix(h, &locker, &key, 6, 60);
+    assert!(max > 1, "readers never overlapped");
+}
+
+/// 4 processes × 3 threads × 40 rounds.
+fn readers_overlap_writers_alone_processes<C: Occupancy>(
+    backend: &str,
+    h: &Harness<C>,
+    strategy: Strategy,
+) {
+    h.locker(strategy);
+    let mode = format!("mix:3:40:{}", strategy.name());
+    let key = unique_key("rw-procs");
+    h.pool.get().unwrap().occupancy_init(&key);
+    let mut kids: Vec<Kid> = (0..4)
+        .map(|_| Kid::spawn(backend, &h.url, 10_000, &key, &mode))
+        .collect();
+    for k in &mut kids {
+        k.expect("READY");
+    }
+    for k in &mut kids {
+        k.tell("GO");
+    }
+    let max = kids
+        .iter_mut()
+        .map(|k| k.expect("MAX")[4..].parse::<i64>().unwrap())
+        .max()
+        .unwrap();
+    assert!(max > 1, "readers never overlapped");
+}
+
+/// Readers hold the key 20 ms each, from 4 threads of another `Locker`, staggered so that
+/// some reader always holds it: without writer preference a writer would never get in. With
+/// it, the writer waits for the readers in at its first attempt (20 ms) plus one pause
+/// (`max_backoff`, 50 ms by default); the bound asserted is 1 s, for a loaded machine.
+fn writer_gets_in_under_a_stream_of_readers<C: Occupancy>(h: &Harness<C>, strategy: Strategy) {
+    let readers = h.locker(strategy);
+    let writer = h.locker(strategy);
+    let key = unique_key("rw-stream");
+    let stop = Arc::new(AtomicBool::new(false));
+    let overlapped = Arc::new(AtomicI64::new(0));
+    let started = Arc::new(Barrier::new(5));
+    let handles: Vec<_> = (0..4)
+        .map(|i| {
+            let (l, key, stop) = (readers.clone(), key.clone(), stop.clone());
+            let (started, overlapped) = (started.clone(), overlapped.clone());
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(5 * i));
+                let mut first = true;
+                let deadline = Instant::now() + Duration::from_secs(20);
+                while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+                    if let Some(g) = l.try_read_for(&key, Duration::from_millis(200)).unwrap() {
+                        overlapped.fetch_add(1, Ordering::Relaxed);
+                        if first {
+                            started.wait();
+                            first = false;
+                        }
+                        std::thread::sleep(Duration::from_millis(20));
+                        drop(g);
+                    }
+                }
+                if first {
+                    started.wait();
+                }
+            })
+        })
+        .collect();
+    started.wait(); // every reader has held the key once: the stream runs
+    std::thread::sleep(Duration::from_millis(100));
+    let asked = Instant::now();
+    let g = writer
+        .try_write_for(&key, Duration::from_secs(10))
+        .unwrap()
+        .expect("the writer starved");
+    let waited = asked.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    drop(g);
+    for handle in handles {
+        handle.join().unwrap();
+    }
+    println!("writer waited {waited:?} behind the readers");
+    assert!(
+        waited < Duration::from_secs(1),
+        "the writer waited {waited:?}"
+    );
+}
+
+fn tokens_and_exclusion_basics<C: Occupancy>(h: &Harness<C>, strategy: Strategy) {
+    let l = h.locker(strategy);
+    let other = h.locker(strategy);
+    let key = unique_key("rw-basics");
+    let r1 = l.read(&key).unwrap();
+    let r2 = other.try_read(&key).unwrap().expect("readers share");
+    assert!(r2.token() > r1.token());
+    assert!(other.try_write(&key).unwrap().is_none());
+    drop((r1, r2));
+    let w = other.try_write(&key).unwrap().expect("free");
+    assert!(l.try_read(&key).unwrap().is_none());
+    assert!(l.try_write(&key).unwrap().is_none());
+    w.check().unwrap();
+    let t = w.token();
+    w.release().unwrap();
+    assert!(l.try_read(&key).unwrap().unwrap().token() > t);
+}
+
+fn refused<C: Occupancy>(h: &Harness<C>, strategy: Strategy) {
+    let l = h.locker(strategy);
+    match l.try_read(&unique_key("rw-refused")) {
+        Err(Error::Unsupported { strategy, .. }) => assert!(strategy.contains("shared")),
+        other => panic!("{other:?}"),
+    }
+}
+
+macro_rules! shared_tests {
+    ($module:ident, $backend:literal, $harness:expr, $strategy:expr) => {
+        mod $module {
+            use super::*;
+
+            #[test]
+            fn threads() {
+                if let Some(h) = $harness {
+                    readers_overlap_writers_alone_threads(&h, $strategy);
+                }
+            }
+            #[test]
+            fn processes() {
+                if let Some(h) = $harness {
+                    readers_overlap_writers_alone_processes($backend, &h, $strategy);
+                }
+            }
+            #[test]
+            fn writer_not_starved() {
+                if let Some(h) = $harness {
+                    writer_gets_in_under_a_stream_of_readers(&h, $strategy);
+                }
+            }
+            #[test]
+            fn basics() {
+                if let Some(h) = $harness {
+                    tokens_and_exclusion_basics(&h, $strategy);
+                }
+            }
+            #[test]
+            fn row_refused() {
+                if let Some(h) = $harness {
+                    refused(&h, Strategy::Row { stale_after: None });
+                }
+            }
+        }
+    };
+}
+
+shared_tests!(sqlite, "sqlite", common::sqlite_sized(12), lease());
+#[cfg(feature = "postgres")]
+shared_tests!(pg, "pg", common::pg_sized(12), lease());
+#[cfg(feature = "postgres")]
+shared_tests!(pg_advisory, "pg", common::pg_sized(16), Strategy::Advisory);
+#[cfg(feature = "mysql")]
+shared_tests!(mysql, "mysql", common::mysql_sized(12), lease());
+
+/// MySQL's `GET_LOCK` has no shared mode.
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_advisory_has_no_shared_mode() {
+    if let Some(h) = common::mysql() {
+        refused(&h, Strategy::Advisory);
+    }
+}
+
+/// `FOR SHARE` is not wired in yet: refused, on both servers.
+#[cfg(feature = "postgres")]
+#[test]
+fn pg_for_update_has_no_shared_mode_yet() {
+    if let Some(h) = common::pg() {
+        refused(&h, Strategy::ForUpdate);
+    }
+}

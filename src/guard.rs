@@ -232,12 +232,16 @@ impl<C: LockConnection> LockGuard<C> {
     /// # fn main() -> diesel_lock::Result<()> {
     /// # let dir = tempfile::tempdir().unwrap();
     /// # let pool = diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?;
-    /// # let locker = diesel_lock::Locker::builder(pool.clone()).build()?;
+    /// let locker = diesel_lock::Locker::builder(pool.clone())
+    ///     .strategy(diesel_lock::Strategy::Lease { ttl: Duration::from_secs(3) })
+    ///     .build()?;
     /// # locker.migrate()?;
     /// let guard = locker.lock("exports")?;
     /// let watch = guard.loss_watch();
     /// admin::force_release(&mut *pool.get()?, "exports")?; // an administrator steps in
-    /// assert_eq!(watch.wait(Duration::from_secs(10)), LockStatus::Lost);
+    /// // Told at the next renewal: within ttl/3 (1 s here), or two if that renewal met
+    /// // contention and was retried.
+    /// assert_eq!(watch.wait(Duration::from_secs(30)), LockStatus::Lost);
     /// # Ok(()) }
     /// ```
     pub fn loss_watch(&self) -> LossWatch {

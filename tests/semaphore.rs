@@ -94,7 +94,33 @@ fn never_more_than_n_across_threads<C: Occupancy>(h: &Harness<C>) {
     let key = unique_key("sem-threads");
     h.pool.get().unwrap().occupancy_init(&key);
     let max = count_holders(h, &locker, &key, 8, 100);
-    assert_eq!(max, i64::from(N), "the count never reached {N}");
+    eprintln!("most holders at once: {max}");
+    n_hold_together(h);
+}
+
+/// N permits are held at once and an N+1st is refused: shown directly (the stress runs
+/// measure how many held at once, which depends on the scheduling, and check the bound).
+fn n_hold_together<C: Occupancy>(h: &Harness<C>) {
+    let (a, b) = (h.locker(lease(10_000)), h.locker(lease(10_000)));
+    let key = unique_key("sem-together");
+    let held: Vec<_> = (0..N)
+        .map(|i| {
+            let l = if i % 2 == 0 { &a } else { &b };
+            l.try_permit(&key, N).unwrap().expect("a free permit")
+        })
+        .collect();
+    assert!(
+        b.try_permit(&key, N).unwrap().is_none(),
+        "permit {} of {N}",
+        N + 1
+    );
+    for g in held {
+        g.release().unwrap();
+    }
+    assert!(
+        a.try_permit(&key, N).unwrap().is_some(),
+        "permits back after release"
+    );
 }
 
 /// 8 processes × 200 acquisitions (2 threads × 100 each).
@@ -116,7 +142,8 @@ fn never_more_than_n_across_processes<C: Occupancy>(backend: &str, h: &Harness<C
         .map(|k| k.expect("MAX")[4..].parse::<i64>().unwrap())
         .max()
         .unwrap();
-    assert_eq!(max, i64::from(N), "the count never reached {N}");
+    eprintln!("most holders at once: {max}");
+    n_hold_together(h);
 }
 
 /// A holder killed with SIGKILL: its permit is back within ttl + 1 s (and not long before

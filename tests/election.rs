@@ -44,23 +44,37 @@ macro_rules! terms {
                 // resource does with a fencing token), so a deposed leader that has not yet
                 // noticed cannot write after its successor.
                 let ph: fn(usize) -> String = $ph;
-                diesel::sql_query(format!(
-                    "INSERT INTO dlock_test_terms (name, term, pid) SELECT {}, {}, {} {} \
-                     WHERE NOT EXISTS (SELECT 1 FROM dlock_test_terms WHERE name = {} AND term > {})",
-                    ph(1),
-                    ph(2),
-                    ph(3),
-                    $dual,
-                    ph(4),
-                    ph(5)
-                ))
-                .bind::<diesel::sql_types::Text, _>(name)
-                .bind::<BigInt, _>(term)
-                .bind::<BigInt, _>(pid)
-                .bind::<diesel::sql_types::Text, _>(name)
-                .bind::<BigInt, _>(term)
-                .execute(self)
-                .expect("write the term");
+                // Two leaders' fenced inserts can deadlock on InnoDB (the NOT EXISTS read's
+                // locks against the other's insert; under the AUTO-INC lock MariaDB reports it
+                // as "Failed to read auto-increment value"): the victim's statement was rolled
+                // back, so it is run again and the fence decides anew.
+                for attempt in 0.. {
+                    let written = diesel::sql_query(format!(
+                        "INSERT INTO dlock_test_terms (name, term, pid) SELECT {}, {}, {} {} \
+                         WHERE NOT EXISTS (SELECT 1 FROM dlock_test_terms WHERE name = {} AND term > {})",
+                        ph(1),
+                        ph(2),
+                        ph(3),
+                        $dual,
+                        ph(4),
+                        ph(5)
+                    ))
+                    .bind::<diesel::sql_types::Text, _>(name)
+                    .bind::<BigInt, _>(term)
+                    .bind::<BigInt, _>(pid)
+                    .bind::<diesel::sql_types::Text, _>(name)
+                    .bind::<BigInt, _>(term)
+                    .execute(self);
+                    match written {
+                        Ok(_) => break,
+                        Err(e)
+                            if attempt < 50
+                                && ["Deadlock", "deadlock", "auto-increment", "database is locked"]
+                                    .iter()
+                                    .any(|m| e.to_string().contains(m)) => {}
+                        Err(e) => panic!("write the term: {e:?}"),
+                    }
+                }
             }
             fn read_terms(&mut self, name: &str) -> Vec<TermRow> {
                 let ph: fn(usize) -> String = $ph;

@@ -56,9 +56,15 @@ pub(crate) fn secure(conn: &mut dyn SessionLocks, mut drawn: Drawn) -> QueryResu
             }
         }
     }
-    Err(diesel::result::Error::QueryBuilderError(
+    Err(no_token())
+}
+
+/// The error of an acquisition that could not make a token safe in the rounds it allows:
+/// only broken fence tables do that.
+pub(crate) fn no_token() -> diesel::result::Error {
+    diesel::result::Error::QueryBuilderError(
         "no fencing token could be drawn: is the dlock_fence row missing? run migrate()".into(),
-    ))
+    )
 }
 
 #[cfg(test)]

@@ -2,8 +2,9 @@
 //! the guard keeps open; release = COMMIT. What works through a transaction pooler, where a
 //! session-level lock would stay with a server session the pooler gives to others.
 
-use super::session::{self, discard, Session, TxnTarget};
+use super::session::{self, rollback, Session};
 use super::{Conn, Hold, Interrupter, Pool, RawLock, Setup, Strategy, Taken};
+use crate::backend::fence::no_token;
 use crate::backend::{LockConnection, Sql, Wait, XactLocked};
 use crate::Result;
 use diesel::connection::{Connection, TransactionManager};
@@ -33,21 +34,10 @@ impl<C: LockConnection> RawLock<C> for AdvisoryXactLock<C> {
         // once in 2^20) is rolled back with the lock; the bound is raised outside the
         // transaction (so that it is committed before the token is seen) and we try again.
         for _ in 0..3 {
-            Tm::<C>::begin_transaction(&mut **conn)?;
-            let target = conn.target.clone();
-            match TxnTarget::enter(target.as_deref(), &mut **conn) {
-                Ok(true) => {}
-                Ok(false) => {
-                    rollback(conn);
-                    return Ok(None); // cancelled before it could wait
-                }
-                Err(e) => {
-                    rollback(conn);
-                    return Err(e.into());
-                }
-            }
-            let locked = conn.session_sql()?.advisory_xact_lock(key, wait);
-            TxnTarget::leave(target.as_deref());
+            let Some(locked) = session::lock_in_txn(conn, |s| s.advisory_xact_lock(key, wait))?
+            else {
+                return Ok(None); // cancelled before it could wait
+            };
             match locked {
                 Ok(XactLocked::Locked(a)) => {
                     return Ok(Some(Taken {
@@ -66,36 +56,14 @@ impl<C: LockConnection> RawLock<C> for AdvisoryXactLock<C> {
                     rollback(conn);
                     conn.session_sql()?.fence_prepare(drawn)?;
                 }
-                Err(e) => {
-                    // A timeout (or any error) aborted the transaction; the rollback frees a
-                    // lock granted as it fired.
-                    rollback(conn);
-                    return if conn.session_sql()?.is_lock_unavailable(&e) {
-                        Ok(None)
-                    } else {
-                        Err(e.into())
-                    };
-                }
+                Err(e) => return session::lock_failed(conn, e),
             }
         }
-        Err(crate::Error::Database(
-            diesel::result::Error::QueryBuilderError(
-                "no fencing token could be drawn: is the dlock_fence row missing? run migrate()"
-                    .into(),
-            ),
-        ))
+        Err(crate::Error::Database(no_token()))
     }
 
     fn interrupter(&self, conn: &mut Conn<C>) -> Result<Option<Interrupter>> {
         Ok(Some(session::txn_interrupter(&self.pool, conn)))
-    }
-}
-
-/// Rolls back; a connection that cannot is closed instead of going back to the pool.
-fn rollback<C: LockConnection>(conn: &mut Conn<C>) {
-    if let Err(e) = Tm::<C>::rollback_transaction(&mut **conn) {
-        log::debug!("rollback failed ({e}); closing the connection");
-        discard(&mut **conn);
     }
 }
 

@@ -1,8 +1,9 @@
 //! `Strategy::ForUpdate`: the key's row locked by `SELECT … FOR UPDATE` in a transaction
 //! that the guard keeps open; release = COMMIT.
 
-use super::session::{self, discard, Session, TxnTarget};
+use super::session::{self, rollback, Session};
 use super::{Conn, Hold, Interrupter, Pool, RawLock, Setup, Strategy, Taken};
+use crate::backend::fence::no_token;
 use crate::backend::{Flavor, ForUpdateLocked, LockConnection, Sql, Wait};
 use crate::Result;
 use diesel::connection::{Connection, TransactionManager};
@@ -39,23 +40,11 @@ impl<C: LockConnection> RawLock<C> for ForUpdateLock<C> {
         // rolls back, has that done outside the transaction, and tries again.
         let mut created = false;
         for _ in 0..4 {
-            Tm::<C>::begin_transaction(&mut **conn)?;
-            // A cancellation may end this session only while this transaction is open (see
-            // `TxnTarget`: behind a transaction pooler the session changes between them).
-            let target = conn.target.clone();
-            match TxnTarget::enter(target.as_deref(), &mut **conn) {
-                Ok(true) => {}
-                Ok(false) => {
-                    rollback(conn);
-                    return Ok(None); // cancelled before it could wait
-                }
-                Err(e) => {
-                    rollback(conn);
-                    return Err(e.into());
-                }
-            }
-            let locked = conn.session_sql()?.for_update_lock(key, wait, self.flavor);
-            TxnTarget::leave(target.as_deref());
+            let Some(locked) =
+                session::lock_in_txn(conn, |s| s.for_update_lock(key, wait, self.flavor))?
+            else {
+                return Ok(None); // cancelled before it could wait
+            };
             match locked {
                 Ok(ForUpdateLocked::Locked(a)) => {
                     return Ok(Some(Taken {
@@ -81,37 +70,14 @@ impl<C: LockConnection> RawLock<C> for ForUpdateLock<C> {
                     rollback(conn);
                     conn.session_sql()?.fence_prepare(drawn)?;
                 }
-                Err(e) => {
-                    // PostgreSQL has aborted the transaction; MySQL rolled back the
-                    // statement. Either way nothing of ours may stay open on a pooled
-                    // connection.
-                    rollback(conn);
-                    return if conn.session_sql()?.is_lock_unavailable(&e) {
-                        Ok(None)
-                    } else {
-                        Err(e.into())
-                    };
-                }
+                Err(e) => return session::lock_failed(conn, e),
             }
         }
-        Err(crate::Error::Database(
-            diesel::result::Error::QueryBuilderError(
-                "no fencing token could be drawn: is the dlock_fence row missing? run migrate()"
-                    .into(),
-            ),
-        ))
+        Err(crate::Error::Database(no_token()))
     }
 
     fn interrupter(&self, conn: &mut Conn<C>) -> Result<Option<Interrupter>> {
         Ok(Some(session::txn_interrupter(&self.pool, conn)))
-    }
-}
-
-/// Rolls back; a connection that cannot is closed instead of going back to the pool.
-fn rollback<C: LockConnection>(conn: &mut Conn<C>) {
-    if let Err(e) = Tm::<C>::rollback_transaction(&mut **conn) {
-        log::debug!("rollback failed ({e}); closing the connection");
-        discard(&mut **conn);
     }
 }
 

@@ -3,7 +3,7 @@
 //! closed, and the server frees whatever the session held.
 
 use super::{Conn, Interrupter, Pool, Strategy};
-use crate::backend::{Backend, Flavor, LockConnection, Sql};
+use crate::backend::{Backend, Flavor, LockConnection, SessionLocks, Sql};
 use crate::{Error, Result};
 use diesel::connection::{Connection, TransactionManager};
 use diesel::r2d2::ConnectionManager;
@@ -242,6 +242,60 @@ pub(crate) fn txn_interrupter<C: LockConnection>(
             }
         }) as Box<dyn FnOnce() + Send>)
     })
+}
+
+type Tm<C> = <C as Connection>::TransactionManager;
+
+/// The locking statement of a strategy whose lock lives in a transaction (`ForUpdate`,
+/// `AdvisoryXact`): begins the transaction, lets a cancellation end its session while it
+/// may wait (a [`TxnTarget`]: behind a transaction pooler the session changes between
+/// transactions), runs `lock` and stops letting it. `None`: cancelled before it could wait
+/// (rolled back). The transaction stays open whatever `lock` returned: on success it holds
+/// the lock; on an error the caller hands it to [`lock_failed`].
+pub(crate) fn lock_in_txn<C: LockConnection, T>(
+    conn: &mut Conn<C>,
+    lock: impl FnOnce(&mut dyn SessionLocks) -> QueryResult<T>,
+) -> Result<Option<QueryResult<T>>> {
+    Tm::<C>::begin_transaction(&mut **conn)?;
+    let target = conn.target.clone();
+    match TxnTarget::enter(target.as_deref(), &mut **conn) {
+        Ok(true) => {}
+        Ok(false) => {
+            rollback(conn);
+            return Ok(None);
+        }
+        Err(e) => {
+            rollback(conn);
+            return Err(e.into());
+        }
+    }
+    let locked = (**conn).session_sql().and_then(lock);
+    TxnTarget::leave(target.as_deref());
+    Ok(Some(locked))
+}
+
+/// After [`lock_in_txn`]'s statement failed: rolls back (PostgreSQL has aborted the
+/// transaction, MySQL rolled back the statement; either way nothing of ours may stay open
+/// on a pooled connection, and the rollback frees a lock granted as a timeout fired), and
+/// reports a lock-wait timeout as busy.
+pub(crate) fn lock_failed<C: LockConnection, T>(
+    conn: &mut Conn<C>,
+    e: diesel::result::Error,
+) -> Result<Option<T>> {
+    rollback(conn);
+    if conn.session_sql()?.is_lock_unavailable(&e) {
+        Ok(None)
+    } else {
+        Err(e.into())
+    }
+}
+
+/// Rolls back; a connection that cannot is closed instead of going back to the pool.
+pub(crate) fn rollback<C: LockConnection>(conn: &mut Conn<C>) {
+    if let Err(e) = Tm::<C>::rollback_transaction(&mut **conn) {
+        log::debug!("rollback failed ({e}); closing the connection");
+        discard(&mut **conn);
+    }
 }
 
 /// Makes r2d2 close `conn` when it is dropped instead of returning it to the pool.

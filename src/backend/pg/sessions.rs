@@ -26,20 +26,134 @@ pub const FOR_UPDATE_LOCK: &str =
      (SELECT high FROM dlock_fence_live) AS high, clock_timestamp() AS acquired_at";
 
 /// `advisory_lock` with `Wait::Forever`.
-pub const ADVISORY_LOCK: &str =
-    "WITH l AS (SELECT set_config('synchronous_commit', 'off', true) AS s, \
-     pg_advisory_lock(?) AS got) \
-     SELECT true AS got, 0::int8 AS id, \
-     nextval('dlock_fence_seq') + (SELECT off FROM dlock_fence_live) AS token, \
-     (SELECT high FROM dlock_fence_live) AS high, clock_timestamp() AS acquired_at FROM l";
+pub const ADVISORY_LOCK: &str = ADVISORY.lock;
 
 /// `advisory_xact_lock` with `Wait::Forever`.
-pub const ADVISORY_XACT_LOCK: &str =
-    "WITH l AS (SELECT set_config('synchronous_commit', 'off', true) AS s, \
-     pg_advisory_xact_lock(?) AS got) \
-     SELECT true AS got, 0::int8 AS id, \
-     nextval('dlock_fence_seq') + (SELECT off FROM dlock_fence_live) AS token, \
-     (SELECT high FROM dlock_fence_live) AS high, clock_timestamp() AS acquired_at FROM l";
+pub const ADVISORY_XACT_LOCK: &str = ADVISORY_XACT.lock;
+
+/// The acquiring statements of one kind of advisory lock, one per [`Wait`], alike but for
+/// the lock function: each takes the lock and then draws the token in one statement (the
+/// CTE holds a volatile function, so PostgreSQL runs it once and before the outer SELECT
+/// reads it), with `synchronous_commit` off for its transaction (nothing it writes must
+/// survive a crash: the token is safe by its bound). `set_config(.., true)` lasts until the
+/// end of the statement's transaction.
+pub(super) struct AdvisoryTexts {
+    /// `Wait::No`: the `pg_try_…` function; the token only if it got the lock.
+    try_lock: &'static str,
+    /// `Wait::For`: binds the `lock_timeout` first.
+    lock_within: &'static str,
+    /// `Wait::Forever`.
+    lock: &'static str,
+}
+
+macro_rules! advisory_texts {
+    ($try_lock:literal, $lock:literal) => {
+        AdvisoryTexts {
+            try_lock: concat!(
+                "WITH l AS (SELECT set_config('synchronous_commit', 'off', true) AS s, ",
+                $try_lock,
+                "(?) AS got) \
+                 SELECT l.got, 0::int8 AS id, \
+                 CASE WHEN l.got THEN nextval('dlock_fence_seq') + (SELECT off FROM dlock_fence_live) END \
+                 AS token, (SELECT high FROM dlock_fence_live) AS high, \
+                 clock_timestamp() AS acquired_at FROM l"
+            ),
+            lock_within: concat!(
+                "WITH l AS (SELECT set_config('synchronous_commit', 'off', true) AS s, \
+                 CASE WHEN set_config('lock_timeout', ?, true) IS NOT NULL \
+                 THEN ",
+                $lock,
+                "(?) END AS got) \
+                 SELECT true AS got, 0::int8 AS id, \
+                 nextval('dlock_fence_seq') + (SELECT off FROM dlock_fence_live) AS token, \
+                 (SELECT high FROM dlock_fence_live) AS high, clock_timestamp() AS acquired_at FROM l"
+            ),
+            lock: concat!(
+                "WITH l AS (SELECT set_config('synchronous_commit', 'off', true) AS s, ",
+                $lock,
+                "(?) AS got) \
+                 SELECT true AS got, 0::int8 AS id, \
+                 nextval('dlock_fence_seq') + (SELECT off FROM dlock_fence_live) AS token, \
+                 (SELECT high FROM dlock_fence_live) AS high, clock_timestamp() AS acquired_at FROM l"
+            ),
+        }
+    };
+}
+
+/// Advisory's session-level lock.
+const ADVISORY: AdvisoryTexts = advisory_texts!("pg_try_advisory_lock", "pg_advisory_lock");
+/// AdvisoryXact's lock, which ends with its transaction.
+const ADVISORY_XACT: AdvisoryTexts =
+    advisory_texts!("pg_try_advisory_xact_lock", "pg_advisory_xact_lock");
+/// The readers of an Advisory `Locker` (`shared_sessions.rs`).
+pub(super) const ADVISORY_SHARED: AdvisoryTexts =
+    advisory_texts!("pg_try_advisory_lock_shared", "pg_advisory_lock_shared");
+
+/// Runs `texts`' statement for `wait` on advisory key `k`.
+fn advisory_take(
+    conn: &mut PgConnection,
+    k: i64,
+    wait: Wait,
+    texts: &AdvisoryTexts,
+) -> QueryResult<LockedRow> {
+    match wait {
+        Wait::No => stmt(texts.try_lock)
+            .bind::<BigInt, _>(k)
+            .get_result::<LockedRow>(conn),
+        Wait::For(d) => stmt(texts.lock_within)
+            .bind::<Text, _>(lock_timeout_ms(d))
+            .bind::<BigInt, _>(k)
+            .get_result::<LockedRow>(conn),
+        Wait::Forever => stmt(texts.lock)
+            .bind::<BigInt, _>(k)
+            .get_result::<LockedRow>(conn),
+    }
+}
+
+/// A session-level advisory lock (`texts`: exclusive or shared) with its token, or `None`
+/// if busy. `undo` unlocks the key's lock of that mode if `pg_locks` shows this session
+/// holding it (binds: the key, then its `classid` and `objid`).
+pub(super) fn advisory_session_lock(
+    conn: &mut PgConnection,
+    key: &str,
+    wait: Wait,
+    texts: &AdvisoryTexts,
+    undo: &'static str,
+) -> QueryResult<Option<Acquired>> {
+    let k = crate::key_hash(key);
+    match advisory_take(conn, k, wait, texts) {
+        Ok(row) if !row.got => Ok(None),
+        Ok(row) => {
+            // The lock is this session's: whatever it takes to make the token safe runs
+            // in statements of its own (an error leaves the lock held; the caller then
+            // closes the session).
+            let token = secure(conn, row.drawn())?;
+            Ok(Some(Acquired {
+                id: 0,
+                token,
+                acquired_at: row.acquired_at,
+            }))
+        }
+        Err(e) if conn.is_lock_unavailable(&e) => {
+            // A lock granted just as lock_timeout fired stays granted to the session even
+            // though the statement fails (LockErrorCleanup keeps it). So look, and undo
+            // such a grant, unlocking only if pg_locks shows it held (an unlock of a lock
+            // not held would log a WARNING).
+            let (classid, objid) = advisory_lock_ids(key);
+            let raced = stmt(undo)
+                .bind::<BigInt, _>(k)
+                .bind::<BigInt, _>(classid)
+                .bind::<BigInt, _>(objid)
+                .get_result::<Released>(conn)
+                .optional()?;
+            if raced.is_some_and(|r| r.released) {
+                log::debug!("lock {key:?}: a grant raced the wait's timeout; undone");
+            }
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
 
 /// `advisory_unlock`.
 pub const ADVISORY_UNLOCK: &str = "SELECT pg_advisory_unlock(?) AS released";
@@ -163,72 +277,15 @@ impl SessionLocks for PgConnection {
         )
     }
     fn advisory_lock(&mut self, key: &str, wait: Wait) -> QueryResult<Option<Acquired>> {
-        // One statement takes the lock and then draws the token: the CTE holds a volatile
-        // function, so PostgreSQL runs it once and before the outer SELECT reads it.
-        let k = crate::key_hash(key);
-        let taken = match wait {
-            Wait::No => stmt(
-                "WITH l AS (SELECT set_config('synchronous_commit', 'off', true) AS s, \
-                 pg_try_advisory_lock(?) AS got) \
-                 SELECT l.got, 0::int8 AS id, \
-                 CASE WHEN l.got THEN nextval('dlock_fence_seq') + (SELECT off FROM dlock_fence_live) END \
-                 AS token, (SELECT high FROM dlock_fence_live) AS high, \
-                 clock_timestamp() AS acquired_at FROM l",
-            )
-            .bind::<BigInt, _>(k)
-            .get_result::<LockedRow>(self),
-            // set_config(.., true) lasts until the end of this statement's transaction.
-            Wait::For(d) => stmt(
-                "WITH l AS (SELECT set_config('synchronous_commit', 'off', true) AS s, \
-                 CASE WHEN set_config('lock_timeout', ?, true) IS NOT NULL \
-                 THEN pg_advisory_lock(?) END AS got) \
-                 SELECT true AS got, 0::int8 AS id, \
-                 nextval('dlock_fence_seq') + (SELECT off FROM dlock_fence_live) AS token, \
-                 (SELECT high FROM dlock_fence_live) AS high, clock_timestamp() AS acquired_at FROM l",
-            )
-            .bind::<Text, _>(lock_timeout_ms(d))
-            .bind::<BigInt, _>(k)
-            .get_result::<LockedRow>(self),
-            Wait::Forever => stmt(ADVISORY_LOCK)
-                .bind::<BigInt, _>(k)
-                .get_result::<LockedRow>(self),
-        };
-        match taken {
-            Ok(row) if !row.got => Ok(None),
-            Ok(row) => {
-                // The lock is this session's: whatever it takes to make the token safe runs
-                // in statements of its own (an error leaves the lock held; the caller then
-                // closes the session).
-                let token = secure(self, row.drawn())?;
-                Ok(Some(Acquired {
-                    id: 0,
-                    token,
-                    acquired_at: row.acquired_at,
-                }))
-            }
-            Err(e) if self.is_lock_unavailable(&e) => {
-                // A lock granted just as lock_timeout fired stays granted to the session
-                // even though the statement fails (LockErrorCleanup keeps it). So look, and
-                // undo such a grant, unlocking only if pg_locks shows it held (an unlock of
-                // a lock not held would log a WARNING).
-                let (classid, objid) = advisory_lock_ids(key);
-                let raced = stmt(
-                    "SELECT pg_advisory_unlock(?) AS released FROM pg_locks \
-                     WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted \
-                       AND classid::int8 = ? AND objid::int8 = ? AND objsubid = 1",
-                )
-                .bind::<BigInt, _>(k)
-                .bind::<BigInt, _>(classid)
-                .bind::<BigInt, _>(objid)
-                .get_result::<Released>(self)
-                .optional()?;
-                if raced.is_some_and(|r| r.released) {
-                    log::debug!("lock {key:?}: a grant raced the wait's timeout; undone");
-                }
-                Ok(None)
-            }
-            Err(e) => Err(e),
-        }
+        advisory_session_lock(
+            self,
+            key,
+            wait,
+            &ADVISORY,
+            "SELECT pg_advisory_unlock(?) AS released FROM pg_locks \
+             WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted \
+               AND classid::int8 = ? AND objid::int8 = ? AND objsubid = 1",
+        )
     }
     fn advisory_unlock(&mut self, key: &str) -> QueryResult<bool> {
         stmt(ADVISORY_UNLOCK)
@@ -251,38 +308,10 @@ impl SessionLocks for PgConnection {
         )
     }
     fn advisory_xact_lock(&mut self, key: &str, wait: Wait) -> QueryResult<XactLocked> {
-        // As advisory_lock, with the lock that ends with the transaction. set_config(.., true)
-        // lasts as long as the transaction: synchronous_commit off makes the holder's COMMIT
-        // wait for no flush (nothing in it needs to survive a crash; the token is safe by its
-        // bound). A timeout aborts the transaction, and the caller's rollback frees a lock
-        // granted as the timeout fired.
-        let k = crate::key_hash(key);
-        let row = match wait {
-            Wait::No => stmt(
-                "WITH l AS (SELECT set_config('synchronous_commit', 'off', true) AS s, \
-                 pg_try_advisory_xact_lock(?) AS got) \
-                 SELECT l.got, 0::int8 AS id, \
-                 CASE WHEN l.got THEN nextval('dlock_fence_seq') + (SELECT off FROM dlock_fence_live) END \
-                 AS token, (SELECT high FROM dlock_fence_live) AS high, \
-                 clock_timestamp() AS acquired_at FROM l",
-            )
-            .bind::<BigInt, _>(k)
-            .get_result::<LockedRow>(self),
-            Wait::For(d) => stmt(
-                "WITH l AS (SELECT set_config('synchronous_commit', 'off', true) AS s, \
-                 CASE WHEN set_config('lock_timeout', ?, true) IS NOT NULL \
-                 THEN pg_advisory_xact_lock(?) END AS got) \
-                 SELECT true AS got, 0::int8 AS id, \
-                 nextval('dlock_fence_seq') + (SELECT off FROM dlock_fence_live) AS token, \
-                 (SELECT high FROM dlock_fence_live) AS high, clock_timestamp() AS acquired_at FROM l",
-            )
-            .bind::<Text, _>(lock_timeout_ms(d))
-            .bind::<BigInt, _>(k)
-            .get_result::<LockedRow>(self),
-            Wait::Forever => stmt(ADVISORY_XACT_LOCK)
-                .bind::<BigInt, _>(k)
-                .get_result::<LockedRow>(self),
-        }?;
+        // As advisory_lock, with the lock that ends with the transaction. synchronous_commit
+        // off makes the holder's COMMIT wait for no flush. A timeout aborts the transaction,
+        // and the caller's rollback frees a lock granted as the timeout fired.
+        let row = advisory_take(self, crate::key_hash(key), wait, &ADVISORY_XACT)?;
         if !row.got {
             return Ok(XactLocked::Busy);
         }

@@ -323,3 +323,21 @@ fn admin_without_the_shared_tables_lists_the_rest() {
         1
     );
 }
+
+/// `AdvisoryXact` has no semaphores (yet): refused, with the strategy named.
+#[cfg(feature = "postgres")]
+#[test]
+fn advisory_xact_refuses_semaphores() {
+    if let Some(h) = common::pg() {
+        match h
+            .locker(Strategy::AdvisoryXact)
+            .try_permit("sem-xact-refused", 2)
+        {
+            Err(Error::Unsupported { strategy, backend }) => {
+                assert_eq!(strategy, "advisory-xact (semaphore)");
+                assert_eq!(backend, "postgresql");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}

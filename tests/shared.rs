@@ -307,3 +307,24 @@ fn pg_for_update_has_no_shared_mode_yet() {
         refused(&h, Strategy::ForUpdate);
     }
 }
+
+/// `AdvisoryXact` has no shared mode (yet): refused, with the strategy named.
+#[cfg(feature = "postgres")]
+#[test]
+fn pg_advisory_xact_has_no_shared_mode() {
+    if let Some(h) = common::pg() {
+        let l = h.locker(Strategy::AdvisoryXact);
+        for attempt in [
+            l.try_read("rw-xact-refused"),
+            l.try_write("rw-xact-refused"),
+        ] {
+            match attempt {
+                Err(Error::Unsupported { strategy, backend }) => {
+                    assert_eq!(strategy, "advisory-xact (shared mode)");
+                    assert_eq!(backend, "postgresql");
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+}

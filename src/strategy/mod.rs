@@ -392,6 +392,7 @@ fn shared_name(strategy: &'static str) -> &'static str {
         "row" => "row (shared mode)",
         "advisory" => "advisory (shared mode)",
         "for-update" => "for-update (shared mode)",
+        "advisory-xact" => "advisory-xact (shared mode)",
         _ => "shared mode",
     }
 }
@@ -401,6 +402,7 @@ fn semaphore_name(strategy: &'static str) -> &'static str {
         "row" => "row (semaphore)",
         "advisory" => "advisory (semaphore)",
         "for-update" => "for-update (semaphore)",
+        "advisory-xact" => "advisory-xact (semaphore)",
         _ => "semaphore",
     }
 }

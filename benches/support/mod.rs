@@ -38,6 +38,9 @@ pub fn strategies(backend: Db) -> Vec<Strategy> {
         v.push(Strategy::ForUpdate);
         v.push(Strategy::Advisory);
     }
+    if backend == Db::Postgres {
+        v.push(Strategy::AdvisoryXact);
+    }
     match std::env::var("DLOCK_BENCH_ONLY") {
         Ok(only) if !only.is_empty() => v
             .into_iter()

@@ -224,6 +224,21 @@ pub mod pg {
                 }),
                 "BEGIN; SELECT … FOR UPDATE; COMMIT",
             )),
+            Strategy::AdvisoryXact => {
+                let hash = diesel_lock::key_hash(&k);
+                Some((
+                    Box::new(move || {
+                        let mut c = pool.get().unwrap();
+                        c.transaction(|c| {
+                            sql("SELECT pg_advisory_xact_lock(?) IS NOT NULL AS released")
+                                .bind::<BigInt, _>(hash)
+                                .get_result::<Released>(c)
+                        })
+                        .expect("advisory xact lock");
+                    }),
+                    "BEGIN; pg_advisory_xact_lock; COMMIT",
+                ))
+            }
             _ => None,
         }
     }
@@ -288,6 +303,21 @@ pub mod pg {
                         assert!(r.released);
                     }),
                     "pg_advisory_lock + nextval(…) + offset, bound (one statement, asynchronous commit); pg_advisory_unlock",
+                )
+            }
+            Strategy::AdvisoryXact => {
+                let hash = diesel_lock::key_hash(&k);
+                (
+                    Box::new(move || {
+                        let mut c = pool.get().unwrap();
+                        c.transaction(|c| {
+                            sql(lib::ADVISORY_XACT_LOCK)
+                                .bind::<BigInt, _>(hash)
+                                .get_result::<Fenced>(c)
+                        })
+                        .expect("advisory xact lock");
+                    }),
+                    "BEGIN; pg_advisory_xact_lock + nextval(…) + offset, bound (one statement); COMMIT (asynchronous)",
                 )
             }
             _ => unreachable!(),

@@ -298,9 +298,12 @@ fn main() {
     );
     // The long soak (examples/soak.rs) takes many minutes: its last report is kept in its own
     // file and carried over into this one.
-    if let Ok(soak) = std::fs::read_to_string("docs/soak.md") {
-        md.push('\n');
-        md.push_str(&soak);
+    // So are the loss-notification latencies (examples/loss_latency.rs).
+    for carried in ["docs/soak.md", "docs/loss.md"] {
+        if let Ok(text) = std::fs::read_to_string(carried) {
+            md.push('\n');
+            md.push_str(&text);
+        }
     }
     match &args.out {
         Some(path) => std::fs::write(path, &md).expect("write report"),

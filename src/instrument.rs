@@ -12,6 +12,10 @@
 //! | `dlock_locks_held` | gauge | guards alive now |
 //! | `dlock_losses_total` | counter | locks lost while held (not released by their guard) |
 //! | `dlock_release_failures_total` | counter | releases that failed with an error other than a loss |
+//!
+//! Readers, writers and permits count as acquisitions of their `Locker`'s strategy.
+//! `lock_all` counts one acquisition per key it takes; when a later key is held, the keys
+//! it took and gave back count too, and the call as one acquisition not made.
 
 use std::time::Duration;
 

@@ -193,6 +193,50 @@ fn release_failure<C: TestDb>(snap: &Snapshotter, pool: Pool<ConnectionManager<C
     admin::force_release(&mut *pool.get().unwrap(), &key).unwrap();
 }
 
+/// `lock_all` counts one acquisition per key it takes (and, when a later key is held, the
+/// earlier keys it took and gave back, plus one acquisition not made); readers and permits
+/// count as acquisitions of their `Locker`'s strategy.
+fn kinds_and_lock_all<C: TestDb>(snap: &Snapshotter, h: &Harness<C>, backend: &str) {
+    let l = h.locker(Strategy::Lease {
+        ttl: Duration::from_secs(10),
+    });
+    read(snap, "lease", backend); // from zero
+    let keys = [
+        unique_key("all-a"),
+        unique_key("all-b"),
+        unique_key("all-c"),
+    ];
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let all = l.lock_all(&refs).unwrap();
+    let m = read(snap, "lease", backend);
+    assert_eq!(get(&m, "dlock_acquisitions_total"), 3.0, "{backend}: {m:?}");
+    assert_eq!(get(&m, "dlock_locks_held"), 3.0, "{backend}: {m:?}");
+    drop(all);
+    let m = read(snap, "lease", backend);
+    assert_eq!(get(&m, "dlock_locks_held"), -3.0, "{backend}: {m:?}");
+    assert_eq!(get(&m, "dlock_held_seconds"), 3.0, "{backend}: {m:?}");
+
+    // The second key held elsewhere: the first is taken and given back.
+    let other = h.locker(Strategy::Lease {
+        ttl: Duration::from_secs(10),
+    });
+    let g = other.lock(&keys[1]).unwrap();
+    read(snap, "lease", backend);
+    assert!(l.try_lock_all(&refs).unwrap().is_none());
+    let m = read(snap, "lease", backend);
+    assert_eq!(get(&m, "dlock_acquisitions_total"), 1.0, "{backend}: {m:?}");
+    assert_eq!(get(&m, "dlock_not_acquired_total"), 1.0, "{backend}: {m:?}");
+    assert_eq!(get(&m, "dlock_locks_held"), 0.0, "{backend}: {m:?}");
+    drop(g);
+
+    let r = l.read(&unique_key("metered-read")).unwrap();
+    let p = l.permit(&unique_key("metered-permit"), 2).unwrap();
+    let m = read(snap, "lease", backend);
+    assert_eq!(get(&m, "dlock_acquisitions_total"), 2.0, "{backend}: {m:?}");
+    assert_eq!(get(&m, "dlock_locks_held"), 1.0, "{backend}: {m:?}");
+    drop((r, p));
+}
+
 fn tiny<C: TestDb>(b: r2d2::Builder<ConnectionManager<C>>) -> r2d2::Builder<ConnectionManager<C>> {
     b.max_size(1)
         .min_idle(Some(0))
@@ -209,6 +253,7 @@ fn counters_follow_a_scripted_sequence() {
     {
         let h = common::sqlite().unwrap();
         scripted(&snap, &h, "sqlite", false);
+        kinds_and_lock_all(&snap, &h, "sqlite");
         let pool = tiny(Pool::builder())
             .connection_customizer(Box::new(diesel_lock::SqliteTuning::default()))
             .build(ConnectionManager::<diesel::SqliteConnection>::new(&h.url))
@@ -218,6 +263,7 @@ fn counters_follow_a_scripted_sequence() {
     #[cfg(feature = "postgres")]
     if let Some(h) = common::pg() {
         scripted(&snap, &h, "postgresql", true);
+        kinds_and_lock_all(&snap, &h, "postgresql");
         let pool = tiny(Pool::builder())
             .build(ConnectionManager::new(&h.url))
             .unwrap();
@@ -226,6 +272,7 @@ fn counters_follow_a_scripted_sequence() {
     #[cfg(feature = "mysql")]
     if let Some(h) = common::mysql() {
         scripted(&snap, &h, "mysql", true);
+        kinds_and_lock_all(&snap, &h, "mysql");
         let pool = tiny(Pool::builder())
             .build(ConnectionManager::new(&h.url))
             .unwrap();

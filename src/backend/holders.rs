@@ -83,6 +83,9 @@ pub trait HolderLocks {
     fn holders_held(&mut self, key: &str, holder: &str) -> QueryResult<bool>;
     /// The live holders, of every key or of one, ordered by key, with their modes.
     fn admin_holders(&mut self, key: Option<&str>) -> QueryResult<Vec<HolderRow>>;
+    /// Outside any transaction: clears a writer's intent if it is `who`'s (a writer that
+    /// gave up waiting).
+    fn holders_clear_intent(&mut self, key: &str, who: &str) -> QueryResult<()>;
 }
 
 /// Shared session locks: PostgreSQL's `pg_advisory_lock_shared` family, the readers of an

@@ -11,6 +11,7 @@ use diesel::QueryResult;
 mod any;
 pub mod bench_sql;
 pub(crate) mod fence;
+pub(crate) mod for_share;
 pub(crate) mod holders;
 pub(crate) mod interrupt;
 #[cfg(feature = "mysql")]
@@ -194,6 +195,8 @@ pub(crate) mod sealed {
         /// The row is locked but the token may not be handed out yet: the caller rolls back,
         /// calls `fence_prepare` with this and tries again.
         Unfenced(Option<i64>),
+        /// A reader found a writer's mark (`for_share.rs`): the caller rolls back; busy.
+        Blocked,
     }
 
     /// What `SessionLocks::advisory_xact_lock` found.
@@ -255,6 +258,10 @@ pub(crate) mod sealed {
         fn shared_sessions(
             &mut self,
         ) -> Option<&mut dyn crate::backend::holders::SharedSessionLocks> {
+            None
+        }
+        /// The readers of `ForUpdate` (`FOR SHARE`), or `None` (SQLite).
+        fn for_share(&mut self) -> Option<&mut dyn crate::backend::for_share::ForShareLocks> {
             None
         }
     }

@@ -20,6 +20,10 @@ impl<C: LockConnection> Locker<C> {
     ) -> Result<Option<LockGuard<C>>> {
         let started = Instant::now();
         let acquired = self.acquire_unmetered(raw, key, deadline, cancel);
+        // A single attempt leaves nothing behind; a wait that ended without the lock may.
+        if !matches!(deadline, Deadline::Once) && !matches!(acquired, Ok(Some(_))) {
+            raw.gave_up(key);
+        }
         let meter = &self.inner.shared.meter;
         match &acquired {
             Ok(Some(_)) => meter.acquired(started.elapsed()),

@@ -34,7 +34,8 @@ impl<C: LockConnection> RawLock<C> for AdvisoryXactLock<C> {
         // once in 2^20) is rolled back with the lock; the bound is raised outside the
         // transaction (so that it is committed before the token is seen) and we try again.
         for _ in 0..3 {
-            let Some(locked) = session::lock_in_txn(conn, |s| s.advisory_xact_lock(key, wait))?
+            let Some(locked) =
+                session::lock_in_txn(conn, |c| c.session_sql()?.advisory_xact_lock(key, wait))?
             else {
                 return Ok(None); // cancelled before it could wait
             };

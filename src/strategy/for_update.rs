@@ -11,8 +11,8 @@ use diesel::connection::{Connection, TransactionManager};
 type Tm<C> = <C as Connection>::TransactionManager;
 
 pub(super) struct ForUpdateLock<C: LockConnection> {
-    pool: Pool<C>,
-    flavor: Flavor,
+    pub(super) pool: Pool<C>,
+    pub(super) flavor: Flavor,
 }
 
 impl<C: LockConnection> ForUpdateLock<C> {
@@ -34,51 +34,67 @@ impl<C: LockConnection> RawLock<C> for ForUpdateLock<C> {
         _retry: bool,
         wait: Wait,
     ) -> Result<Option<Taken>> {
-        // A first attempt that finds no row creates it (committed on its own, so that
-        // other creators do not wait for our transaction) and tries again; one whose token
-        // may not go out yet (a new life of the server, or a bound to raise: once in 2^20)
-        // rolls back, has that done outside the transaction, and tries again.
-        let mut created = false;
-        for _ in 0..4 {
-            let Some(locked) =
-                session::lock_in_txn(conn, |s| s.for_update_lock(key, wait, self.flavor))?
-            else {
-                return Ok(None); // cancelled before it could wait
-            };
-            match locked {
-                Ok(ForUpdateLocked::Locked(a)) => {
-                    return Ok(Some(Taken {
-                        hold: Box::new(ForUpdateHold {
-                            session: Session::new(conn.take()),
-                            proof: a.id,
-                        }),
-                        token: a.token,
-                        acquired_at: a.acquired_at,
-                    }))
-                }
-                Ok(ForUpdateLocked::Missing) => {
-                    rollback(conn);
-                    if created {
-                        // The row vanished between its creation and our lock (deleted by
-                        // hand): busy, for now.
-                        return Ok(None);
-                    }
-                    conn.session_sql()?.for_update_create(key)?;
-                    created = true;
-                }
-                Ok(ForUpdateLocked::Unfenced(drawn)) => {
-                    rollback(conn);
-                    conn.session_sql()?.fence_prepare(drawn)?;
-                }
-                Err(e) => return session::lock_failed(conn, e),
-            }
-        }
-        Err(crate::Error::Database(no_token()))
+        let flavor = self.flavor;
+        row_lock(
+            conn,
+            key,
+            |c| c.session_sql()?.for_update_lock(key, wait, flavor),
+            |session, proof| Box::new(ForUpdateHold { session, proof }),
+        )
     }
 
     fn interrupter(&self, conn: &mut Conn<C>) -> Result<Option<Interrupter>> {
         Ok(Some(session::txn_interrupter(&self.pool, conn)))
     }
+}
+
+/// One attempt on the key's row with `lock` (`FOR UPDATE`, or `FOR SHARE` for a reader),
+/// in a transaction that the guard made by `hold` keeps open. A first attempt that finds no
+/// row creates it (committed on its own, so that other creators do not wait for our
+/// transaction) and tries again; one whose token may not go out yet (a new life of the
+/// server, or a bound to raise: once in 2^20) rolls back, has that done outside the
+/// transaction, and tries again.
+pub(super) fn row_lock<C: LockConnection>(
+    conn: &mut Conn<C>,
+    key: &str,
+    lock: impl Fn(&mut C) -> diesel::QueryResult<ForUpdateLocked>,
+    hold: impl FnOnce(Session<C>, i64) -> Box<dyn Hold>,
+) -> Result<Option<Taken>> {
+    let mut created = false;
+    for _ in 0..4 {
+        let Some(locked) = session::lock_in_txn(conn, &lock)? else {
+            return Ok(None); // cancelled before it could wait
+        };
+        match locked {
+            Ok(ForUpdateLocked::Locked(a)) => {
+                return Ok(Some(Taken {
+                    hold: hold(Session::new(conn.take()), a.id),
+                    token: a.token,
+                    acquired_at: a.acquired_at,
+                }))
+            }
+            Ok(ForUpdateLocked::Missing) => {
+                rollback(conn);
+                if created {
+                    // The row vanished between its creation and our lock (deleted by
+                    // hand): busy, for now.
+                    return Ok(None);
+                }
+                conn.session_sql()?.for_update_create(key)?;
+                created = true;
+            }
+            Ok(ForUpdateLocked::Unfenced(drawn)) => {
+                rollback(conn);
+                conn.session_sql()?.fence_prepare(drawn)?;
+            }
+            Ok(ForUpdateLocked::Blocked) => {
+                rollback(conn);
+                return Ok(None);
+            }
+            Err(e) => return session::lock_failed(conn, e),
+        }
+    }
+    Err(crate::Error::Database(no_token()))
 }
 
 /// The connection whose open transaction holds the row lock.

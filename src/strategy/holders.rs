@@ -6,7 +6,8 @@
 //! key busy leaves an *intent* on the key's header row, which keeps every new reader out
 //! while it lasts; each of the writer's attempts renews it for `intent` (4 × `max_backoff`,
 //! at least 100 ms, so it outlasts the pauses between attempts), its acquisition clears it,
-//! and a writer that gave up lets it run out. So a writer waits at most for the readers
+//! and so does a writer that gives up waiting (`RawLock::gave_up`; one that dies lets it
+//! run out). So a writer waits at most for the readers
 //! holding the key when it first tried to leave, plus one pause between attempts.
 
 use super::heartbeat::{Beat, Heartbeat};
@@ -123,6 +124,26 @@ impl<C: LockConnection> RawLock<C> for HolderLock<C> {
 
     fn notifies_releases(&self) -> bool {
         true
+    }
+
+    fn gave_up(&self, key: &str) {
+        if self.mode != HolderMode::Write {
+            return;
+        }
+        // The same name as the attempts gave it: this thread's, of this `Locker`.
+        let who = format!("{}:{:?}", self.core.id, std::thread::current().id());
+        // Only a connection free at once: the caller's deadline has passed already.
+        let Some(conn) = self.core.pool.try_get() else {
+            log::debug!(
+                "lock {key:?}: no free connection to clear the writer's intent; it runs out"
+            );
+            return;
+        };
+        if let Err(e) = with_pooled(conn, |c| c.sql().holders_clear_intent(key, &who)) {
+            log::debug!(
+                "lock {key:?}: the writer's intent could not be cleared ({e}); it runs out"
+            );
+        }
     }
 
     fn exclusive(&self) -> bool {

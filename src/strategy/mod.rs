@@ -21,6 +21,7 @@ mod advisory;
 mod advisory_shared;
 mod advisory_xact;
 mod for_update;
+mod for_update_shared;
 pub(crate) mod heartbeat;
 mod holders;
 mod lease;
@@ -163,6 +164,11 @@ pub enum Strategy {
     /// server. The holder's transaction commits asynchronously on PostgreSQL (nothing in it
     /// needs to survive a crash). PostgreSQL and MySQL only: `build` returns
     /// [`Error::Unsupported`] on SQLite.
+    ///
+    /// Readers ([`Locker::read`](crate::Locker::read)) lock the row `FOR SHARE` (MySQL:
+    /// `LOCK IN SHARE MODE`) in the same way, each with a token from the same source; writers
+    /// ([`Locker::write`](crate::Locker::write)) are this strategy's `FOR UPDATE`, and on
+    /// PostgreSQL mark the key while they wait so that new readers let them in.
     ForUpdate,
     /// PostgreSQL `pg_advisory_lock` family / MySQL `GET_LOCK`, held by the guard's session.
     /// PostgreSQL and MySQL only: `build` returns [`Error::Unsupported`] on SQLite.
@@ -343,8 +349,9 @@ pub(crate) struct Modes<C: LockConnection> {
     /// `Lease`: readers, writers and permits as shared leases.
     holders: Option<Arc<holders::HolderCore<C>>>,
     /// `Advisory` on PostgreSQL: readers (`pg_advisory_lock_shared`) and writers (the
-    /// strategy's own advisory lock).
-    advisory: Option<ReadWrite<C>>,
+    /// strategy's own advisory lock); `ForUpdate`: readers (`FOR SHARE`) and writers (its
+    /// own `FOR UPDATE`, marking the key while waiting where needed).
+    read_write: Option<ReadWrite<C>>,
 }
 
 impl<C: LockConnection> Modes<C> {
@@ -360,7 +367,7 @@ impl<C: LockConnection> Modes<C> {
                 "a semaphore needs at least one permit".into(),
             ));
         }
-        if let Some((read, write)) = &self.advisory {
+        if let Some((read, write)) = &self.read_write {
             return match mode {
                 Mode::Read => Ok(read.clone()),
                 Mode::Write => Ok(write.clone()),
@@ -409,7 +416,8 @@ fn semaphore_name(strategy: &'static str) -> &'static str {
 
 /// The modes of `strategy` (see [`Modes`]): `Lease` keeps readers, writers and permits as
 /// shared leases on every backend; `Advisory` on PostgreSQL has readers and writers
-/// (`pg_advisory_lock_shared` beside `pg_advisory_lock`); the others have none yet.
+/// (`pg_advisory_lock_shared` beside `pg_advisory_lock`), `ForUpdate` on PostgreSQL and
+/// MySQL too (`FOR SHARE` beside `FOR UPDATE`); the others have none yet.
 pub(crate) fn build_modes<C: LockConnection>(
     strategy: Strategy,
     setup: &Setup<C>,
@@ -418,7 +426,7 @@ pub(crate) fn build_modes<C: LockConnection>(
         backend: setup.backend,
         strategy: strategy.name(),
         holders: None,
-        advisory: None,
+        read_write: None,
     };
     match strategy {
         Strategy::Lease { ttl } => {
@@ -438,12 +446,33 @@ pub(crate) fn build_modes<C: LockConnection>(
             let read = advisory_shared::AdvisorySharedLock {
                 pool: setup.pool.clone(),
             };
-            modes.advisory = Some((Arc::new(read), Arc::new(write)));
+            modes.read_write = Some((Arc::new(read), Arc::new(write)));
         }
-        Strategy::Row { .. }
-        | Strategy::ForUpdate
-        | Strategy::Advisory
-        | Strategy::AdvisoryXact => {}
+        Strategy::ForUpdate => {
+            session::require_sessions(setup.backend, strategy)?;
+            let flavor = session::flavor(setup.backend, &setup.pool)?;
+            let marks = setup
+                .pool
+                .get()?
+                .sql()
+                .for_share()
+                .is_some_and(|s| s.needs_writer_mark());
+            let read = for_update_shared::ForUpdateReadLock {
+                pool: setup.pool.clone(),
+                flavor,
+            };
+            let write = for_update_shared::ForUpdateWriteLock {
+                inner: for_update::ForUpdateLock {
+                    pool: setup.pool.clone(),
+                    flavor,
+                },
+                mark: marks.then(crate::random::holder_id),
+                mark_us: micros(for_update_shared::MARK_FOR + setup.max_backoff)
+                    .unwrap_or(i64::MAX),
+            };
+            modes.read_write = Some((Arc::new(read), Arc::new(write)));
+        }
+        Strategy::Row { .. } | Strategy::Advisory | Strategy::AdvisoryXact => {}
     }
     Ok(modes)
 }
@@ -498,6 +527,11 @@ pub(crate) trait RawLock<C: LockConnection>: Send + Sync + 'static {
     fn purge(&self, _idle: Duration) -> Result<usize> {
         Ok(0)
     }
+
+    /// The caller stopped waiting for `key` without the lock (its deadline passed, it was
+    /// cancelled, an error): undo what the attempts left for others to see (a `ForUpdate`
+    /// writer's mark). Not called after a single attempt (`try_lock`).
+    fn gave_up(&self, _key: &str) {}
 
     /// False for a lock that others may hold beside its holder (a reader, a semaphore
     /// permit): the waiting code then does not tell the key's local waiters that only its

@@ -3,7 +3,7 @@
 //! closed, and the server frees whatever the session held.
 
 use super::{Conn, Interrupter, Pool, Strategy};
-use crate::backend::{Backend, Flavor, LockConnection, SessionLocks, Sql};
+use crate::backend::{Backend, Flavor, LockConnection, Sql};
 use crate::{Error, Result};
 use diesel::connection::{Connection, TransactionManager};
 use diesel::r2d2::ConnectionManager;
@@ -254,7 +254,7 @@ type Tm<C> = <C as Connection>::TransactionManager;
 /// the lock; on an error the caller hands it to [`lock_failed`].
 pub(crate) fn lock_in_txn<C: LockConnection, T>(
     conn: &mut Conn<C>,
-    lock: impl FnOnce(&mut dyn SessionLocks) -> QueryResult<T>,
+    lock: impl FnOnce(&mut C) -> QueryResult<T>,
 ) -> Result<Option<QueryResult<T>>> {
     Tm::<C>::begin_transaction(&mut **conn)?;
     let target = conn.target.clone();
@@ -269,7 +269,7 @@ pub(crate) fn lock_in_txn<C: LockConnection, T>(
             return Err(e.into());
         }
     }
-    let locked = (**conn).session_sql().and_then(lock);
+    let locked = lock(&mut **conn);
     TxnTarget::leave(target.as_deref());
     Ok(Some(locked))
 }

@@ -106,6 +106,8 @@ macro_rules! child_entry {
                     key,
                     mode,
                 ),
+                #[cfg(feature = "postgres")]
+                "pgbouncer" => $main(common::pgbouncer_at(url, 12), ttl, key, mode),
                 #[cfg(feature = "mysql")]
                 "mysql" => $main(
                     common::server_at::<diesel::MysqlConnection>(url, 12),

@@ -136,6 +136,9 @@ impl HolderSteps for MysqlConnection {
 }
 
 impl HolderLocks for MysqlConnection {
+    fn holders_clear_intent(&mut self, key: &str, who: &str) -> QueryResult<()> {
+        self.clear_intent(key, who)
+    }
     fn holders_acquire(&mut self, ask: &HolderAsk<'_>) -> QueryResult<HolderAnswer> {
         holders::acquire_with(self, ask, |c, ask| {
             // For the next transaction only.

@@ -7,6 +7,7 @@
 
 mod admin;
 mod fence;
+mod for_share;
 mod holders;
 pub(super) mod locks;
 pub(super) mod sessions;
@@ -127,6 +128,9 @@ impl Dialect for MysqlConnection {
     }
 
     fn sessions(&mut self) -> Option<&mut dyn SessionLocks> {
+        Some(self)
+    }
+    fn for_share(&mut self) -> Option<&mut dyn super::for_share::ForShareLocks> {
         Some(self)
     }
 }

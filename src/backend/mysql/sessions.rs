@@ -139,6 +139,79 @@ const GET_LOCK_MAX_SECS: u64 = 31_536_000;
 /// (it holds the row lock until it ends).
 const IN_TRANSACTION: i64 = 0;
 
+/// `for_update_lock` with `Wait::No`, or the fraction of a second a bounded wait leaves.
+const FOR_UPDATE_NOWAIT: &str = "SELECT \
+     CAST(COALESCE(CAST(UUID_SHORT() & 72057594037927935 AS SIGNED) + @dlock_fence_off, -1) \
+     AS SIGNED) AS token, \
+     CAST(@dlock_fence_high AS SIGNED) AS high, \
+     CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000000 AS SIGNED) AS acquired_us \
+     FROM dlock_for_update WHERE lock_key = ? FOR UPDATE NOWAIT";
+
+/// Locks the key's row with `locking` (a statement as `FOR_UPDATE_LOCK`: `FOR UPDATE`, or a
+/// reader's share lock) or, for `Wait::No` and what is left of a bounded wait below a second,
+/// `nowait` (the same with `NOWAIT`), and makes the proof that the transaction holds it.
+pub(super) fn row_lock(
+    conn: &mut MysqlConnection,
+    key: &str,
+    wait: Wait,
+    flavor: Flavor,
+    locking: &'static str,
+    nowait: &'static str,
+) -> QueryResult<ForUpdateLocked> {
+    // innodb_lock_wait_timeout counts whole seconds (and MariaDB's `WAIT n` rounds a
+    // fraction down to 0), so a bounded wait waits the whole seconds it has server-side
+    // and leaves the rest to the locker's NOWAIT retries, never overshooting.
+    // At most 100,000,000 s, the largest the server takes; a longer wait ends there as
+    // busy and the locker waits again until its deadline.
+    let seconds = match wait {
+        Wait::For(d) => d.as_secs().min(100_000_000),
+        _ => 0,
+    };
+    let locked = match wait {
+        Wait::Forever => stmt(locking)
+            .bind::<Text, _>(key)
+            .get_result::<SequenceRow>(conn)
+            .optional(),
+        Wait::For(_) if seconds > 0 => {
+            // The session's own setting is saved and put back, as the connection goes
+            // back to the pool and on to other users.
+            with_lock_wait_timeout(conn, seconds, |c| {
+                Ok(stmt(locking)
+                    .bind::<Text, _>(key)
+                    .get_result::<SequenceRow>(c)
+                    .optional())
+            })?
+        }
+        _ => stmt(nowait)
+            .bind::<Text, _>(key)
+            .get_result::<SequenceRow>(conn)
+            .optional(),
+    }?;
+    let Some(r) = locked else {
+        return Ok(ForUpdateLocked::Missing);
+    };
+    let token = match r.drawn().checked() {
+        Ok(token) => token,
+        Err(drawn) => return Ok(ForUpdateLocked::Unfenced(drawn)),
+    };
+    let proof = match flavor {
+        Flavor::Standard => IN_TRANSACTION,
+        Flavor::Mysql => {
+            // The row stays uncommitted, visible only to this transaction, until
+            // for_update_finish deletes it.
+            stmt(FENCE_INSERT).bind::<Text, _>(key).execute(conn)?;
+            stmt("SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id")
+                .get_result::<FenceId>(conn)?
+                .id
+        }
+    };
+    Ok(ForUpdateLocked::Locked(Acquired {
+        id: proof,
+        token,
+        acquired_at: r.acquired_at()?,
+    }))
+}
+
 impl SessionLocks for MysqlConnection {
     fn is_lock_unavailable(&self, e: &diesel::result::Error) -> bool {
         lock_unavailable(e)
@@ -155,65 +228,7 @@ impl SessionLocks for MysqlConnection {
         wait: Wait,
         flavor: Flavor,
     ) -> QueryResult<ForUpdateLocked> {
-        // innodb_lock_wait_timeout counts whole seconds (and MariaDB's `WAIT n` rounds a
-        // fraction down to 0), so a bounded wait waits the whole seconds it has server-side
-        // and leaves the rest to the locker's NOWAIT retries, never overshooting.
-        // At most 100,000,000 s, the largest the server takes; a longer wait ends there as
-        // busy and the locker waits again until its deadline.
-        let seconds = match wait {
-            Wait::For(d) => d.as_secs().min(100_000_000),
-            _ => 0,
-        };
-        let locked = match wait {
-            Wait::Forever => stmt(FOR_UPDATE_LOCK)
-                .bind::<Text, _>(key)
-                .get_result::<SequenceRow>(self)
-                .optional(),
-            Wait::For(_) if seconds > 0 => {
-                // The session's own setting is saved and put back, as the connection goes
-                // back to the pool and on to other users.
-                with_lock_wait_timeout(self, seconds, |c| {
-                    Ok(stmt(FOR_UPDATE_LOCK)
-                        .bind::<Text, _>(key)
-                        .get_result::<SequenceRow>(c)
-                        .optional())
-                })?
-            }
-            _ => stmt(
-                "SELECT \
-                 CAST(COALESCE(CAST(UUID_SHORT() & 72057594037927935 AS SIGNED) + @dlock_fence_off, -1) \
-                 AS SIGNED) AS token, \
-                 CAST(@dlock_fence_high AS SIGNED) AS high, \
-                 CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000000 AS SIGNED) AS acquired_us \
-                 FROM dlock_for_update WHERE lock_key = ? FOR UPDATE NOWAIT",
-            )
-            .bind::<Text, _>(key)
-            .get_result::<SequenceRow>(self)
-            .optional(),
-        }?;
-        let Some(r) = locked else {
-            return Ok(ForUpdateLocked::Missing);
-        };
-        let token = match r.drawn().checked() {
-            Ok(token) => token,
-            Err(drawn) => return Ok(ForUpdateLocked::Unfenced(drawn)),
-        };
-        let proof = match flavor {
-            Flavor::Standard => IN_TRANSACTION,
-            Flavor::Mysql => {
-                // The row stays uncommitted, visible only to this transaction, until
-                // for_update_finish deletes it.
-                stmt(FENCE_INSERT).bind::<Text, _>(key).execute(self)?;
-                stmt("SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id")
-                    .get_result::<FenceId>(self)?
-                    .id
-            }
-        };
-        Ok(ForUpdateLocked::Locked(Acquired {
-            id: proof,
-            token,
-            acquired_at: r.acquired_at()?,
-        }))
+        row_lock(self, key, wait, flavor, FOR_UPDATE_LOCK, FOR_UPDATE_NOWAIT)
     }
     fn for_update_held(&mut self, _key: &str, proof: i64) -> QueryResult<bool> {
         if proof == IN_TRANSACTION {

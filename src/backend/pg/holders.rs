@@ -126,6 +126,9 @@ impl HolderSteps for PgConnection {
 }
 
 impl HolderLocks for PgConnection {
+    fn holders_clear_intent(&mut self, key: &str, who: &str) -> QueryResult<()> {
+        self.clear_intent(key, who)
+    }
     fn holders_acquire(&mut self, ask: &HolderAsk<'_>) -> QueryResult<HolderAnswer> {
         holders::acquire_with(self, ask, |c, ask| {
             c.transaction(|c| holders::decide(c, ask))

@@ -6,6 +6,7 @@
 
 mod admin;
 mod fence;
+mod for_share;
 mod holders;
 pub(super) mod locks;
 pub(super) mod sessions;
@@ -108,6 +109,9 @@ impl Dialect for PgConnection {
     }
 
     fn shared_sessions(&mut self) -> Option<&mut dyn super::holders::SharedSessionLocks> {
+        Some(self)
+    }
+    fn for_share(&mut self) -> Option<&mut dyn super::for_share::ForShareLocks> {
         Some(self)
     }
 }

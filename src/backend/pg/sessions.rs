@@ -165,7 +165,7 @@ pub(super) struct LockedRow {
     #[diesel(sql_type = Bool)]
     pub(super) got: bool,
     #[diesel(sql_type = BigInt)]
-    id: i64,
+    pub(super) id: i64,
     #[diesel(sql_type = Nullable<BigInt>)]
     token: Option<i64>,
     #[diesel(sql_type = Nullable<BigInt>)]

@@ -129,6 +129,9 @@ impl HolderSteps for SqliteConnection {
 }
 
 impl HolderLocks for SqliteConnection {
+    fn holders_clear_intent(&mut self, key: &str, who: &str) -> QueryResult<()> {
+        self.clear_intent(key, who)
+    }
     fn holders_acquire(&mut self, ask: &HolderAsk<'_>) -> QueryResult<HolderAnswer> {
         holders::acquire_with(self, ask, |c, ask| {
             c.immediate_transaction(|c| holders::decide(c, ask))

@@ -1,0 +1,49 @@
+//! The readers of a `ForUpdate` `Locker` (`SELECT … FOR SHARE` / `LOCK IN SHARE MODE` on the
+//! key's row, in a transaction the guard keeps open), and the mark by which its writers keep
+//! new readers out on PostgreSQL. Each backend's statements are in its `for_share.rs`.
+//!
+//! Writers are the strategy's own `FOR UPDATE` on the same row. InnoDB queues a new share
+//! request behind a waiting exclusive one, so on MySQL a waiting writer keeps new readers
+//! out by itself. PostgreSQL does not: a new `FOR SHARE` is granted beside the sharers while
+//! a `FOR UPDATE` waits (tried on PostgreSQL 15), so a stream of readers could keep a
+//! writer out for ever. There a waiting writer first marks the key (`intent` and
+//! `intent_until` of `dlock_shared_keys`, committed at once, on the database clock), and a
+//! reader that finds a live mark does not take the row: it waits, as for a held key.
+
+use super::{ForUpdateLocked, Wait};
+use diesel::QueryResult;
+
+/// See the module docs.
+pub trait ForShareLocks {
+    /// Inside the transaction the caller opened: locks the key's row in share mode, waiting
+    /// as `wait` says, and draws a token as `SessionLocks::for_update_lock` does (from the
+    /// global source, once the row is locked). `Blocked` while another writer's mark is live
+    /// (PostgreSQL); `Missing` if the key has no row yet. Busy: an error that
+    /// `SessionLocks::is_lock_unavailable` recognises.
+    fn for_share_lock(
+        &mut self,
+        key: &str,
+        wait: Wait,
+        flavor: super::Flavor,
+    ) -> QueryResult<ForUpdateLocked>;
+    /// Inside the holder's transaction: does it still hold the share lock it took with
+    /// `proof`?
+    fn for_share_held(&mut self, key: &str, proof: i64) -> QueryResult<bool>;
+    /// Just before COMMIT: false if the transaction no longer holds the lock.
+    fn for_share_finish(&mut self, proof: i64) -> QueryResult<bool>;
+    /// True where a waiting writer must mark the key to keep new readers out (PostgreSQL).
+    fn needs_writer_mark(&self) -> bool {
+        false
+    }
+    /// Outside any transaction: marks `writer` as waiting for `key` for `ttl_us`, committed
+    /// at once, unless another writer's mark is live.
+    fn mark_writer(&mut self, key: &str, writer: &str, ttl_us: i64) -> QueryResult<()> {
+        let _ = (key, writer, ttl_us);
+        Ok(())
+    }
+    /// Outside any transaction: removes `writer`'s mark, if it is still there.
+    fn unmark_writer(&mut self, key: &str, writer: &str) -> QueryResult<()> {
+        let _ = (key, writer);
+        Ok(())
+    }
+}

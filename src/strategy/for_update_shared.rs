@@ -1,0 +1,155 @@
+//! The readers and writers of a `ForUpdate` `Locker` (`Locker::read`, `Locker::write`):
+//! readers lock the key's row `FOR SHARE` (PostgreSQL) or `LOCK IN SHARE MODE` (MySQL) in a
+//! transaction the guard keeps open, as `for_update.rs` does `FOR UPDATE`; writers are the
+//! strategy's own exclusive lock. So readers share the key with each other and with no
+//! writer, nor with `lock()`.
+//!
+//! Writers do not starve. On MySQL InnoDB queues a new share request behind a waiting
+//! exclusive one. On PostgreSQL, which grants it at once, a writer that waits marks the key
+//! first (`backend/for_share.rs`, committed at once, live for [`MARK_FOR`] plus a pause on
+//! the database clock) and waits on the server at most [`SLICE`] at a time, renewing the
+//! mark before each wait; readers that find a live mark wait as for a held key. The mark is
+//! removed once the writer has the row (readers then queue on the row itself) or gives up,
+//! and expires by itself if its process dies. A writer waits behind the readers that held
+//! the key when it came, plus at most about one slice behind readers that got in when
+//! another writer's mark ended.
+
+use super::for_update::{row_lock, ForUpdateLock};
+use super::session::{self, Session};
+use super::{Conn, Hold, Interrupter, Pool, RawLock, Taken};
+use crate::backend::for_share::ForShareLocks;
+use crate::backend::{Flavor, LockConnection, Sql, Wait};
+use crate::Result;
+use diesel::connection::{Connection, TransactionManager};
+use diesel::QueryResult;
+use std::time::Duration;
+
+type Tm<C> = <C as Connection>::TransactionManager;
+
+/// The longest server-side wait of a marking writer: its mark is renewed after each.
+pub(crate) const SLICE: Duration = Duration::from_secs(1);
+/// How long a writer's mark lives past a renewal, beyond the pause between attempts.
+pub(crate) const MARK_FOR: Duration = Duration::from_secs(2);
+
+/// The share locks of `conn` (never missing: `build` offers `ForUpdate` on PostgreSQL and
+/// MySQL only, which both have them).
+fn share<C: LockConnection>(conn: &mut C) -> QueryResult<&mut dyn ForShareLocks> {
+    conn.sql().for_share().ok_or_else(|| {
+        diesel::result::Error::QueryBuilderError("this backend has no share locks".into())
+    })
+}
+
+/// A reader.
+pub(super) struct ForUpdateReadLock<C: LockConnection> {
+    pub(super) pool: Pool<C>,
+    pub(super) flavor: Flavor,
+}
+
+impl<C: LockConnection> RawLock<C> for ForUpdateReadLock<C> {
+    fn try_acquire(
+        &self,
+        conn: &mut Conn<C>,
+        key: &str,
+        _retry: bool,
+        wait: Wait,
+    ) -> Result<Option<Taken>> {
+        let flavor = self.flavor;
+        row_lock(
+            conn,
+            key,
+            |c| share(c)?.for_share_lock(key, wait, flavor),
+            |session, proof| Box::new(ForShareHold { session, proof }),
+        )
+    }
+
+    fn interrupter(&self, conn: &mut Conn<C>) -> Result<Option<Interrupter>> {
+        Ok(Some(session::txn_interrupter(&self.pool, conn)))
+    }
+
+    fn exclusive(&self) -> bool {
+        false
+    }
+}
+
+/// A reader's open transaction.
+struct ForShareHold<C: LockConnection> {
+    session: Session<C>,
+    /// The backend's proof that the transaction holds the lock (see `for_share_lock`).
+    proof: i64,
+}
+
+impl<C: LockConnection> Hold for ForShareHold<C> {
+    fn release(self: Box<Self>, key: &str) -> Result<bool> {
+        let proof = self.proof;
+        self.session.end(key, |c| {
+            if !share(c)?.for_share_finish(proof)? {
+                return Ok(false);
+            }
+            Tm::<C>::commit_transaction(c).map(|()| true)
+        })
+    }
+
+    fn held(&self, key: &str) -> Result<bool> {
+        self.session
+            .held(key, |c| share(c)?.for_share_held(key, self.proof))
+    }
+}
+
+/// A writer: the strategy's exclusive lock, which marks the key while it waits where the
+/// backend needs that (PostgreSQL).
+pub(super) struct ForUpdateWriteLock<C: LockConnection> {
+    pub(super) inner: ForUpdateLock<C>,
+    /// This `Locker`'s writer id (one waiter per key and `Locker` asks the database at a
+    /// time: the others wait in its local line), if the backend needs marks.
+    pub(super) mark: Option<String>,
+    /// How long a mark lives: [`MARK_FOR`] plus the longest pause between attempts.
+    pub(super) mark_us: i64,
+}
+
+impl<C: LockConnection> ForUpdateWriteLock<C> {
+    /// Removes this writer's mark on another pooled connection, if one is free at once;
+    /// else the mark expires by itself.
+    fn unmark(&self, key: &str, writer: &str) {
+        let Some(mut c) = self.inner.pool.try_get() else {
+            log::debug!("lock {key:?}: no free connection to remove the writer's mark; it expires");
+            return;
+        };
+        if let Err(e) = share(&mut *c).and_then(|s| s.unmark_writer(key, writer)) {
+            log::debug!("lock {key:?}: the writer's mark could not be removed ({e}); it expires");
+        }
+    }
+}
+
+impl<C: LockConnection> RawLock<C> for ForUpdateWriteLock<C> {
+    fn try_acquire(
+        &self,
+        conn: &mut Conn<C>,
+        key: &str,
+        retry: bool,
+        wait: Wait,
+    ) -> Result<Option<Taken>> {
+        let Some(writer) = self.mark.as_deref().filter(|_| wait != Wait::No) else {
+            return self.inner.try_acquire(conn, key, retry, wait);
+        };
+        share(&mut **conn)?.mark_writer(key, writer, self.mark_us)?;
+        let slice = match wait {
+            Wait::For(d) => Wait::For(d.min(SLICE)),
+            _ => Wait::For(SLICE),
+        };
+        let taken = self.inner.try_acquire(conn, key, retry, slice)?;
+        if taken.is_some() {
+            self.unmark(key, writer);
+        }
+        Ok(taken)
+    }
+
+    fn interrupter(&self, conn: &mut Conn<C>) -> Result<Option<Interrupter>> {
+        self.inner.interrupter(conn)
+    }
+
+    fn gave_up(&self, key: &str) {
+        if let Some(writer) = &self.mark {
+            self.unmark(key, writer);
+        }
+    }
+}

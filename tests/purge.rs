@@ -44,6 +44,8 @@ fn age<C: LockConnection + SimpleConnection>(
     let set = if table == "dlock_leases" && expiry == Expiry::Age {
         // Expired two hours ago if held, last taken two hours ago if free.
         format!("acquired_at = {two_hours_ago}, expires_at = CASE WHEN holder IS NULL THEN NULL ELSE {two_hours_ago} END")
+    } else if table == "dlock_shared_leases" && expiry == Expiry::Age {
+        format!("acquired_at = {two_hours_ago}, expires_at = {two_hours_ago}")
     } else if table == "dlock_rows" {
         // A row goes stale at its own stale_at (NULL, never, stays NULL).
         format!("acquired_at = {two_hours_ago}, stale_at = {stale_two_hours_earlier}")
@@ -88,6 +90,32 @@ fn leases<C: LockConnection + SimpleConnection>(h: &Harness<C>, backend: Backend
     // Nothing left to purge among our keys; a second purge is harmless.
     locker.purge(HOUR).unwrap();
     held.check().unwrap();
+}
+
+/// Readers and permits of a `Lease` `Locker` whose holders vanished long ago: purged (their
+/// guards learn they lost), live ones kept, and the keys' tokens carry on.
+fn shared_holders<C: LockConnection + SimpleConnection>(h: &Harness<C>, backend: Backend) {
+    let locker = h.locker(Strategy::Lease {
+        ttl: Duration::from_secs(10),
+    });
+    let (sem, rw) = (unique_key("purge-sem"), unique_key("purge-rw"));
+    let gone = locker.permit(&sem, 2).unwrap();
+    let reader = locker.read(&rw).unwrap();
+    let last = gone.token().max(reader.token());
+    age(h, backend, "dlock_shared_leases", &sem, Expiry::Age);
+    age(h, backend, "dlock_shared_leases", &rw, Expiry::Age);
+    let live = locker.permit(&sem, 2).unwrap(); // not aged: kept
+    assert!(locker.purge(HOUR).unwrap() >= 2);
+    assert!(matches!(gone.release(), Err(Error::LockLost { .. })));
+    assert!(matches!(reader.release(), Err(Error::LockLost { .. })));
+    live.check().unwrap();
+    let again = locker.permit(&sem, 2).unwrap();
+    assert!(again.token() > live.token() && live.token() > last);
+    let w = locker
+        .try_write(&rw)
+        .unwrap()
+        .expect("the purged reader is gone");
+    assert!(w.token() > last);
 }
 
 fn rows<C: LockConnection + SimpleConnection>(h: &Harness<C>, backend: Backend) {
@@ -139,6 +167,7 @@ fn marked_leases_are_not_listed<C: LockConnection + SimpleConnection>(h: &Harnes
 fn sqlite_purge() {
     let h = common::sqlite().unwrap();
     leases(&h, Backend::Sqlite);
+    shared_holders(&h, Backend::Sqlite);
     rows(&h, Backend::Sqlite);
     marked_leases_are_not_listed(&h);
 }
@@ -148,6 +177,7 @@ fn sqlite_purge() {
 fn pg_purge() {
     let Some(h) = common::pg_own_db() else { return };
     leases(&h, Backend::Postgres);
+    shared_holders(&h, Backend::Postgres);
     rows(&h, Backend::Postgres);
     marked_leases_are_not_listed(&h);
 }
@@ -159,6 +189,7 @@ fn mysql_purge() {
         return;
     };
     leases(&h, Backend::Mysql);
+    shared_holders(&h, Backend::Mysql);
     rows(&h, Backend::Mysql);
     marked_leases_are_not_listed(&h);
 }

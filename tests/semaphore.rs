@@ -283,21 +283,13 @@ semaphore_tests!(pg, "pg", common::pg_sized(12));
 #[cfg(feature = "mysql")]
 semaphore_tests!(mysql, "mysql", common::mysql_sized(12));
 
+/// `Row` has no semaphores on any backend (the session strategies' are in
+/// `tests/session_semaphore.rs`).
 #[cfg(feature = "postgres")]
 #[test]
-fn session_strategies_refuse_semaphores_pg() {
+fn row_refuses_semaphores_pg() {
     if let Some(h) = common::pg() {
-        unsupported_strategies(&h, Strategy::Advisory);
-        unsupported_strategies(&h, Strategy::ForUpdate);
-    }
-}
-
-#[cfg(feature = "mysql")]
-#[test]
-fn session_strategies_refuse_semaphores_mysql() {
-    if let Some(h) = common::mysql() {
-        unsupported_strategies(&h, Strategy::Advisory);
-        unsupported_strategies(&h, Strategy::ForUpdate);
+        unsupported_strategies(&h, Strategy::Row { stale_after: None });
     }
 }
 

@@ -9,6 +9,9 @@
 //! writer out for ever. There a waiting writer first marks the key (`intent` and
 //! `intent_until` of `dlock_shared_keys`, committed at once, on the database clock), and a
 //! reader that finds a live mark does not take the row: it waits, as for a held key.
+//!
+//! The same trait has what the session strategies' semaphores need: the key's number of
+//! permits, kept as a `Lease` semaphore's, and `ForUpdate`'s slot rows (`dlock_permit_slots`).
 
 use super::{ForUpdateLocked, Wait};
 use diesel::QueryResult;
@@ -31,6 +34,19 @@ pub trait ForShareLocks {
     fn for_share_held(&mut self, key: &str, proof: i64) -> QueryResult<bool>;
     /// Just before COMMIT: false if the transaction no longer holds the lock.
     fn for_share_finish(&mut self, proof: i64) -> QueryResult<bool>;
+    /// Semaphores of the session strategies, outside any transaction: makes `key` a
+    /// semaphore of `permits` unless it is a key already (its row in `dlock_shared_keys`, as
+    /// a `Lease` semaphore's), and with `slots` (`ForUpdate`) makes its slot rows; returns
+    /// the number of permits the key has (another number: the caller refuses).
+    fn permits_setup(&mut self, key: &str, permits: i64, slots: bool) -> QueryResult<i64>;
+    /// `ForUpdate`'s permits, inside the transaction the caller opened: locks a free slot
+    /// row of `key` (`FOR UPDATE SKIP LOCKED`: never waits) and draws a token as
+    /// `for_share_lock` does, with the same proof; `Missing` when every slot is taken.
+    fn permit_slot_lock(
+        &mut self,
+        key: &str,
+        flavor: super::Flavor,
+    ) -> QueryResult<ForUpdateLocked>;
     /// True where a waiting writer must mark the key to keep new readers out (PostgreSQL).
     fn needs_writer_mark(&self) -> bool {
         false

@@ -86,6 +86,10 @@ pub trait HolderLocks {
     /// Outside any transaction: clears a writer's intent if it is `who`'s (a writer that
     /// gave up waiting).
     fn holders_clear_intent(&mut self, key: &str, who: &str) -> QueryResult<()>;
+    /// `Locker::purge` of a `Lease` `Locker`: deletes the holder rows (readers, writers,
+    /// permits) expired `idle_us` ago or longer, which only a later acquisition of the same
+    /// key would delete otherwise. The keys' header rows stay: they carry the token counters.
+    fn holders_purge(&mut self, idle_us: i64) -> QueryResult<usize>;
 }
 
 /// Shared session locks: PostgreSQL's `pg_advisory_lock_shared` family, the readers of an

@@ -369,14 +369,18 @@ impl<C: LockConnection> Locker<C> {
     ///   then spares it; one that finds the row gone creates it only from a snapshot that
     ///   sees it gone, so it reads the saved token (tested with purges in a loop beside 8
     ///   acquiring threads: no token ever went back). A purge never makes a free key look
-    ///   held, even if its second step never runs.
+    ///   held, even if its second step never runs. Also the rows of readers, writers and
+    ///   semaphore permits (`dlock_shared_leases`) expired for at least `idle`, which only a
+    ///   later acquisition of their key would delete otherwise; each such key keeps its
+    ///   header row (its number of permits and its token counter) for good.
     /// - `Row` (with or without `stale_after`): rows past their *own* staleness limit, which
     ///   each row carries from the `Locker` that inserted it (its `stale_after`), and which
     ///   any waiter could take over anyway. A row inserted without `stale_after` is never
     ///   purged, whoever calls this. Their tokens already live in `dlock_tokens`. `idle` is
     ///   not used.
     /// - `ForUpdate`, `Advisory`: nothing (`ForUpdate` keeps one small row per key, what its
-    ///   holders lock; `Advisory` keeps nothing per key: its tokens are global).
+    ///   holders lock, and one per permit of a semaphore; `Advisory` keeps nothing per key
+    ///   but a semaphore's number of permits: its tokens are global).
     ///
     /// A deadlock with acquisitions running beside it is retried, not returned.
     ///

@@ -31,9 +31,9 @@ pub(crate) const SLICE: Duration = Duration::from_secs(1);
 /// How long a writer's mark lives past a renewal, beyond the pause between attempts.
 pub(crate) const MARK_FOR: Duration = Duration::from_secs(2);
 
-/// The share locks of `conn` (never missing: `build` offers `ForUpdate` on PostgreSQL and
-/// MySQL only, which both have them).
-fn share<C: LockConnection>(conn: &mut C) -> QueryResult<&mut dyn ForShareLocks> {
+/// The share locks of `conn` (never missing: `build` offers `ForUpdate` and `Advisory` on
+/// PostgreSQL and MySQL only, which both have them).
+pub(super) fn share<C: LockConnection>(conn: &mut C) -> QueryResult<&mut dyn ForShareLocks> {
     conn.sql().for_share().ok_or_else(|| {
         diesel::result::Error::QueryBuilderError("this backend has no share locks".into())
     })
@@ -71,11 +71,11 @@ impl<C: LockConnection> RawLock<C> for ForUpdateReadLock<C> {
     }
 }
 
-/// A reader's open transaction.
-struct ForShareHold<C: LockConnection> {
-    session: Session<C>,
+/// A reader's open transaction (or a `ForUpdate` permit's: `session_permits.rs`).
+pub(super) struct ForShareHold<C: LockConnection> {
+    pub(super) session: Session<C>,
     /// The backend's proof that the transaction holds the lock (see `for_share_lock`).
-    proof: i64,
+    pub(super) proof: i64,
 }
 
 impl<C: LockConnection> Hold for ForShareHold<C> {

@@ -107,7 +107,10 @@ impl<C: LockConnection> RawLock<C> for LeaseLock<C> {
         // Each step is one statement or transaction; a deadlock victim's was rolled back and
         // is run again.
         with_conn(&self.pool, |c| c.sql().purge_mark_leases(idle_us))?;
-        with_conn(&self.pool, |c| c.sql().purge_delete_leases())
+        let leases = with_conn(&self.pool, |c| c.sql().purge_delete_leases())?;
+        // The shared leases and permits of the same `Locker` (`strategy/holders.rs`).
+        let holders = with_conn(&self.pool, |c| c.sql().holders_purge(idle_us))?;
+        Ok(leases + holders)
     }
 }
 

@@ -2,8 +2,9 @@
 //! `lock_api::RawMutex`) is what a strategy does with a key (one attempt, and what it needs
 //! from the `Locker`: server-side waits and their interruption, release notifications,
 //! purge), and [`Hold`] is what a guard keeps (release, check). [`build`] turns the public
-//! [`Strategy`] value into its `RawLock` once, checking the strategy's own options; nothing
-//! else matches on the strategy. Waiting, deadlines, cancellation and the in-process queue
+//! [`Strategy`] value into its `RawLock` once, checking the strategy's own options, and
+//! `modes.rs` the raw locks of its readers, writers and permits; nothing else matches on the
+//! strategy. Waiting, deadlines, cancellation and the in-process queue
 //! are written once in `locker/`, the guard in `guard.rs`.
 //!
 //! A new strategy is a new file here with its `RawLock` and `Hold`, one arm in `build` (and
@@ -25,10 +26,13 @@ mod for_update_shared;
 pub(crate) mod heartbeat;
 mod holders;
 mod lease;
+mod modes;
 mod row;
 pub(crate) mod session;
+mod session_permits;
 mod validity;
 
+pub(crate) use modes::{build_modes, Mode, Modes};
 pub(crate) use session::Pooled;
 
 /// How a lock is kept in the database. All strategies give the same
@@ -168,7 +172,9 @@ pub enum Strategy {
     /// Readers ([`Locker::read`](crate::Locker::read)) lock the row `FOR SHARE` (MySQL:
     /// `LOCK IN SHARE MODE`) in the same way, each with a token from the same source; writers
     /// ([`Locker::write`](crate::Locker::write)) are this strategy's `FOR UPDATE`, and on
-    /// PostgreSQL mark the key while they wait so that new readers let them in.
+    /// PostgreSQL mark the key while they wait so that new readers let them in. Semaphores
+    /// ([`Locker::permit`](crate::Locker::permit)) keep one row per permit, of which a holder
+    /// locks the first free one (`FOR UPDATE SKIP LOCKED`); at most 1,000 permits.
     ForUpdate,
     /// PostgreSQL `pg_advisory_lock` family / MySQL `GET_LOCK`, held by the guard's session.
     /// PostgreSQL and MySQL only: `build` returns [`Error::Unsupported`] on SQLite.
@@ -186,6 +192,10 @@ pub enum Strategy {
     ///
     /// The token is drawn in the same statement as the lock, once it is granted, from the
     /// global source described above: no write and no flush of its own.
+    ///
+    /// Semaphores ([`Locker::permit`](crate::Locker::permit)): one advisory lock per permit
+    /// (on the hash of the key and the permit's number), tried in turn; at most 1,000
+    /// permits. Readers and writers: PostgreSQL only (`pg_advisory_lock_shared`).
     ///
     /// Behind a transaction-pooling PgBouncer use `AdvisoryXact` (or `ForUpdate`, `Row`,
     /// `Lease`) instead: the pooler hands the session that holds an `Advisory` lock to other
@@ -326,155 +336,6 @@ pub(crate) struct Setup<C: LockConnection> {
     pub(crate) heartbeat: Option<Duration>,
     /// `LockerBuilder::max_backoff`: the longest pause between a waiter's attempts.
     pub(crate) max_backoff: Duration,
-}
-
-/// The kinds of lock beside the strategy's own exclusive one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Mode {
-    /// One of many readers of a reader-writer lock.
-    Read,
-    /// The writer of a reader-writer lock.
-    Write,
-    /// One of at most this many holders of a semaphore.
-    Permits(u32),
-}
-
-/// A reader's raw lock and a writer's.
-type ReadWrite<C> = (Arc<dyn RawLock<C>>, Arc<dyn RawLock<C>>);
-
-/// What a `Locker` offers beyond its strategy's exclusive lock: a raw lock per [`Mode`].
-pub(crate) struct Modes<C: LockConnection> {
-    backend: Backend,
-    strategy: &'static str,
-    /// `Lease`: readers, writers and permits as shared leases.
-    holders: Option<Arc<holders::HolderCore<C>>>,
-    /// `Advisory` on PostgreSQL: readers (`pg_advisory_lock_shared`) and writers (the
-    /// strategy's own advisory lock); `ForUpdate`: readers (`FOR SHARE`) and writers (its
-    /// own `FOR UPDATE`, marking the key while waiting where needed).
-    read_write: Option<ReadWrite<C>>,
-}
-
-impl<C: LockConnection> Modes<C> {
-    /// The raw lock of `mode`, or `Error::Unsupported` where the strategy or backend cannot
-    /// honour it.
-    pub(crate) fn raw(&self, mode: Mode) -> Result<Arc<dyn RawLock<C>>> {
-        let unsupported = |strategy| Error::Unsupported {
-            strategy,
-            backend: self.backend.name(),
-        };
-        if let Mode::Permits(0) = mode {
-            return Err(Error::InvalidConfig(
-                "a semaphore needs at least one permit".into(),
-            ));
-        }
-        if let Some((read, write)) = &self.read_write {
-            return match mode {
-                Mode::Read => Ok(read.clone()),
-                Mode::Write => Ok(write.clone()),
-                Mode::Permits(_) => Err(unsupported(semaphore_name(self.strategy))),
-            };
-        }
-        let Some(core) = &self.holders else {
-            return Err(unsupported(match mode {
-                Mode::Permits(_) => semaphore_name(self.strategy),
-                Mode::Read | Mode::Write => shared_name(self.strategy),
-            }));
-        };
-        let (mode, permits) = match mode {
-            Mode::Read => (crate::backend::holders::HolderMode::Read, 0),
-            Mode::Write => (crate::backend::holders::HolderMode::Write, 0),
-            Mode::Permits(n) => (crate::backend::holders::HolderMode::Permit, n),
-        };
-        Ok(Arc::new(holders::HolderLock {
-            core: core.clone(),
-            mode,
-            permits,
-        }))
-    }
-}
-
-/// The names `Error::Unsupported` gives the modes a strategy lacks.
-fn shared_name(strategy: &'static str) -> &'static str {
-    match strategy {
-        "row" => "row (shared mode)",
-        "advisory" => "advisory (shared mode)",
-        "for-update" => "for-update (shared mode)",
-        "advisory-xact" => "advisory-xact (shared mode)",
-        _ => "shared mode",
-    }
-}
-
-fn semaphore_name(strategy: &'static str) -> &'static str {
-    match strategy {
-        "row" => "row (semaphore)",
-        "advisory" => "advisory (semaphore)",
-        "for-update" => "for-update (semaphore)",
-        "advisory-xact" => "advisory-xact (semaphore)",
-        _ => "semaphore",
-    }
-}
-
-/// The modes of `strategy` (see [`Modes`]): `Lease` keeps readers, writers and permits as
-/// shared leases on every backend; `Advisory` on PostgreSQL has readers and writers
-/// (`pg_advisory_lock_shared` beside `pg_advisory_lock`), `ForUpdate` on PostgreSQL and
-/// MySQL too (`FOR SHARE` beside `FOR UPDATE`); the others have none yet.
-pub(crate) fn build_modes<C: LockConnection>(
-    strategy: Strategy,
-    setup: &Setup<C>,
-) -> Result<Modes<C>> {
-    let mut modes = Modes {
-        backend: setup.backend,
-        strategy: strategy.name(),
-        holders: None,
-        read_write: None,
-    };
-    match strategy {
-        Strategy::Lease { ttl } => {
-            modes.holders = Some(Arc::new(holders::HolderCore::new(setup, ttl)?));
-        }
-        Strategy::Advisory if setup.backend == Backend::Postgres => {
-            let write = advisory::AdvisoryLock::new(
-                Setup {
-                    pool: setup.pool.clone(),
-                    owner: setup.owner.clone(),
-                    backend: setup.backend,
-                    heartbeat: setup.heartbeat,
-                    max_backoff: setup.max_backoff,
-                },
-                strategy,
-            )?;
-            let read = advisory_shared::AdvisorySharedLock {
-                pool: setup.pool.clone(),
-            };
-            modes.read_write = Some((Arc::new(read), Arc::new(write)));
-        }
-        Strategy::ForUpdate => {
-            session::require_sessions(setup.backend, strategy)?;
-            let flavor = session::flavor(setup.backend, &setup.pool)?;
-            let marks = setup
-                .pool
-                .get()?
-                .sql()
-                .for_share()
-                .is_some_and(|s| s.needs_writer_mark());
-            let read = for_update_shared::ForUpdateReadLock {
-                pool: setup.pool.clone(),
-                flavor,
-            };
-            let write = for_update_shared::ForUpdateWriteLock {
-                inner: for_update::ForUpdateLock {
-                    pool: setup.pool.clone(),
-                    flavor,
-                },
-                mark: marks.then(crate::random::holder_id),
-                mark_us: micros(for_update_shared::MARK_FOR + setup.max_backoff)
-                    .unwrap_or(i64::MAX),
-            };
-            modes.read_write = Some((Arc::new(read), Arc::new(write)));
-        }
-        Strategy::Row { .. } | Strategy::Advisory | Strategy::AdvisoryXact => {}
-    }
-    Ok(modes)
 }
 
 /// Turns the public `Strategy` into its raw lock, checking its options and that the backend

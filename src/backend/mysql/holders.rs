@@ -136,6 +136,14 @@ impl HolderSteps for MysqlConnection {
 }
 
 impl HolderLocks for MysqlConnection {
+    fn holders_purge(&mut self, idle_us: i64) -> QueryResult<usize> {
+        stmt(
+            "DELETE FROM dlock_shared_leases \
+             WHERE expires_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND",
+        )
+        .bind::<BigInt, _>(idle_us)
+        .execute(self)
+    }
     fn holders_clear_intent(&mut self, key: &str, who: &str) -> QueryResult<()> {
         self.clear_intent(key, who)
     }

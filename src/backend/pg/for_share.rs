@@ -69,17 +69,7 @@ impl ForShareLocks for PgConnection {
                 .get_result::<LockedRow>(self),
         }
         .optional()?;
-        Ok(match row {
-            None => ForUpdateLocked::Missing,
-            Some(r) => match r.drawn().checked() {
-                Ok(token) => ForUpdateLocked::Locked(Acquired {
-                    id: r.id,
-                    token,
-                    acquired_at: r.acquired_at,
-                }),
-                Err(drawn) => ForUpdateLocked::Unfenced(drawn),
-            },
-        })
+        Ok(locked(row))
     }
 
     fn for_share_held(&mut self, _key: &str, proof: i64) -> QueryResult<bool> {
@@ -95,6 +85,56 @@ impl ForShareLocks for PgConnection {
 
     fn for_share_finish(&mut self, proof: i64) -> QueryResult<bool> {
         self.for_share_held("", proof)
+    }
+
+    fn permits_setup(&mut self, key: &str, permits: i64, slots: bool) -> QueryResult<i64> {
+        stmt(
+            "INSERT INTO dlock_shared_keys (lock_key, permits, token) VALUES (?, ?, 0) \
+             ON CONFLICT (lock_key) DO NOTHING",
+        )
+        .bind::<Text, _>(key)
+        .bind::<BigInt, _>(permits)
+        .execute(self)?;
+        let stored = stmt("SELECT permits AS one FROM dlock_shared_keys WHERE lock_key = ?")
+            .bind::<Text, _>(key)
+            .get_result::<One>(self)?
+            .one;
+        // Only a key without all its slots inserts them: a duplicate that a holder has
+        // locked would make the insert wait for that holder (InnoDB's duplicate check takes
+        // a lock on it), and the count is a plain read that waits for nobody.
+        let missing = slots
+            && stored == permits
+            && stmt("SELECT count(*) AS one FROM dlock_permit_slots WHERE lock_key = ?")
+                .bind::<Text, _>(key)
+                .get_result::<One>(self)?
+                .one
+                < permits;
+        if missing {
+            stmt(
+                "INSERT INTO dlock_permit_slots (lock_key, slot) \
+                 SELECT ?, g FROM generate_series(0, ?::int4 - 1) g \
+                 ON CONFLICT (lock_key, slot) DO NOTHING",
+            )
+            .bind::<Text, _>(key)
+            .bind::<BigInt, _>(permits)
+            .execute(self)?;
+        }
+        Ok(stored)
+    }
+
+    fn permit_slot_lock(&mut self, key: &str, _flavor: Flavor) -> QueryResult<ForUpdateLocked> {
+        let row = stmt(
+            "SELECT true AS got, txid_current() AS id, \
+             nextval('dlock_fence_seq') + (SELECT off FROM dlock_fence_live) AS token, \
+             (SELECT high FROM dlock_fence_live) AS high, clock_timestamp() AS acquired_at \
+             FROM (SELECT slot FROM dlock_permit_slots WHERE lock_key = ? \
+             AND set_config('synchronous_commit', 'off', true) IS NOT NULL \
+             ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED) s",
+        )
+        .bind::<Text, _>(key)
+        .get_result::<LockedRow>(self)
+        .optional()?;
+        Ok(locked(row))
     }
 
     fn needs_writer_mark(&self) -> bool {
@@ -128,5 +168,20 @@ impl ForShareLocks for PgConnection {
         .bind::<Text, _>(writer)
         .execute(self)
         .map(drop)
+    }
+}
+
+/// What a locking statement's row (if any) means.
+fn locked(row: Option<LockedRow>) -> ForUpdateLocked {
+    match row {
+        None => ForUpdateLocked::Missing,
+        Some(r) => match r.drawn().checked() {
+            Ok(token) => ForUpdateLocked::Locked(Acquired {
+                id: r.id,
+                token,
+                acquired_at: r.acquired_at,
+            }),
+            Err(drawn) => ForUpdateLocked::Unfenced(drawn),
+        },
     }
 }

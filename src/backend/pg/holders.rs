@@ -126,6 +126,14 @@ impl HolderSteps for PgConnection {
 }
 
 impl HolderLocks for PgConnection {
+    fn holders_purge(&mut self, idle_us: i64) -> QueryResult<usize> {
+        stmt(
+            "DELETE FROM dlock_shared_leases \
+             WHERE expires_at <= statement_timestamp() - ? * interval '1 microsecond'",
+        )
+        .bind::<BigInt, _>(idle_us)
+        .execute(self)
+    }
     fn holders_clear_intent(&mut self, key: &str, who: &str) -> QueryResult<()> {
         self.clear_intent(key, who)
     }

@@ -129,6 +129,14 @@ impl HolderSteps for SqliteConnection {
 }
 
 impl HolderLocks for SqliteConnection {
+    fn holders_purge(&mut self, idle_us: i64) -> QueryResult<usize> {
+        stmt(
+            "DELETE FROM dlock_shared_leases \
+             WHERE expires_at <= strftime('%Y-%m-%d %H:%M:%f', 'now', ?)",
+        )
+        .bind::<Text, _>(seconds('-', idle_us))
+        .execute(self)
+    }
     fn holders_clear_intent(&mut self, key: &str, who: &str) -> QueryResult<()> {
         self.clear_intent(key, who)
     }

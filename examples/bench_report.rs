@@ -15,7 +15,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Duration;
-use support::kinds::{kinds, Kind};
+use support::kinds::kinds;
 use support::{raw, scale, Db, Sharing, Stop};
 
 struct Args {
@@ -265,19 +265,23 @@ fn main() {
     // `Locker` each, each holding 1 ms.
     let mut kind_lines = Vec::new();
     for &db in &backends {
-        for kind in [Kind::Exclusive, Kind::Read, Kind::Permits(3)] {
-            let (rate, overlap) = kinds(db, kind, window);
-            eprintln!(
-                "kinds {} {}: {rate:.0}/s overlap {overlap:.2}",
-                db.name(),
-                kind.name()
-            );
-            kind_lines.push(format!(
-                "| {} | {} | {} | {overlap:.2} |",
-                db.name(),
-                kind.name(),
-                thousands(rate)
-            ));
+        for (strategy, offered) in support::kinds::strategies(db) {
+            for kind in offered {
+                let (rate, overlap) = kinds(db, strategy, kind, window);
+                eprintln!(
+                    "kinds {} {} {}: {rate:.0}/s overlap {overlap:.2}",
+                    db.name(),
+                    strategy.name(),
+                    kind.name()
+                );
+                kind_lines.push(format!(
+                    "| {} | {} | {} | {} | {overlap:.2} |",
+                    db.name(),
+                    strategy.name(),
+                    kind.name(),
+                    thousands(rate)
+                ));
+            }
         }
     }
 
@@ -433,10 +437,10 @@ fn markdown(
     }
     writeln!(m, "\nFairness is the fewest acquisitions of one thread over the most. \"One `Locker`\": the threads share a `Locker`, whose in-process queue hands the lock over locally. \"A `Locker` each\": every thread has its own `Locker` and pool, as separate processes would.\n").unwrap();
     if !kind_lines.is_empty() {
-        writeln!(m, "## Kinds of lock: exclusive, shared, semaphore\n\n`Lease` (ttl 10 s), 8 threads on one key, a `Locker` and pool each, every acquisition held 1 ms: acquisitions per second, and overlap, the mean number of holders at once (the sum of hold times over the window; at most 1 for the exclusive lock, 3 for a semaphore of 3, 8 for readers).\n").unwrap();
+        writeln!(m, "## Kinds of lock: exclusive, shared, semaphore\n\n8 threads on one key, a `Locker` and pool (2 connections) each, every acquisition held 1 ms (`Lease`: ttl 10 s): acquisitions per second, and overlap, the mean number of holders at once (the sum of hold times over the window; at most 1 for the exclusive lock, 3 for a semaphore of 3, 8 for readers). The session strategies' semaphores take a free permit without waiting on the server, and pause between attempts while all are taken.\n").unwrap();
         writeln!(
             m,
-            "| backend | kind | acquisitions/s | overlap |\n|---|---|---:|---:|"
+            "| backend | strategy | kind | acquisitions/s | overlap |\n|---|---|---|---:|---:|"
         )
         .unwrap();
         for l in kind_lines {

@@ -5,7 +5,7 @@ use super::Db;
 use std::time::Duration;
 
 /// A kind of lock for `kinds`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     Exclusive,
     Read,
@@ -22,16 +22,38 @@ impl Kind {
     }
 }
 
-/// 8 threads, a `Lease` `Locker` each, on one key for `window`, each acquisition held 1 ms:
-/// (acquisitions/s, mean holders at once).
-pub fn kinds(db: Db, kind: Kind, window: Duration) -> (f64, f64) {
+/// The strategies whose kinds are measured on `db`, with the kinds each offers there.
+pub fn strategies(db: Db) -> Vec<(diesel_lock::Strategy, Vec<Kind>)> {
+    use diesel_lock::Strategy;
+    let all = vec![Kind::Exclusive, Kind::Read, Kind::Permits(3)];
+    let mut v = vec![(
+        Strategy::Lease {
+            ttl: Duration::from_secs(10),
+        },
+        all.clone(),
+    )];
+    if db != Db::Sqlite {
+        v.push((Strategy::ForUpdate, all.clone()));
+        v.push((
+            Strategy::Advisory,
+            if db == Db::Postgres {
+                all
+            } else {
+                // GET_LOCK has no shared mode.
+                vec![Kind::Exclusive, Kind::Permits(3)]
+            },
+        ));
+    }
+    v
+}
+
+/// 8 threads, a `Locker` of `strategy` each, on one key for `window`, each acquisition held
+/// 1 ms: (acquisitions/s, mean holders at once).
+pub fn kinds(db: Db, strategy: diesel_lock::Strategy, kind: Kind, window: Duration) -> (f64, f64) {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::{Arc, Barrier};
     use std::time::Instant;
-    let lease = diesel_lock::Strategy::Lease {
-        ttl: Duration::from_secs(10),
-    };
-    let lockers: Vec<_> = (0..8).map(|_| super::locker(db, lease, 2)).collect();
+    let lockers: Vec<_> = (0..8).map(|_| super::locker(db, strategy, 2)).collect();
     let key = super::key("kinds");
     let (start, done) = (Arc::new(Barrier::new(9)), Arc::new(AtomicBool::new(false)));
     let held_ns = Arc::new(AtomicU64::new(0));

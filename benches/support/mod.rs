@@ -176,6 +176,10 @@ impl<C: LockConnection> Cycle for Locker<C> {
 /// A `Locker` of `strategy` on `db` over its own pool of `size` connections, as a separate
 /// process would have. On PostgreSQL, Row and Lease lockers listen for releases.
 pub fn locker(db: Db, strategy: Strategy, size: u32) -> Arc<dyn Cycle> {
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "mysql")),
+        allow(unused_variables)
+    )]
     let url = url(db).expect("url");
     match db {
         #[cfg(feature = "postgres")]

@@ -20,6 +20,10 @@ pub fn strategies() -> [Strategy; 2] {
 }
 
 fn execute(db: Db, sql: &str) {
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "mysql")),
+        allow(unused_variables)
+    )]
     let url = super::url(db).expect("url");
     let r = match db {
         #[cfg(feature = "postgres")]

@@ -117,6 +117,7 @@ impl Sealed for AnyConnection {
 /// cache off on PostgreSQL connections through a transaction pooler (`dlock_pooler`).
 #[derive(Debug, Clone, Copy)]
 struct AnyTuning {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     behind_pooler: bool,
 }
 

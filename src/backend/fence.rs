@@ -16,6 +16,9 @@
 //! The tokens are global: one source for every key and for both strategies, so a key's
 //! tokens increase but skip the values other keys took.
 
+// Only the server backends draw tokens this way: a SQLite-only build uses none of it.
+#![cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+
 pub(crate) use crate::backend::sealed::Drawn;
 use crate::backend::SessionLocks;
 use diesel::QueryResult;

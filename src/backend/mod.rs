@@ -107,6 +107,10 @@ pub trait LockConnection: sealed::Sealed + diesel::r2d2::R2D2Connection + Send +
 
 impl<T> LockConnection for T where T: sealed::Sealed + diesel::r2d2::R2D2Connection + Send + 'static {}
 
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql")),
+    allow(unused_imports)
+)]
 pub(crate) use sealed::{
     Acquired, Dialect, Drawn, Flavor, ForUpdateLocked, SessionLocks, Wait, XactLocked,
 };

@@ -158,7 +158,7 @@ impl<C: LockConnection> Locker<C> {
         deadline: Deadline,
         cancel: Option<&Cancel>,
     ) -> Result<Option<Taken>> {
-        #[cfg(test)]
+        #[cfg(all(test, feature = "postgres"))]
         tests::ATTEMPTS.with(|n| n.set(n.get() + 1));
         let Some(mut conn) = self.connection(deadline, cancel)? else {
             return Ok(None); // cancelled while waiting for a connection

@@ -18,7 +18,6 @@
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -315,7 +314,9 @@ impl PrivatePg {
             fs::OpenOptions::new()
                 .append(true)
                 .open(inst.path("data/pg_hba.conf"))
-                .and_then(|mut f| writeln!(f, "host all all samenet trust"))
+                .and_then(|mut f| {
+                    std::io::Write::write_all(&mut f, b"host all all samenet trust\n")
+                })
                 .expect("extend pg_hba.conf");
         }
         let mut pg = PrivatePg {

@@ -56,6 +56,11 @@ impl Kid {
         self.stdin.flush().unwrap();
     }
 
+    /// The child's process id (for signals such as SIGSTOP).
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
     pub fn kill9(&mut self) {
         self.child.kill().unwrap();
         self.child.wait().unwrap();

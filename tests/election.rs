@@ -11,6 +11,7 @@ mod common;
 use common::{unique_key, Harness};
 use diesel::connection::SimpleConnection;
 use diesel::sql_types::BigInt;
+use diesel::Connection;
 use diesel::{QueryableByName, RunQueryDsl};
 use diesel_lock::{Election, Leadership, LockConnection, Strategy};
 use std::io::{BufRead, BufReader};
@@ -26,47 +27,66 @@ struct TermRow {
     pid: i64,
 }
 
-/// The terms table, per backend (its key column and the id that orders the writes).
+/// The terms table, per backend (its key column and the id that orders the writes), and the
+/// fence in front of it: one row per election with the greatest term written.
 trait Terms: LockConnection {
-    fn create_terms(&mut self);
+    fn create_terms(&mut self, name: &str);
     fn write_term(&mut self, name: &str, term: i64, pid: i64);
     fn read_terms(&mut self, name: &str) -> Vec<TermRow>;
 }
 
 macro_rules! terms {
-    ($conn:ty, $create:expr, $ph:expr, $dual:expr) => {
+    ($conn:ty, $create:expr, $ph:expr) => {
         impl Terms for $conn {
-            fn create_terms(&mut self) {
-                self.batch_execute($create).expect("create the terms table");
+            fn create_terms(&mut self, name: &str) {
+                let ph: fn(usize) -> String = $ph;
+                self.batch_execute($create).expect("create the terms tables");
+                diesel::sql_query(format!(
+                    "INSERT INTO dlock_test_fence (name, term) VALUES ({}, 0)",
+                    ph(1)
+                ))
+                .bind::<diesel::sql_types::Text, _>(name)
+                .execute(self)
+                .expect("create the fence");
             }
             fn write_term(&mut self, name: &str, term: i64, pid: i64) {
-                // Fenced by the term: refused once a greater term was written (what a
-                // resource does with a fencing token), so a deposed leader that has not yet
-                // noticed cannot write after its successor.
+                // Fenced by the term, as a resource does with a fencing token: the fence row
+                // is raised to the term only if no greater term came first, and the write
+                // happens in the same transaction, under the fence row's lock. So writes land
+                // in term order, and a deposed leader that has not yet noticed cannot write
+                // after its successor. (An `INSERT … WHERE NOT EXISTS` alone is no fence on
+                // PostgreSQL: two such inserts at once do not see each other.)
                 let ph: fn(usize) -> String = $ph;
-                // Two leaders' fenced inserts can deadlock on InnoDB (the NOT EXISTS read's
-                // locks against the other's insert; under the AUTO-INC lock MariaDB reports it
-                // as "Failed to read auto-increment value"): the victim's statement was rolled
-                // back, so it is run again and the fence decides anew.
+                // A deadlock victim's transaction was rolled back: it runs again, and the
+                // fence decides anew.
                 for attempt in 0.. {
-                    let written = diesel::sql_query(format!(
-                        "INSERT INTO dlock_test_terms (name, term, pid) SELECT {}, {}, {} {} \
-                         WHERE NOT EXISTS (SELECT 1 FROM dlock_test_terms WHERE name = {} AND term > {})",
-                        ph(1),
-                        ph(2),
-                        ph(3),
-                        $dual,
-                        ph(4),
-                        ph(5)
-                    ))
-                    .bind::<diesel::sql_types::Text, _>(name)
-                    .bind::<BigInt, _>(term)
-                    .bind::<BigInt, _>(pid)
-                    .bind::<diesel::sql_types::Text, _>(name)
-                    .bind::<BigInt, _>(term)
-                    .execute(self);
+                    let written = self.transaction(|c| {
+                        let raised = diesel::sql_query(format!(
+                            "UPDATE dlock_test_fence SET term = {} WHERE name = {} AND term <= {}",
+                            ph(1),
+                            ph(2),
+                            ph(3)
+                        ))
+                        .bind::<BigInt, _>(term)
+                        .bind::<diesel::sql_types::Text, _>(name)
+                        .bind::<BigInt, _>(term)
+                        .execute(c)?;
+                        if raised == 1 {
+                            diesel::sql_query(format!(
+                                "INSERT INTO dlock_test_terms (name, term, pid) VALUES ({}, {}, {})",
+                                ph(1),
+                                ph(2),
+                                ph(3)
+                            ))
+                            .bind::<diesel::sql_types::Text, _>(name)
+                            .bind::<BigInt, _>(term)
+                            .bind::<BigInt, _>(pid)
+                            .execute(c)?;
+                        }
+                        diesel::QueryResult::Ok(())
+                    });
                     match written {
-                        Ok(_) => break,
+                        Ok(()) => break,
                         Err(e)
                             if attempt < 50
                                 && ["Deadlock", "deadlock", "auto-increment", "database is locked"]
@@ -94,25 +114,25 @@ macro_rules! terms {
 terms!(
     diesel::SqliteConnection,
     "CREATE TABLE IF NOT EXISTS dlock_test_terms (id INTEGER PRIMARY KEY AUTOINCREMENT, \
-     name TEXT NOT NULL, term BIGINT NOT NULL, pid BIGINT NOT NULL)",
-    |_| "?".to_owned(),
-    ""
+     name TEXT NOT NULL, term BIGINT NOT NULL, pid BIGINT NOT NULL); \
+     CREATE TABLE IF NOT EXISTS dlock_test_fence (name TEXT PRIMARY KEY, term BIGINT NOT NULL)",
+    |_| "?".to_owned()
 );
 #[cfg(feature = "postgres")]
 terms!(
     diesel::PgConnection,
     "CREATE TABLE IF NOT EXISTS dlock_test_terms (id BIGSERIAL PRIMARY KEY, \
-     name VARCHAR(255) NOT NULL, term BIGINT NOT NULL, pid BIGINT NOT NULL)",
-    |n| format!("${n}"),
-    ""
+     name VARCHAR(255) NOT NULL, term BIGINT NOT NULL, pid BIGINT NOT NULL); \
+     CREATE TABLE IF NOT EXISTS dlock_test_fence (name VARCHAR(255) PRIMARY KEY, term BIGINT NOT NULL)",
+    |n| format!("${n}")
 );
 #[cfg(feature = "mysql")]
 terms!(
     diesel::MysqlConnection,
     "CREATE TABLE IF NOT EXISTS dlock_test_terms (id BIGINT AUTO_INCREMENT PRIMARY KEY, \
-     name VARCHAR(255) NOT NULL, term BIGINT NOT NULL, pid BIGINT NOT NULL)",
-    |_| "?".to_owned(),
-    "FROM DUAL"
+     name VARCHAR(255) NOT NULL, term BIGINT NOT NULL, pid BIGINT NOT NULL); \
+     CREATE TABLE IF NOT EXISTS dlock_test_fence (name VARCHAR(255) PRIMARY KEY, term BIGINT NOT NULL)",
+    |_| "?".to_owned()
 );
 
 fn strategy(name: &str, ttl: Duration) -> Strategy {
@@ -214,9 +234,9 @@ fn next_leader(
 }
 
 fn three_candidates<C: Terms>(h: &Harness<C>, backend: &str, strat: &str) {
-    h.pool.get().unwrap().create_terms();
     h.locker(strategy(strat, TTL)); // migrated
     let key = unique_key("leader");
+    h.pool.get().unwrap().create_terms(&key);
     let spec = [backend, &h.url, strat, &key].join("\t");
     let (tx, rx) = mpsc::channel();
     let mut kids: Vec<Child> = (0..3).map(|i| spawn(i, &spec, tx.clone())).collect();
@@ -306,9 +326,9 @@ fn next_from(
 fn stopped_leader<C: Terms>(h: &Harness<C>, backend: &str) {
     use nix::sys::signal::{kill, Signal};
     use nix::unistd::Pid;
-    h.pool.get().unwrap().create_terms();
     h.locker(Strategy::Lease { ttl: TTL });
     let key = unique_key("paused-leader");
+    h.pool.get().unwrap().create_terms(&key);
     let spec = [backend, &h.url, "lease", &key].join("\t");
     let (tx, rx) = mpsc::channel();
     let mut kids: Vec<Child> = (0..3).map(|i| spawn(i, &spec, tx.clone())).collect();
@@ -395,5 +415,145 @@ fn mysql_lease() {
 fn mysql_advisory() {
     if let Some(h) = common::mysql() {
         three_candidates(&h, "mysql", "advisory");
+    }
+}
+
+/// Under attack: 5 candidates; for 12 s the current leader is, in turn, SIGKILLed (and a new
+/// candidate started in its place) or SIGSTOPped for 0.1–3 s (past the ttl half the time)
+/// and resumed, while another thread runs `purge` and `admin::force_release` of the election
+/// key every 150 ms. In the table (fenced by term) the terms never go down and each term was
+/// written by one process; after every kill some candidate leads within ttl + 1 s (with
+/// forced releases every 150 ms, often much sooner).
+fn chaos<C: Terms>(h: &Harness<C>, backend: &str, strat: &str) {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let lease = h.locker(Strategy::Lease { ttl: TTL });
+    h.locker(strategy(strat, TTL)); // migrated
+    let key = unique_key("chaos-leader");
+    h.pool.get().unwrap().create_terms(&key);
+    let spec = [backend, &h.url, strat, &key].join("\t");
+    let (tx, rx) = mpsc::channel();
+    let mut kids: Vec<Child> = (0..5).map(|i| spawn(i, &spec, tx.clone())).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let maintenance = {
+        let (stop, pool, key) = (stop.clone(), h.pool.clone(), key.clone());
+        std::thread::spawn(move || {
+            let mut forced = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                lease.purge(Duration::ZERO).unwrap();
+                forced += diesel_lock::admin::force_release(&mut *pool.get().unwrap(), &key)
+                    .unwrap()
+                    .len();
+                std::thread::sleep(Duration::from_millis(150));
+            }
+            forced
+        })
+    };
+    let (mut leader, _, _) = next_leader(&rx, Duration::from_secs(20));
+    let (mut kills, mut pauses, mut worst) = (0, 0, Duration::ZERO);
+    let started = Instant::now();
+    let mut round = 0u64;
+    while started.elapsed() < Duration::from_secs(12) {
+        round += 1;
+        std::thread::sleep(Duration::from_millis(200));
+        // Whoever leads now (the last LEADER line so far).
+        while let Ok((i, line, _)) = rx.try_recv() {
+            if line.contains("LEADER ") {
+                leader = i;
+            }
+        }
+        if round % 2 == 0 {
+            kids[leader].kill().unwrap();
+            let killed = Instant::now();
+            kids[leader].wait().unwrap();
+            kills += 1;
+            kids[leader] = spawn(leader, &spec, tx.clone());
+            // The first LEADER line read after the kill (a forced release may elect
+            // someone else meanwhile: any leader counts).
+            let (next, took) = loop {
+                let (next, _, at) = next_leader(&rx, TTL + Duration::from_secs(5));
+                if at >= killed {
+                    break (next, at - killed);
+                }
+            };
+            assert!(
+                took <= TTL + Duration::from_secs(1),
+                "{backend} {strat}: no leader {took:?} after a kill"
+            );
+            worst = worst.max(took);
+            leader = next;
+        } else {
+            let pid = Pid::from_raw(kids[leader].id() as i32);
+            let pause = Duration::from_millis(100 + (round * 733) % 2900);
+            kill(pid, Signal::SIGSTOP).unwrap();
+            std::thread::sleep(pause);
+            kill(pid, Signal::SIGCONT).unwrap();
+            pauses += 1;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let forced = maintenance.join().unwrap();
+    for kid in &mut kids {
+        let _ = kid.kill();
+        let _ = kid.wait();
+    }
+    let rows = h.pool.get().unwrap().read_terms(&key);
+    let mut last: Option<(i64, i64)> = None;
+    let mut terms = 0;
+    for r in &rows {
+        if let Some((t, pid)) = last {
+            assert!(r.term >= t, "term {} written after term {t}", r.term);
+            if r.term == t {
+                assert_eq!(r.pid, pid, "term {t} written by two processes");
+            }
+        }
+        if last.map(|(t, _)| t) != Some(r.term) {
+            terms += 1;
+        }
+        last = Some((r.term, r.pid));
+    }
+    eprintln!(
+        "CHAOS {backend} {strat}: {kills} kills, {pauses} pauses, {forced} forced releases, {terms} terms in {} writes; worst failover after a kill {worst:?}",
+        rows.len()
+    );
+}
+
+#[cfg(feature = "sqlite")]
+#[test]
+fn sqlite_chaos() {
+    chaos(&common::sqlite().unwrap(), "sqlite", "lease");
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn pg_chaos_lease() {
+    if let Some(h) = common::pg() {
+        chaos(&h, "pg", "lease");
+    }
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn pg_chaos_advisory() {
+    if let Some(h) = common::pg() {
+        chaos(&h, "pg", "advisory");
+    }
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_chaos_lease() {
+    if let Some(h) = common::mysql() {
+        chaos(&h, "mysql", "lease");
+    }
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_chaos_advisory() {
+    if let Some(h) = common::mysql() {
+        chaos(&h, "mysql", "advisory");
     }
 }

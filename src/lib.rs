@@ -110,8 +110,11 @@
 //!
 //! Readers, writers and permits work with `Lease` on every backend: each holder is a lease
 //! of its own (a crashed holder's share returns after its ttl), with a fencing token that
-//! strictly increases per key. `Advisory` on PostgreSQL has readers and writers
-//! (`pg_advisory_lock_shared`). The rest return [`Error::Unsupported`].
+//! strictly increases per key. `ForUpdate` (PostgreSQL, MySQL) has readers and writers
+//! (`FOR SHARE` beside `FOR UPDATE`) and semaphores (a slot row per permit); `Advisory` has
+//! semaphores (an advisory lock per permit) and, on PostgreSQL, readers and writers
+//! (`pg_advisory_lock_shared`): their holders' shares return when their sessions end. The
+//! rest (`Row`, `AdvisoryXact`) return [`Error::Unsupported`].
 //!
 //! # Backends
 //! Features `sqlite` (default, compiled in), `postgres` and `mysql` (link the system's

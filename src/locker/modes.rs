@@ -21,15 +21,18 @@ impl<C: LockConnection> Locker<C> {
     /// - `Advisory`, PostgreSQL: `pg_advisory_lock_shared`, held by the guard's session
     ///   (freed when it ends); `write` is the strategy's own `pg_advisory_lock`, the same
     ///   lock as [`lock`](Self::lock).
+    /// - `ForUpdate`, PostgreSQL and MySQL: the key's row locked `FOR SHARE` (MySQL: `LOCK IN
+    ///   SHARE MODE`) in a transaction the guard keeps open (freed when it ends); `write` is
+    ///   the strategy's own `FOR UPDATE`, the same lock as [`lock`](Self::lock).
     ///
     /// Writers do not starve (see [`write`](Self::write)). Each guard has a fencing token of
-    /// its own; a key's tokens (readers' and writers' alike) strictly increase (`Advisory`:
-    /// drawn from its global source, so with gaps).
+    /// its own; a key's tokens (readers' and writers' alike) strictly increase (`Advisory`,
+    /// `ForUpdate`: drawn from their global source, so with gaps).
     ///
     /// # Errors
     /// [`Error::Unsupported`](crate::Error::Unsupported) for strategies without a shared
-    /// mode: `Row`, `ForUpdate` (`FOR SHARE` is not wired in yet), and `Advisory` on MySQL,
-    /// whose `GET_LOCK` has no shared mode;
+    /// mode: `Row`, `AdvisoryXact`, and `Advisory` on MySQL, whose `GET_LOCK` has no shared
+    /// mode;
     /// [`Error::Permits`](crate::Error::Permits) if the key is a semaphore; otherwise as for
     /// [`lock`](Self::lock).
     ///
@@ -109,7 +112,10 @@ impl<C: LockConnection> Locker<C> {
     /// (at least 100 ms, at most 5 s) and each of the writer's attempts renews it, so a
     /// writer waits at most until the readers that held the key at its first attempt have
     /// left, plus one pause between attempts (at most `max_backoff`). A writer that gives up
-    /// (its deadline) keeps readers out until its intent runs out.
+    /// (its deadline, a cancellation) clears its intent. `ForUpdate`: MySQL queues a new
+    /// reader behind a waiting writer; PostgreSQL does not, so there a waiting writer marks
+    /// the key (renewed every second it waits, cleared when it gets in or gives up, gone
+    /// 2 s after its process dies) and readers wait while the mark lives.
     ///
     /// # Errors
     /// As for [`read`](Self::read).
@@ -183,13 +189,19 @@ impl<C: LockConnection> Locker<C> {
     ///
     /// The number is stored with the key by its first acquisition; asking with another one
     /// is an error ([`Error::Permits`](crate::Error::Permits)), never a silent change.
-    /// `Lease` only for now (every backend): each permit is a lease of its own, renewed by a
-    /// heartbeat, so a crashed holder's permit returns after the `Locker`'s ttl. Each guard
-    /// carries a fencing token; a key's tokens strictly increase.
+    /// `Lease` (every backend): each permit is a lease of its own, renewed by a heartbeat,
+    /// so a crashed holder's permit returns after the `Locker`'s ttl. `ForUpdate` and
+    /// `Advisory` (PostgreSQL, MySQL; at most 1,000 permits): each permit is a slot held by
+    /// the guard's session (a row locked `FOR UPDATE SKIP LOCKED`, or an advisory lock), so
+    /// a crashed holder's permit returns when the server sees its session end; with every
+    /// slot taken a waiter pauses and tries again. Each guard carries a fencing token; a
+    /// key's tokens strictly increase.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for 0 permits;
-    /// [`Error::Unsupported`](crate::Error::Unsupported) for strategies without semaphores;
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for 0 permits (or more than
+    /// 1,000 with a session strategy);
+    /// [`Error::Unsupported`](crate::Error::Unsupported) for strategies without semaphores
+    /// (`Row`, `AdvisoryXact`);
     /// `Error::Permits` as above; otherwise as for [`lock`](Self::lock).
     ///
     /// # Examples

@@ -9,8 +9,6 @@ use common::kids::{hear, say, Kid};
 use common::occupancy::Occupancy;
 use common::{unique_key, Harness};
 use diesel_lock::{Error, Strategy};
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 const N: u32 = 3;
@@ -54,39 +52,7 @@ fn count_holders<C: Occupancy>(
     threads: usize,
     rounds: usize,
 ) -> i64 {
-    let max = Arc::new(AtomicI64::new(0));
-    let start = Arc::new(Barrier::new(threads));
-    let handles: Vec<_> = (0..threads)
-        .map(|_| {
-            let (locker, pool, key) = (locker.clone(), h.pool.clone(), key.to_owned());
-            let (max, start) = (max.clone(), start.clone());
-            std::thread::spawn(move || {
-                start.wait();
-                let mut last_token = 0;
-                for _ in 0..rounds {
-                    let g = locker.permit(&key, N).unwrap();
-                    assert!(g.token() > last_token, "tokens of a key increase");
-                    last_token = g.token();
-                    let mut c = pool.get().unwrap();
-                    let seen = c.enter(&key, false);
-                    assert!(
-                        seen.holders <= i64::from(N),
-                        "{} holders of a semaphore of {N}",
-                        seen.holders
-                    );
-                    max.fetch_max(seen.holders, Ordering::Relaxed);
-                    std::thread::sleep(Duration::from_micros(500));
-                    c.leave(&key, false);
-                    drop(c);
-                    g.release().unwrap();
-                }
-            })
-        })
-        .collect();
-    for handle in handles {
-        handle.join().unwrap();
-    }
-    max.load(Ordering::Relaxed)
+    common::occupancy::count_permit_holders(&h.pool, locker, key, N, threads, rounds)
 }
 
 fn never_more_than_n_across_threads<C: Occupancy>(h: &Harness<C>) {

@@ -9,9 +9,7 @@ mod common;
 use common::kids::{hear, say, Kid};
 use common::occupancy::Occupancy;
 use common::{unique_key, Harness};
-use diesel_lock::{Error, Locker, Strategy};
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Barrier};
+use diesel_lock::{Error, Strategy};
 use std::time::{Duration, Instant};
 
 const N: u32 = 3;
@@ -51,44 +49,12 @@ fn child_main<C: Occupancy>(h: Harness<C>, _ttl: Duration, key: &str, mode: &str
 /// largest count seen.
 fn count_holders<C: Occupancy>(
     h: &Harness<C>,
-    locker: &Locker<C>,
+    locker: &diesel_lock::Locker<C>,
     key: &str,
     threads: usize,
     rounds: usize,
 ) -> i64 {
-    let max = Arc::new(AtomicI64::new(0));
-    let start = Arc::new(Barrier::new(threads));
-    let handles: Vec<_> = (0..threads)
-        .map(|_| {
-            let (locker, pool, key) = (locker.clone(), h.pool.clone(), key.to_owned());
-            let (max, start) = (max.clone(), start.clone());
-            std::thread::spawn(move || {
-                start.wait();
-                let mut last_token = 0;
-                for _ in 0..rounds {
-                    let g = locker.permit(&key, N).unwrap();
-                    assert!(g.token() > last_token, "tokens increase");
-                    last_token = g.token();
-                    let mut c = pool.get().unwrap();
-                    let seen = c.enter(&key, false);
-                    assert!(
-                        seen.holders <= i64::from(N),
-                        "{} holders of a semaphore of {N}",
-                        seen.holders
-                    );
-                    max.fetch_max(seen.holders, Ordering::Relaxed);
-                    std::thread::sleep(Duration::from_micros(500));
-                    c.leave(&key, false);
-                    drop(c);
-                    g.release().unwrap();
-                }
-            })
-        })
-        .collect();
-    for handle in handles {
-        handle.join().unwrap();
-    }
-    max.load(Ordering::Relaxed)
+    common::occupancy::count_permit_holders(&h.pool, locker, key, N, threads, rounds)
 }
 
 /// N permits held at once and an N+1st refused, shown directly; every one back after

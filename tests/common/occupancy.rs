@@ -90,3 +90,52 @@ occupancy!(diesel::SqliteConnection, |_| "?".to_owned());
 occupancy!(diesel::PgConnection, |n| format!("${n}"));
 #[cfg(feature = "mysql")]
 occupancy!(diesel::MysqlConnection, |_| "?".to_owned());
+
+/// `threads` × `rounds` permits of the semaphore `key` (of `permits`) taken through `locker`,
+/// each holder checking the count of holders (never more than `permits`) and that its
+/// thread's tokens increase; the largest count seen.
+#[allow(dead_code)] // not every test binary counts permits
+pub fn count_permit_holders<C: Occupancy>(
+    pool: &diesel::r2d2::Pool<diesel::r2d2::ConnectionManager<C>>,
+    locker: &diesel_lock::Locker<C>,
+    key: &str,
+    permits: u32,
+    threads: usize,
+    rounds: usize,
+) -> i64 {
+    use std::sync::atomic::{AtomicI64, Ordering};
+    use std::sync::{Arc, Barrier};
+    let max = Arc::new(AtomicI64::new(0));
+    let start = Arc::new(Barrier::new(threads));
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let (locker, pool, key) = (locker.clone(), pool.clone(), key.to_owned());
+            let (max, start) = (max.clone(), start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                let mut last_token = 0;
+                for _ in 0..rounds {
+                    let g = locker.permit(&key, permits).unwrap();
+                    assert!(g.token() > last_token, "tokens of a key increase");
+                    last_token = g.token();
+                    let mut c = pool.get().unwrap();
+                    let seen = c.enter(&key, false);
+                    assert!(
+                        seen.holders <= i64::from(permits),
+                        "{} holders of a semaphore of {permits}",
+                        seen.holders
+                    );
+                    max.fetch_max(seen.holders, Ordering::Relaxed);
+                    std::thread::sleep(std::time::Duration::from_micros(500));
+                    c.leave(&key, false);
+                    drop(c);
+                    g.release().unwrap();
+                }
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.join().unwrap();
+    }
+    max.load(Ordering::Relaxed)
+}

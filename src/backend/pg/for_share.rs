@@ -2,11 +2,11 @@
 //! `backend/for_share.rs`).
 
 use super::lock_timeout_ms;
-use super::sessions::LockedRow;
+use super::sessions::{locked, LockedRow};
 use crate::backend::for_share::ForShareLocks;
 use crate::backend::shared::{exists, One};
 use crate::backend::stmt::stmt;
-use crate::backend::{Acquired, Flavor, ForUpdateLocked, Wait};
+use crate::backend::{Flavor, ForUpdateLocked, Wait};
 use diesel::pg::PgConnection;
 use diesel::sql_types::{BigInt, Text};
 use diesel::{OptionalExtension, QueryResult, RunQueryDsl};
@@ -168,20 +168,5 @@ impl ForShareLocks for PgConnection {
         .bind::<Text, _>(writer)
         .execute(self)
         .map(drop)
-    }
-}
-
-/// What a locking statement's row (if any) means.
-fn locked(row: Option<LockedRow>) -> ForUpdateLocked {
-    match row {
-        None => ForUpdateLocked::Missing,
-        Some(r) => match r.drawn().checked() {
-            Ok(token) => ForUpdateLocked::Locked(Acquired {
-                id: r.id,
-                token,
-                acquired_at: r.acquired_at,
-            }),
-            Err(drawn) => ForUpdateLocked::Unfenced(drawn),
-        },
     }
 }

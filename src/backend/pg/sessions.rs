@@ -253,17 +253,7 @@ impl SessionLocks for PgConnection {
                 .bind::<Text, _>(key)
                 .get_result::<LockedRow>(self),
         };
-        Ok(match q.optional()? {
-            None => ForUpdateLocked::Missing,
-            Some(r) => match r.drawn().checked() {
-                Ok(token) => ForUpdateLocked::Locked(Acquired {
-                    id: r.id,
-                    token,
-                    acquired_at: r.acquired_at,
-                }),
-                Err(drawn) => ForUpdateLocked::Unfenced(drawn),
-            },
-        })
+        Ok(locked(q.optional()?))
     }
     fn for_update_held(&mut self, key: &str, version: i64) -> QueryResult<bool> {
         // Inside the holder's transaction this sees its own uncommitted version; a
@@ -358,6 +348,22 @@ impl EndSession for PgConnection {
             .bind::<BigInt, _>(id)
             .get_result::<Ended>(self)
             .map(|r| r.ended)
+    }
+}
+
+/// What a row-locking statement's row (if any) means: no row, the row is missing; else the
+/// lock is held, with a token that may or may not go out yet.
+pub(super) fn locked(row: Option<LockedRow>) -> ForUpdateLocked {
+    match row {
+        None => ForUpdateLocked::Missing,
+        Some(r) => match r.drawn().checked() {
+            Ok(token) => ForUpdateLocked::Locked(Acquired {
+                id: r.id,
+                token,
+                acquired_at: r.acquired_at,
+            }),
+            Err(drawn) => ForUpdateLocked::Unfenced(drawn),
+        },
     }
 }
 

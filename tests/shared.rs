@@ -370,3 +370,35 @@ fn pg_advisory_xact_has_no_shared_mode() {
         }
     }
 }
+
+/// A PostgreSQL `ForUpdate` writer on a pool of one connection (its guard holds it, so none
+/// is free to remove its mark when it gets in): the mark goes at its release, and a reader
+/// gets in at once after it.
+#[cfg(feature = "postgres")]
+#[test]
+fn pg_for_update_writer_on_one_connection_leaves_no_mark() {
+    let Some(h) = common::pg() else { return };
+    let writer = Locker::builder(common::pool::<diesel::PgConnection>(&h.url, 1))
+        .strategy(Strategy::ForUpdate)
+        .build()
+        .unwrap();
+    let readers = h.locker(Strategy::ForUpdate);
+    let key = unique_key("rw-one-conn");
+    let r = readers.read(&key).unwrap();
+    let w = std::thread::scope(|s| {
+        let w = s.spawn(|| writer.try_write_for(&key, Duration::from_secs(10)).unwrap());
+        // The writer waits (and marks the key) until the reader goes.
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            readers.try_read(&key).unwrap().is_none(),
+            "a reader beside the mark"
+        );
+        r.release().unwrap();
+        w.join().unwrap().expect("the writer got in")
+    });
+    w.release().unwrap();
+    assert!(
+        readers.try_read(&key).unwrap().is_some(),
+        "the writer's mark outlived its release"
+    );
+}

@@ -9,8 +9,9 @@
 //! first (`backend/for_share.rs`, committed at once, live for [`MARK_FOR`] plus a pause on
 //! the database clock) and waits on the server at most [`SLICE`] at a time, renewing the
 //! mark before each wait; readers that find a live mark wait as for a held key. The mark is
-//! removed once the writer has the row (readers then queue on the row itself) or gives up,
-//! and expires by itself if its process dies. A writer waits behind the readers that held
+//! removed once the writer has the row (readers then queue on the row itself; with no
+//! connection free at that moment, at its release) or gives up, and expires by itself if its
+//! process dies. A writer waits behind the readers that held
 //! the key when it came, plus at most about one slice behind readers that got in when
 //! another writer's mark ended.
 
@@ -109,14 +110,54 @@ pub(super) struct ForUpdateWriteLock<C: LockConnection> {
 impl<C: LockConnection> ForUpdateWriteLock<C> {
     /// Removes this writer's mark on another pooled connection, if one is free at once;
     /// else the mark expires by itself.
-    fn unmark(&self, key: &str, writer: &str) {
-        let Some(mut c) = self.inner.pool.try_get() else {
-            log::debug!("lock {key:?}: no free connection to remove the writer's mark; it expires");
-            return;
+    /// False if no connection was free at once.
+    fn unmark(&self, key: &str, writer: &str) -> bool {
+        let Some(c) = self.inner.pool.try_get() else {
+            return false;
         };
-        if let Err(e) = share(&mut *c).and_then(|s| s.unmark_writer(key, writer)) {
-            log::debug!("lock {key:?}: the writer's mark could not be removed ({e}); it expires");
+        unmark_on(c, key, writer);
+        true
+    }
+}
+
+/// Removes `writer`'s mark on `conn`; a failure leaves it to expire.
+fn unmark_on<C: LockConnection>(mut conn: super::Pooled<C>, key: &str, writer: &str) {
+    if let Err(e) = share(&mut *conn).and_then(|s| s.unmark_writer(key, writer)) {
+        log::debug!("lock {key:?}: the writer's mark could not be removed ({e}); it expires");
+    }
+}
+
+/// A writer's hold whose mark could not be removed when it got in (no connection was free):
+/// its release removes it, once the guard's own connection is back in the pool, so that the
+/// mark does not keep readers out after the writer is gone.
+struct Unmarking<C: LockConnection> {
+    hold: Box<dyn Hold>,
+    pool: Pool<C>,
+    writer: String,
+}
+
+impl<C: LockConnection> Hold for Unmarking<C> {
+    fn release(self: Box<Self>, key: &str) -> Result<bool> {
+        let released = self.hold.release(key);
+        match self.pool.get() {
+            Ok(c) => unmark_on(c, key, &self.writer),
+            Err(e) => log::debug!(
+                "lock {key:?}: no connection to remove the writer's mark ({e}); it expires"
+            ),
         }
+        released
+    }
+
+    fn held(&self, key: &str) -> Result<bool> {
+        self.hold.held(key)
+    }
+
+    fn loss(&self) -> Option<std::sync::Arc<crate::loss::Loss>> {
+        self.hold.loss()
+    }
+
+    fn probe_every(&self) -> Option<Duration> {
+        self.hold.probe_every()
     }
 }
 
@@ -137,10 +178,16 @@ impl<C: LockConnection> RawLock<C> for ForUpdateWriteLock<C> {
             _ => Wait::For(SLICE),
         };
         let taken = self.inner.try_acquire(conn, key, retry, slice)?;
-        if taken.is_some() {
-            self.unmark(key, writer);
-        }
-        Ok(taken)
+        Ok(taken.map(|mut t| {
+            if !self.unmark(key, writer) {
+                t.hold = Box::new(Unmarking {
+                    hold: t.hold,
+                    pool: self.inner.pool.clone(),
+                    writer: writer.to_owned(),
+                });
+            }
+            t
+        }))
     }
 
     fn interrupter(&self, conn: &mut Conn<C>) -> Result<Option<Interrupter>> {
@@ -149,7 +196,11 @@ impl<C: LockConnection> RawLock<C> for ForUpdateWriteLock<C> {
 
     fn gave_up(&self, key: &str) {
         if let Some(writer) = &self.mark {
-            self.unmark(key, writer);
+            if !self.unmark(key, writer) {
+                log::debug!(
+                    "lock {key:?}: no free connection to remove the writer's mark; it expires"
+                );
+            }
         }
     }
 }

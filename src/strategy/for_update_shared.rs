@@ -100,8 +100,7 @@ impl<C: LockConnection> Hold for ForShareHold<C> {
 /// backend needs that (PostgreSQL).
 pub(super) struct ForUpdateWriteLock<C: LockConnection> {
     pub(super) inner: ForUpdateLock<C>,
-    /// This `Locker`'s writer id (one waiter per key and `Locker` asks the database at a
-    /// time: the others wait in its local line), if the backend needs marks.
+    /// This `Locker`'s writer id, if the backend needs marks (see `writer`).
     pub(super) mark: Option<String>,
     /// How long a mark lives: [`MARK_FOR`] plus the longest pause between attempts.
     pub(super) mark_us: i64,
@@ -110,6 +109,13 @@ pub(super) struct ForUpdateWriteLock<C: LockConnection> {
 impl<C: LockConnection> ForUpdateWriteLock<C> {
     /// Removes this writer's mark on another pooled connection, if one is free at once;
     /// else the mark expires by itself.
+    /// The name this thread's waits mark keys with, if the backend needs marks: the
+    /// `Locker`'s id and the thread's (a thread that gives up removes only its own mark).
+    fn writer(&self) -> Option<String> {
+        let id = self.mark.as_deref()?;
+        Some(format!("{id}:{:?}", std::thread::current().id()))
+    }
+
     /// False if no connection was free at once.
     fn unmark(&self, key: &str, writer: &str) -> bool {
         let Some(c) = self.inner.pool.try_get() else {
@@ -169,9 +175,10 @@ impl<C: LockConnection> RawLock<C> for ForUpdateWriteLock<C> {
         retry: bool,
         wait: Wait,
     ) -> Result<Option<Taken>> {
-        let Some(writer) = self.mark.as_deref().filter(|_| wait != Wait::No) else {
+        let Some(writer) = self.writer().filter(|_| wait != Wait::No) else {
             return self.inner.try_acquire(conn, key, retry, wait);
         };
+        let writer = writer.as_str();
         share(&mut **conn)?.mark_writer(key, writer, self.mark_us)?;
         let slice = match wait {
             Wait::For(d) => Wait::For(d.min(SLICE)),
@@ -195,8 +202,8 @@ impl<C: LockConnection> RawLock<C> for ForUpdateWriteLock<C> {
     }
 
     fn gave_up(&self, key: &str) {
-        if let Some(writer) = &self.mark {
-            if !self.unmark(key, writer) {
+        if let Some(writer) = self.writer() {
+            if !self.unmark(key, &writer) {
                 log::debug!(
                     "lock {key:?}: no free connection to remove the writer's mark; it expires"
                 );

@@ -22,6 +22,9 @@ use std::sync::{Arc, Mutex};
 /// an attempt may try.
 pub(crate) const MAX_SESSION_PERMITS: u32 = 1000;
 
+/// How many (key, permits) pairs a `Locker` remembers as set up.
+const MAX_KNOWN: usize = 4096;
+
 /// Which strategy's slots.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum SlotKind {
@@ -64,6 +67,11 @@ impl<C: LockConnection> SlotLock<C> {
                 stored: u32::try_from(stored).unwrap_or(u32::MAX),
                 asked: self.permits,
             });
+        }
+        // A bound on what is remembered: a `Locker` naming ever new keys asks again rather
+        // than growing without end.
+        if set.len() >= MAX_KNOWN {
+            set.clear();
         }
         set.insert(known);
         Ok(())

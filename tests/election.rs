@@ -147,7 +147,7 @@ fn strategy(name: &str, ttl: Duration) -> Strategy {
 const TTL: Duration = Duration::from_millis(2000);
 
 /// A candidate: campaigns; prints `LEADER <term>` when elected; while it leads, writes its
-/// term to the table every 20 ms (only while `is_leader()`).
+/// term to the table every 20 ms (only while `is_leader()`), on a thread of its own.
 #[test]
 #[ignore = "entry point of the candidate processes"]
 fn candidate() {
@@ -160,18 +160,27 @@ fn candidate() {
         let e = Election::start(h.locker(s), key).unwrap();
         let events = e.subscribe();
         let pid = i64::from(std::process::id());
-        loop {
-            match events.recv_timeout(Duration::from_millis(20)) {
-                Ok(Leadership::Elected { term }) => println!("\nLEADER {term}"),
-                Ok(Leadership::Deposed { term }) => println!("\nDEPOSED {term}"),
-                Ok(_) => {}
-                Err(mpsc::RecvTimeoutError::Timeout) => {}
-                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+        let done = std::sync::atomic::AtomicBool::new(false);
+        // The events are printed as they come, never behind a term write (which may wait for
+        // a pooled connection, or for the fence row another writer holds).
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    if let Some(term) = e.term() {
+                        h.pool.get().unwrap().write_term(key, term, pid);
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            });
+            for event in events {
+                match event {
+                    Leadership::Elected { term } => println!("\nLEADER {term}"),
+                    Leadership::Deposed { term } => println!("\nDEPOSED {term}"),
+                    _ => {}
+                }
             }
-            if let Some(term) = e.term() {
-                h.pool.get().unwrap().write_term(key, term, pid);
-            }
-        }
+            done.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
     }
     match backend {
         #[cfg(feature = "sqlite")]
@@ -223,9 +232,13 @@ fn next_leader(
     within: Duration,
 ) -> (usize, i64, Instant) {
     let deadline = Instant::now() + within;
+    let mut seen = Vec::new();
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        let (i, line, at) = rx.recv_timeout(left).expect("no new leader in time");
+        let Ok((i, line, at)) = rx.recv_timeout(left) else {
+            panic!("no new leader within {within:?}; lines meanwhile: {seen:?}");
+        };
+        seen.push((i, line.clone()));
         if let Some(at_word) = line.find("LEADER ") {
             let term = line[at_word + "LEADER ".len()..].trim().parse().unwrap();
             return (i, term, at);

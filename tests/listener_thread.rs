@@ -33,6 +33,13 @@ fn the_listener_thread_ends_with_the_locker() {
     drop(locker);
     assert_eq!(listeners(), 1, "a clone keeps the Locker");
     drop(clone);
+    // Dropping the Locker joins the listener, unless the listener is still connecting (it
+    // is then left to end once its connection attempt returns, which on a loaded machine
+    // can take a moment: seen once in CI).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while listeners() > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     assert_eq!(
         listeners(),
         0,

@@ -433,11 +433,17 @@ impl PrivateMaria {
     /// As `start_with`, plus server options (`--name=value`).
     pub fn start_configured(extra_listen: &[&str], options: &[&str]) -> PrivateMaria {
         let inst = Instance::new("mysql", extra_listen);
+        fs::create_dir(inst.path("tmp")).expect("the server's temporary directory");
+        chown_to(inst.user, inst.dir.path());
         let mut install = command_as(None, "mariadb-install-db");
         install
             .arg("--no-defaults")
             .arg(format!("--datadir={}", inst.path("data").display()))
-            .args(["--auth-root-authentication-method=normal", "--skip-test-db"]);
+            .args(["--auth-root-authentication-method=normal", "--skip-test-db"])
+            // Its bootstrap server's temporary files in the instance's own directory: in the
+            // shared /tmp another server starting at the same moment deleted them once
+            // ("Error on delete of '/tmp/#sql-temptable-…'", seen in CI).
+            .arg(format!("--tmpdir={}", inst.path("tmp").display()));
         if let Some(user) = inst.user {
             install.arg(format!("--user={user}"));
         }
@@ -465,6 +471,7 @@ impl PrivateMaria {
         let mut cmd = Command::new("mariadbd");
         cmd.arg("--no-defaults")
             .arg(format!("--datadir={}", i.path("data").display()))
+            .arg(format!("--tmpdir={}", i.path("tmp").display()))
             .arg(format!("--socket={}", i.path("mysqld.sock").display()))
             .arg(format!("--pid-file={}", i.path("mysqld.pid").display()))
             .arg(format!("--init-file={}", i.path("init.sql").display()))

@@ -63,6 +63,7 @@ pub fn held_locks<C: LockConnection>(conn: &mut C) -> Result<Vec<LockInfo>> {
         .map(|h| h.info)
         .collect();
     all.extend(holders(conn, None)?.into_iter().map(|h| h.info));
+    add_lines(conn, None, &mut all)?;
     all.sort_by(|a, b| (&a.key, a.strategy, a.token).cmp(&(&b.key, b.strategy, b.token)));
     Ok(all)
 }
@@ -104,6 +105,7 @@ pub fn lock_info<C: LockConnection>(conn: &mut C, key: &str) -> Result<Vec<LockI
                 .map(|h| h.info),
         )
         .collect();
+    add_lines(conn, Some(key), &mut held)?;
     held.sort_by_key(|i| (i.strategy, i.token));
     Ok(held)
 }
@@ -157,6 +159,34 @@ pub fn force_release<C: LockConnection>(conn: &mut C, key: &str) -> Result<Vec<L
 
 /// The live holders of shared leases and permits; none on tables older than the migration
 /// that made them (the other locks are still listed there).
+/// Fills in how many wait for each exclusive `Row` or `Lease` lock, and for how long.
+fn add_lines<C: LockConnection>(
+    conn: &mut C,
+    key: Option<&str>,
+    infos: &mut [LockInfo],
+) -> Result<()> {
+    if infos.is_empty() {
+        return Ok(());
+    }
+    // Tables older than their migration (a database not yet migrated) have no lines.
+    let lines = match conn.sql().line_stats(key) {
+        Err(e) if crate::error::is_missing_table(&e) => return Ok(()),
+        lines => lines?,
+    };
+    for line in lines {
+        for info in infos
+            .iter_mut()
+            .filter(|i| i.key == line.lock_key && i.mode == "exclusive")
+        {
+            info.waiting = u32::try_from(line.waiting).unwrap_or(u32::MAX);
+            info.longest_wait = Some(std::time::Duration::from_micros(
+                u64::try_from(line.longest_us).unwrap_or(0),
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn holders<C: LockConnection>(
     conn: &mut C,
     key: Option<&str>,

@@ -49,6 +49,11 @@ pub struct LockInfo {
     pub mode: &'static str,
     /// A semaphore's number of permits (for `"permit"`), else `None`.
     pub permits: Option<u32>,
+    /// `Row` and `Lease` exclusive locks: how many wait for the key in its line (live
+    /// places in `dlock_waiters`); 0 for the other modes.
+    pub waiting: u32,
+    /// How long the longest of them has waited (database clock), if any wait.
+    pub longest_wait: Option<Duration>,
 }
 
 impl LockInfo {

@@ -265,6 +265,12 @@ fn sqlite_path(path: &str) -> Result<String> {
 /// [`Error::Pool`] if the pool cannot be built.
 pub fn connect(url: &str) -> Result<Pool<ConnectionManager<AnyConnection>>> {
     let (url, behind_pooler) = take_pooler_param(&normalize(url)?)?;
+    #[cfg(feature = "postgres")]
+    let url = if url.starts_with("postgres") && !behind_pooler {
+        listen_urls::remember(url)
+    } else {
+        url
+    };
     // diesel's MultiConnection::establish tries every backend in turn and keeps none of their
     // errors; the backend the URL names is asked directly, so a failure says why.
     #[cfg(feature = "postgres")]
@@ -376,5 +382,47 @@ mod tests {
         assert!(t("mysql://h/d?dlock_pooler=transaction").is_err());
         assert!(behind_pooler("postgres://h/d?dlock_pooler=transaction"));
         assert!(!behind_pooler("postgres://h/d"));
+    }
+}
+
+/// The URLs of the PostgreSQL pools `connect` built, so that a `Locker` over one of them
+/// can open its own listening connection (`pg_listen.rs`) without being told the URL: a
+/// pool does not say which URL it connects to. Each pool's URL gets
+/// `fallback_application_name=diesel-lock-N` (libpq uses it only where neither the URL nor
+/// `PGAPPNAME` names an application), and `LockerBuilder::build` asks a connection its
+/// `application_name` and looks N up here. A pool whose connections carry another name
+/// gets no listener unless given `listen_url`; its waiters poll.
+#[cfg(feature = "postgres")]
+pub(crate) mod listen_urls {
+    use std::sync::Mutex;
+
+    const PREFIX: &str = "diesel-lock-";
+
+    static URLS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+    /// Records `url` and returns it with its number as fallback application name.
+    pub(super) fn remember(url: String) -> String {
+        if url.contains("fallback_application_name=") {
+            return url;
+        }
+        let mut urls = URLS.lock().unwrap_or_else(|p| p.into_inner());
+        let n = match urls.iter().position(|u| *u == url) {
+            Some(n) => n,
+            None => {
+                urls.push(url.clone());
+                urls.len() - 1
+            }
+        };
+        let sep = if url.contains('?') { '&' } else { '?' };
+        format!("{url}{sep}fallback_application_name={PREFIX}{n}")
+    }
+
+    /// The URL of the pool whose connections carry `application_name`, if `connect` built it.
+    pub(crate) fn of(application_name: &str) -> Option<String> {
+        let n: usize = application_name.strip_prefix(PREFIX)?.parse().ok()?;
+        URLS.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(n)
+            .cloned()
     }
 }

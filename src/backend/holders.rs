@@ -249,6 +249,8 @@ macro_rules! holder_row {
                             },
                             permits: (r.permits > 0)
                                 .then(|| u32::try_from(r.permits).unwrap_or(u32::MAX)),
+                            waiting: 0,
+                            longest_wait: None,
                         },
                         mode: r.mode,
                         permits: r.permits,

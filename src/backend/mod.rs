@@ -26,6 +26,8 @@ mod sqlite;
 pub(crate) mod stmt;
 
 pub(crate) use any::behind_pooler;
+#[cfg(feature = "postgres")]
+pub(crate) use any::listen_urls;
 pub use any::{connect, AnyConnection};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteTuning;
@@ -114,6 +116,10 @@ impl<T> LockConnection for T where T: sealed::Sealed + diesel::r2d2::R2D2Connect
 pub(crate) use sealed::{
     Acquired, Dialect, Drawn, Flavor, ForUpdateLocked, SessionLocks, Wait, XactLocked,
 };
+
+/// The `place` of an acquisition by a caller that has no place in the key's line (a
+/// newcomer): it must wait behind every live place.
+pub(crate) const NO_PLACE: i64 = i64::MAX;
 
 /// How the crate reaches the statements of a connection: `conn.sql()`.
 pub(crate) trait Sql {
@@ -233,7 +239,7 @@ pub(crate) mod sealed {
     /// backends that have them, [`SessionLocks`] (through [`Dialect::sessions`]). This trait
     /// itself classifies the connection and its errors and runs the migrations. Durations
     /// are whole microseconds.
-    pub trait Dialect: Locks + Admin + crate::backend::holders::HolderLocks {
+    pub trait Dialect: Locks + Lines + Admin + crate::backend::holders::HolderLocks {
         /// The backend of this connection.
         fn backend(&self) -> Backend;
         /// Creates or upgrades the tables; safe to run from many processes at once.
@@ -248,6 +254,11 @@ pub(crate) mod sealed {
         /// invisible to everyone else, on a pooled connection); SQLite without WAL and a busy
         /// timeout (`SqliteTuning`).
         fn misconfigured(&mut self) -> QueryResult<Option<String>> {
+            Ok(None)
+        }
+        /// PostgreSQL: the session's `application_name` (how a `Locker` over a pool from
+        /// `connect` finds the URL to listen on, `any::listen_urls`); `None` elsewhere.
+        fn application_name(&mut self) -> QueryResult<Option<String>> {
             Ok(None)
         }
         /// True if `e` means "someone else is competing for this lock right now" (deadlock,
@@ -286,6 +297,7 @@ pub(crate) mod sealed {
             holder: &str,
             stale_us: Option<i64>,
             retry: bool,
+            place: i64,
         ) -> QueryResult<Option<Acquired>>;
         /// Deletes the key's row if `holder` inserted it: the clean-up after an acquisition
         /// that failed once its INSERT may have committed. True if a row was deleted.
@@ -303,6 +315,7 @@ pub(crate) mod sealed {
             holder: &str,
             ttl_us: i64,
             retry: bool,
+            place: i64,
         ) -> QueryResult<Option<Acquired>>;
         /// Extends an unexpired lease still held by `holder`; false if it is not. Waits for a
         /// row lock taken by another session at most about `bound` (PostgreSQL:
@@ -322,6 +335,46 @@ pub(crate) mod sealed {
 
     /// The statements of `optimistic::transaction`, of the admin functions and of
     /// `Locker::purge`.
+    /// The line of waiters of `Row` and `Lease` keys (`dlock_waiters`, `locker/line.rs`).
+    ///
+    /// A place is a row with a number that only grows, the waiter's owner, its `Locker`'s
+    /// notification channel (PostgreSQL) and an expiry on the database clock. The acquiring
+    /// statements of `Locks` take a `place`: the number of the caller's own place, or
+    /// [`NO_PLACE`](super::NO_PLACE) for a newcomer; they take a free key only if no live
+    /// place with a lower number exists, and a waiter's acquisition removes its place.
+    pub trait Lines {
+        /// Takes a place at the end of `key`'s line, alive for `ttl_us`; returns its number.
+        fn line_join(
+            &mut self,
+            key: &str,
+            owner: &str,
+            channel: Option<&str>,
+            ttl_us: i64,
+        ) -> QueryResult<i64>;
+        /// Keeps place `id` alive for `ttl_us` more and counts the live places ahead of it;
+        /// `None` if the place is gone (a purge removed it once it had lapsed).
+        fn line_renew(&mut self, key: &str, id: i64, ttl_us: i64) -> QueryResult<Option<i64>>;
+        /// Gives place `id` up. On PostgreSQL the first live place left is notified, in case
+        /// the key is free and it was waiting behind this one.
+        fn line_leave(&mut self, key: &str, id: i64) -> QueryResult<()>;
+        /// The live lines: per key (all keys, or one), how many wait and how long the
+        /// longest has waited, in microseconds of database time.
+        fn line_stats(&mut self, key: Option<&str>) -> QueryResult<Vec<LineStat>>;
+        /// Removes lapsed places; how many.
+        fn purge_lapsed_places(&mut self) -> QueryResult<usize>;
+    }
+
+    /// One key's line, as `Lines::line_stats` reads it.
+    #[derive(Debug, Clone, diesel::QueryableByName)]
+    pub struct LineStat {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        pub lock_key: String,
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        pub waiting: i64,
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        pub longest_us: i64,
+    }
+
     pub trait Admin {
         // optimistic::transaction.
 

@@ -1,23 +1,22 @@
 //! PostgreSQL: a connection of a `Locker`'s own that `LISTEN`s for releases, so that waiters
 //! are woken when a holder in another process releases instead of at their next poll.
 //!
-//! Releases of `Row` and `Lease` locks on PostgreSQL send `pg_notify('dlock_release', key)`
-//! in the releasing statement itself (no extra round trip). diesel's `PgConnection` can
+//! Each listener hears a channel of its own (`dlock_w_` and 16 random hex digits), which
+//! its `Locker`'s waiters name in their places in a key's line (`dlock_waiters`); releases of
+//! `Row` and `Lease` locks notify the first live place's channel, with the key as payload, in
+//! the releasing statement itself (no extra round trip). So a release wakes one process, the
+//! one whose turn it is. diesel's `PgConnection` can
 //! only *poll* for notifications (`notifications_iter` consumes what the socket has
 //! buffered and never blocks), so the thread polls: every [`BUSY_POLL`] while the `Locker`
 //! has waiters, every [`IDLE_POLL`] otherwise (notifications must still be read, or the
 //! server's queue backs up behind this session). A lost connection is re-established; as
 //! notifications may have been missed meanwhile, every waiter is then woken to look.
 
-use super::stmt::stmt;
 use diesel::pg::PgConnection;
 use diesel::{Connection, RunQueryDsl};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
-
-/// The channel the release statements notify, with the key as payload.
-pub(crate) const CHANNEL: &str = "dlock_release";
 
 /// How often the socket is read while this `Locker` has waiters.
 pub(crate) const BUSY_POLL: Duration = Duration::from_micros(200);
@@ -39,6 +38,8 @@ struct Control {
 pub(crate) struct Listener {
     control: Arc<(Mutex<Control>, Condvar)>,
     thread: Option<JoinHandle<()>>,
+    /// The channel this listener hears: its own, named in its `Locker`'s places in line.
+    channel: String,
 }
 
 impl std::fmt::Debug for Listener {
@@ -58,13 +59,23 @@ impl Listener {
     ) -> std::io::Result<Listener> {
         let control = Arc::new((Mutex::new(Control::default()), Condvar::new()));
         let c = control.clone();
+        // Lowercase letters, digits and '_' only: a plain identifier for LISTEN, which takes
+        // no bound parameter (the releases' pg_notify does take it bound).
+        let channel = format!("dlock_w_{:016x}", crate::random::random_u64());
+        let ch = channel.clone();
         let thread = std::thread::Builder::new()
             .name("dlock-listen".into())
-            .spawn(move || run(&url, &c, &wake, &busy))?;
+            .spawn(move || run(&url, &ch, &c, &wake, &busy))?;
         Ok(Listener {
             control,
             thread: Some(thread),
+            channel,
         })
+    }
+
+    /// The channel this listener hears.
+    pub(crate) fn channel(&self) -> &str {
+        &self.channel
     }
 
     /// Makes an idle listener start polling at the busy rate at once.
@@ -96,16 +107,20 @@ impl Drop for Listener {
     }
 }
 
-fn connect(url: &str) -> diesel::QueryResult<PgConnection> {
+fn connect(url: &str, channel: &str) -> diesel::QueryResult<PgConnection> {
     let mut conn = PgConnection::establish(url)
         .map_err(|e| diesel::result::Error::QueryBuilderError(e.into()))?;
-    stmt("LISTEN dlock_release").execute(&mut conn)?;
+    debug_assert!(channel
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'));
+    diesel::sql_query(format!("LISTEN {channel}")).execute(&mut conn)?;
     Ok(conn)
 }
 
 /// Connects, with `connecting` set meanwhile; `None` if the listener was stopped first.
 fn connect_unless_stopped(
     url: &str,
+    channel: &str,
     control: &(Mutex<Control>, Condvar),
 ) -> Option<diesel::QueryResult<PgConnection>> {
     let (m, _) = control;
@@ -116,13 +131,14 @@ fn connect_unless_stopped(
         }
         c.connecting = true;
     }
-    let attempt = connect(url);
+    let attempt = connect(url, channel);
     m.lock().unwrap_or_else(|p| p.into_inner()).connecting = false;
     Some(attempt)
 }
 
 fn run(
     url: &str,
+    channel: &str,
     control: &(Mutex<Control>, Condvar),
     wake: &dyn Fn(Option<&str>),
     busy: &dyn Fn() -> bool,
@@ -133,7 +149,7 @@ fn run(
         let mut pause = if busy() { BUSY_POLL } else { IDLE_POLL };
         match &mut conn {
             None => {
-                let Some(attempt) = connect_unless_stopped(url, control) else {
+                let Some(attempt) = connect_unless_stopped(url, channel, control) else {
                     return;
                 };
                 match attempt {
@@ -164,7 +180,7 @@ fn run(
                 let mut lost = false;
                 for n in c.notifications_iter() {
                     match n {
-                        Ok(n) if n.channel == CHANNEL => wake(Some(&n.payload)),
+                        Ok(n) if n.channel == channel => wake(Some(&n.payload)),
                         Ok(_) => {}
                         Err(e) => {
                             log::debug!("release listener: connection lost ({e}); reconnecting");

@@ -124,6 +124,8 @@ macro_rules! held_row {
                             observed_at: utc(r.observed_at),
                             mode: "exclusive",
                             permits: None,
+                            waiting: 0,
+                            longest_wait: None,
                         },
                         id: r.id,
                         holder: r.holder,

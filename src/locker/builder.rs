@@ -310,13 +310,26 @@ impl<C: LockConnection> LockerBuilder<C> {
             meter: crate::instrument::Meter::new(self.strategy.name(), backend.name()),
             nests: self.reentrant.then(Arc::default),
         });
+        // Row and Lease waiters on PostgreSQL hear their turn come on a connection of the
+        // `Locker`'s own: at `listen_url`, or by default at the URL of a pool `connect` built.
         #[cfg(feature = "postgres")]
-        let listener = match &self.listen_url {
-            Some(url) if backend == Backend::Postgres && raw.notifies_releases() => {
+        let listener = match self.listen_url {
+            Some(url) if backend == Backend::Postgres && raw.lines() => Some(url),
+            None if backend == Backend::Postgres && raw.lines() => self
+                .pool
+                .get()?
+                .sql()
+                .application_name()?
+                .and_then(|name| crate::backend::listen_urls::of(&name)),
+            _ => None,
+        };
+        #[cfg(feature = "postgres")]
+        let listener = match listener {
+            Some(url) => {
                 let (woken, busy) = (shared.clone(), shared.clone());
                 Some(
                     crate::backend::pg_listen::Listener::start(
-                        url.clone(),
+                        url,
                         move |key| match key {
                             Some(key) => woken.queues.wake_remote(key),
                             None => woken.queues.wake_all(),
@@ -326,7 +339,7 @@ impl<C: LockConnection> LockerBuilder<C> {
                     .map_err(Error::Thread)?,
                 )
             }
-            _ => None,
+            None => None,
         };
         Ok(Locker {
             inner: Arc::new(Inner {

@@ -4,6 +4,7 @@
 
 mod builder;
 mod cancel;
+mod line;
 mod metered;
 mod modes;
 mod multi;

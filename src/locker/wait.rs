@@ -3,6 +3,7 @@
 //! (`RawLock::try_acquire`).
 
 use super::cancel::Cancel;
+use super::line::{place_ttl, Place};
 use super::Locker;
 use crate::backend::{LockConnection, Sql, Wait};
 use crate::backoff::{self, Backoff};
@@ -59,7 +60,7 @@ impl<C: LockConnection> Locker<C> {
         key::validate(key)?;
         if let Deadline::Once = deadline {
             return Ok(self
-                .attempt(raw, key, false, deadline, None)?
+                .attempt(raw, key, false, deadline, None, &mut None)?
                 .map(|t| self.guard(raw, key, t)));
         }
         // A cancellation wakes this key's local waiters; each then sees the flag.
@@ -95,11 +96,15 @@ impl<C: LockConnection> Locker<C> {
         // (found by the adversary: such waits failed with Error::Pool).
         let mut reached = self.inner.schema_current.load(Ordering::Relaxed);
         let mut outage: Option<Instant> = None;
+        // This thread's place in the key's line in the database (strategies with a line),
+        // taken once the key was found held; given up when dropped without the lock.
+        let mut place: Option<Place<'_, C>> = None;
+        let mut ahead = i64::MAX;
         loop {
             if cancel.is_some_and(Cancel::is_cancelled) {
                 return Ok(None);
             }
-            match self.attempt(raw, key, retry, deadline, cancel) {
+            match self.attempt(raw, key, retry, deadline, cancel, &mut place) {
                 Ok(Some(taken)) => {
                     if let Some(since) = outage {
                         log::warn!(
@@ -136,6 +141,13 @@ impl<C: LockConnection> Locker<C> {
                 Err(e) => return Err(e),
             }
             retry = true;
+            // A line that moved (fewer ahead, or this waiter's turn) is looked at again soon;
+            // one that did not, ever less often.
+            let now_ahead = place.as_ref().map_or(i64::MAX, |p| p.ahead);
+            if now_ahead < ahead {
+                backoff = Backoff::new(Duration::from_millis(1), max);
+            }
+            ahead = now_ahead;
             let pause = if listening && outage.is_none() {
                 backoff::jitter(max)
             } else {
@@ -150,13 +162,14 @@ impl<C: LockConnection> Locker<C> {
 
     /// One attempt. A cancelled one returns `Ok(None)`, and never a lock: one granted at the
     /// moment of cancelling is released again.
-    fn attempt(
-        &self,
+    fn attempt<'a>(
+        &'a self,
         raw: &dyn RawLock<C>,
-        key: &str,
+        key: &'a str,
         retry: bool,
         deadline: Deadline,
         cancel: Option<&Cancel>,
+        place: &mut Option<Place<'a, C>>,
     ) -> Result<Option<Taken>> {
         #[cfg(all(test, feature = "postgres"))]
         tests::ATTEMPTS.with(|n| n.set(n.get() + 1));
@@ -195,6 +208,8 @@ impl<C: LockConnection> Locker<C> {
         };
         let attempt = if cancel.is_some_and(Cancel::is_cancelled) {
             Ok(None)
+        } else if raw.lines() {
+            self.attempt_in_line(raw, &mut conn, key, retry, deadline, place)
         } else {
             raw.try_acquire(&mut conn, key, retry, wait)
         };
@@ -227,6 +242,62 @@ impl<C: LockConnection> Locker<C> {
             }
             attempt => attempt,
         }
+    }
+
+    /// One attempt of a strategy with a line (`line.rs`): a waiter with a place renews it
+    /// when due and tries the key only if no live place is ahead of it; one without a place
+    /// that finds the key held, and may wait, joins the line and tries once more at once (a
+    /// release between its first try and its joining notified nobody).
+    fn attempt_in_line<'a>(
+        &'a self,
+        raw: &dyn RawLock<C>,
+        conn: &mut Conn<C>,
+        key: &'a str,
+        retry: bool,
+        deadline: Deadline,
+        place: &mut Option<Place<'a, C>>,
+    ) -> Result<Option<Taken>> {
+        if let Some(p) = place.as_mut() {
+            if p.due() && !p.renew(&mut **conn)? {
+                *place = None;
+            }
+        }
+        let joined = match place.as_ref() {
+            Some(p) if p.ahead > 0 => return Ok(None),
+            Some(p) => {
+                conn.place = p.id;
+                true
+            }
+            None => false,
+        };
+        let taken = raw.try_acquire(conn, key, retry || joined, Wait::No)?;
+        if taken.is_some() || joined || matches!(deadline, Deadline::Once) {
+            if taken.is_some() {
+                if let Some(p) = place.take() {
+                    p.used();
+                }
+            }
+            return Ok(taken);
+        }
+        if deadline.remaining().is_some_and(|left| left.is_zero()) {
+            return Ok(None);
+        }
+        let p = Place::join(
+            &mut **conn,
+            &self.inner.pool,
+            key,
+            &self.inner.shared.owner,
+            self.channel(),
+            place_ttl(self.inner.max_backoff),
+        )?;
+        conn.place = p.id;
+        let taken = raw.try_acquire(conn, key, true, Wait::No)?;
+        if taken.is_some() {
+            p.used();
+        } else {
+            *place = Some(p);
+        }
+        Ok(taken)
     }
 
     /// Whether a failed attempt of a wait lost the database, and the wait should go on: a
@@ -319,6 +390,15 @@ impl<C: LockConnection> Locker<C> {
             return true;
         }
         false
+    }
+
+    /// The channel this `Locker`'s listener hears, which its waiters' places name.
+    fn channel(&self) -> Option<&str> {
+        #[cfg(feature = "postgres")]
+        if let Some(l) = &self.inner.listener {
+            return Some(l.channel());
+        }
+        None
     }
 
     fn guard(&self, raw: &dyn RawLock<C>, key: &str, taken: Taken) -> LockGuard<C> {

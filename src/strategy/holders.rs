@@ -122,10 +122,6 @@ impl<C: LockConnection> RawLock<C> for HolderLock<C> {
         contention_is_busy(&mut **conn, key, attempt)
     }
 
-    fn notifies_releases(&self) -> bool {
-        true
-    }
-
     fn gave_up(&self, key: &str) {
         if self.mode != HolderMode::Write {
             return;

@@ -36,15 +36,15 @@ impl<C: LockConnection> LeaseLock<C> {
         })
     }
 
-    fn attempt(&self, conn: &mut C, key: &str, retry: bool) -> Result<Option<Taken>> {
+    fn attempt(&self, conn: &mut C, key: &str, retry: bool, place: i64) -> Result<Option<Taken>> {
         let holder = crate::random::holder_id();
         let mut backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(16));
         let mut tries = 0;
         let (sent, a) = loop {
             let sent = Instant::now();
-            let acquired = conn
-                .sql()
-                .lease_acquire(key, &self.owner, &holder, self.ttl_us, retry);
+            let acquired =
+                conn.sql()
+                    .lease_acquire(key, &self.owner, &holder, self.ttl_us, retry, place);
             // A free key can look held for a moment while a purge runs: an attempt whose
             // snapshot still showed the row its second step has just deleted finds nothing
             // to take over, and either step may make an acquisition a deadlock victim
@@ -62,7 +62,12 @@ impl<C: LockConnection> LeaseLock<C> {
                     log::debug!("lock {key:?}: contention ({e}); trying again");
                 }
                 Err(e) => return Err(e.into()),
-                Ok(None) if last || !conn.sql().admin_leases(Some(key))?.is_empty() => {
+                // Held, or free with others waiting their turn in the key's line.
+                Ok(None)
+                    if last
+                        || !conn.sql().admin_leases(Some(key))?.is_empty()
+                        || !conn.sql().line_stats(Some(key))?.is_empty() =>
+                {
                     return Ok(None)
                 }
                 Ok(None) => {}
@@ -92,11 +97,12 @@ impl<C: LockConnection> RawLock<C> for LeaseLock<C> {
         retry: bool,
         _wait: Wait,
     ) -> Result<Option<Taken>> {
-        let attempt = self.attempt(conn, key, retry);
+        let place = conn.place;
+        let attempt = self.attempt(conn, key, retry, place);
         contention_is_busy(&mut **conn, key, attempt)
     }
 
-    fn notifies_releases(&self) -> bool {
+    fn lines(&self) -> bool {
         true
     }
 
@@ -110,6 +116,8 @@ impl<C: LockConnection> RawLock<C> for LeaseLock<C> {
         let leases = with_conn(&self.pool, |c| c.sql().purge_delete_leases())?;
         // The shared leases and permits of the same `Locker` (`strategy/holders.rs`).
         let holders = with_conn(&self.pool, |c| c.sql().holders_purge(idle_us))?;
+        // Places of dead waiters (ignored by everyone once lapsed; not counted as locks).
+        with_conn(&self.pool, |c| c.sql().purge_lapsed_places())?;
         Ok(leases + holders)
     }
 }

@@ -377,13 +377,6 @@ pub(crate) trait RawLock<C: LockConnection>: Send + Sync + 'static {
         Ok(None)
     }
 
-    /// True if releases notify listeners (PostgreSQL `pg_notify`), so that a `Locker` with
-    /// `listen_url` can wake its waiters when another process releases.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    fn notifies_releases(&self) -> bool {
-        false
-    }
-
     /// `Locker::purge`: deletes what only takes up space; the number of rows deleted.
     fn purge(&self, _idle: Duration) -> Result<usize> {
         Ok(0)
@@ -399,6 +392,13 @@ pub(crate) trait RawLock<C: LockConnection>: Send + Sync + 'static {
     /// release can help them.
     fn exclusive(&self) -> bool {
         true
+    }
+
+    /// Whether waiters line up in the database (`dlock_waiters`, `locker/line.rs`): true
+    /// for `Row` and `Lease`, whose waiters would otherwise poll in no order. The
+    /// strategies that wait in the server's own lock queue have no need of one.
+    fn lines(&self) -> bool {
+        false
     }
 }
 
@@ -419,6 +419,9 @@ pub(crate) type Interrupter = Box<dyn Fn() -> Option<Box<dyn FnOnce() + Send>> +
 pub(crate) struct Conn<C: LockConnection> {
     conn: Option<Pooled<C>>,
     target: Option<std::sync::Arc<session::TxnTarget>>,
+    /// The caller's place in the key's line (`locker/line.rs`), or `NO_PLACE`: what the
+    /// acquiring statements of strategies with a line (`RawLock::lines`) are given.
+    pub(crate) place: i64,
 }
 
 impl<C: LockConnection> Conn<C> {
@@ -426,6 +429,7 @@ impl<C: LockConnection> Conn<C> {
         Conn {
             conn: Some(conn),
             target: None,
+            place: crate::backend::NO_PLACE,
         }
     }
 

@@ -45,9 +45,10 @@ impl<C: LockConnection> RowLock<C> {
         holder: &str,
         retry: bool,
     ) -> Result<Option<Acquired>> {
-        let inserted = conn
-            .sql()
-            .row_acquire(key, &self.owner, holder, self.stale_us, retry);
+        let place = conn.place;
+        let inserted =
+            conn.sql()
+                .row_acquire(key, &self.owner, holder, self.stale_us, retry, place);
         match inserted {
             Err(e) if !conn.sql().is_contention(&e) && may_have_committed(&e) => {
                 // On this same connection if it still works (a second pooled connection,
@@ -94,14 +95,17 @@ impl<C: LockConnection> RawLock<C> for RowLock<C> {
         contention_is_busy(&mut **conn, key, attempt)
     }
 
-    fn notifies_releases(&self) -> bool {
+    fn lines(&self) -> bool {
         true
     }
 
     fn purge(&self, _idle: Duration) -> Result<usize> {
         // Rows past their own `stale_at`, which any waiter could take over anyway. One
         // statement; a deadlock victim's was rolled back and is run again.
-        with_conn(&self.pool, |c| c.sql().purge_stale_rows())
+        let rows = with_conn(&self.pool, |c| c.sql().purge_stale_rows())?;
+        // Places of dead waiters (ignored by everyone once lapsed; not counted as locks).
+        with_conn(&self.pool, |c| c.sql().purge_lapsed_places())?;
+        Ok(rows)
     }
 }
 

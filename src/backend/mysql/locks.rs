@@ -1,6 +1,6 @@
 //! MySQL's `Row` and `Lease` statements.
 
-use super::{with_lock_wait_timeout, AcquiredRow};
+use super::with_lock_wait_timeout;
 use crate::backend::sealed::Locks;
 use crate::backend::shared;
 use crate::backend::shared::{exists, One};
@@ -21,8 +21,14 @@ pub const ROW_INSERT: &str =
      VALUES (?, ?, ?, 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)";
 
 /// `row_acquire`, after an insert: the row's id, token and time.
-pub const ROW_READ_BACK: &str =
-    "SELECT id, token, acquired_at FROM dlock_rows WHERE id = LAST_INSERT_ID()";
+/// The row just inserted, and how many live places of the key's line are ahead of the
+/// caller's (its place, or none for a newcomer): more than none means the INSERT took the
+/// key ahead of the line (a place joined between the caller's look and its INSERT, or a
+/// newcomer, which does not look first), and the row is deleted again.
+pub const ROW_READ_BACK: &str = "SELECT r.id, r.token, r.acquired_at, \
+       (SELECT COUNT(*) FROM dlock_waiters w WHERE w.lock_key = r.lock_key AND w.id < ? \
+          AND w.expires_at > UTC_TIMESTAMP(6)) AS ahead \
+     FROM dlock_rows r WHERE r.id = LAST_INSERT_ID()";
 
 /// `lease_acquire`, the upsert.
 ///
@@ -48,9 +54,48 @@ pub const LEASE_UPSERT: &str =
                        VALUES(expires_at), expires_at)";
 
 /// `lease_acquire`, after the upsert: the token and time, if the lease is ours.
-pub const LEASE_READ_BACK: &str =
-    "SELECT CAST(0 AS SIGNED) AS id, token, acquired_at FROM dlock_leases \
-     WHERE lock_key = ? AND holder = ?";
+/// The lease just taken, and the live places ahead of the caller's, as `ROW_READ_BACK`.
+pub const LEASE_READ_BACK: &str = "SELECT CAST(0 AS SIGNED) AS id, l.token, l.acquired_at, \
+       (SELECT COUNT(*) FROM dlock_waiters w WHERE w.lock_key = l.lock_key AND w.id < ? \
+          AND w.expires_at > UTC_TIMESTAMP(6)) AS ahead \
+     FROM dlock_leases l WHERE l.lock_key = ? AND l.holder = ?";
+
+/// What the read-backs answer.
+#[derive(QueryableByName)]
+struct ReadBack {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+    #[diesel(sql_type = BigInt)]
+    token: i64,
+    #[diesel(sql_type = diesel::sql_types::Datetime)]
+    acquired_at: chrono::NaiveDateTime,
+    #[diesel(sql_type = BigInt)]
+    ahead: i64,
+}
+
+impl ReadBack {
+    fn acquired(self) -> Acquired {
+        Acquired {
+            id: self.id,
+            token: self.token,
+            acquired_at: self.acquired_at.and_utc(),
+        }
+    }
+}
+
+/// After an acquisition: a waiter's own place goes (best effort: a place left behind lapses
+/// at its expiry, and holds up the line only until then).
+fn leave_place(conn: &mut MysqlConnection, place: i64) {
+    if place == crate::backend::NO_PLACE {
+        return;
+    }
+    if let Err(e) = stmt("DELETE FROM dlock_waiters WHERE id = ?")
+        .bind::<BigInt, _>(place)
+        .execute(conn)
+    {
+        log::debug!("leaving the line after acquiring failed ({e}); the place lapses");
+    }
+}
 
 #[derive(QueryableByName)]
 struct Id {
@@ -68,16 +113,25 @@ impl Locks for MysqlConnection {
         holder: &str,
         stale_us: Option<i64>,
         retry: bool,
+        place: i64,
     ) -> QueryResult<Option<Acquired>> {
         // A waiter first looks with a consistent (non-locking) read: every failed INSERT
         // takes a shared lock on the holder's index record, and a crowd of them is what
-        // makes InnoDB deadlock when the holder deletes the row.
+        // makes InnoDB deadlock when the holder deletes the row. It also does not INSERT
+        // while a live place of the line is ahead of its own.
         if retry
             && exists(
-                stmt("SELECT CAST(1 AS SIGNED) AS one FROM dlock_rows WHERE lock_key = ?")
-                    .bind::<Text, _>(key)
-                    .get_result::<One>(self)
-                    .optional(),
+                stmt(
+                    "SELECT CAST(1 AS SIGNED) AS one FROM DUAL \
+                     WHERE EXISTS (SELECT 1 FROM dlock_rows WHERE lock_key = ?) \
+                        OR EXISTS (SELECT 1 FROM dlock_waiters WHERE lock_key = ? AND id < ? \
+                                   AND expires_at > UTC_TIMESTAMP(6))",
+                )
+                .bind::<Text, _>(key)
+                .bind::<Text, _>(key)
+                .bind::<BigInt, _>(place)
+                .get_result::<One>(self)
+                .optional(),
             )?
         {
             return Ok(None);
@@ -92,10 +146,22 @@ impl Locks for MysqlConnection {
             return Ok(None);
         }
         // Gone already means a stale takeover deleted it in between: not ours after all.
-        stmt(ROW_READ_BACK)
-            .get_result::<AcquiredRow>(self)
-            .optional()
-            .map(|r| r.map(Into::into))
+        let Some(row) = stmt(ROW_READ_BACK)
+            .bind::<BigInt, _>(place)
+            .get_result::<ReadBack>(self)
+            .optional()?
+        else {
+            return Ok(None);
+        };
+        if row.ahead > 0 {
+            // Taken ahead of the line: given back at once, and the caller waits its turn.
+            stmt(shared::ROW_RELEASE)
+                .bind::<BigInt, _>(row.id)
+                .execute(self)?;
+            return Ok(None);
+        }
+        leave_place(self, place);
+        Ok(Some(row.acquired()))
     }
 
     fn row_forget(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
@@ -140,8 +206,9 @@ impl Locks for MysqlConnection {
         holder: &str,
         ttl_us: i64,
         retry: bool,
+        place: i64,
     ) -> QueryResult<Option<Acquired>> {
-        if retry && lease_visibly_held(self, key)? {
+        if retry && lease_visibly_held(self, key, place)? {
             return Ok(None);
         }
         stmt(LEASE_UPSERT)
@@ -151,12 +218,22 @@ impl Locks for MysqlConnection {
             .bind::<Text, _>(key)
             .bind::<BigInt, _>(ttl_us)
             .execute(self)?;
-        stmt(LEASE_READ_BACK)
+        let Some(lease) = stmt(LEASE_READ_BACK)
+            .bind::<BigInt, _>(place)
             .bind::<Text, _>(key)
             .bind::<Text, _>(holder)
-            .get_result::<AcquiredRow>(self)
-            .optional()
-            .map(|r| r.map(Into::into))
+            .get_result::<ReadBack>(self)
+            .optional()?
+        else {
+            return Ok(None);
+        };
+        if lease.ahead > 0 {
+            // Taken ahead of the line: given back at once, as for a row.
+            self.lease_release(key, holder)?;
+            return Ok(None);
+        }
+        leave_place(self, place);
+        Ok(Some(lease.acquired()))
     }
 
     fn lease_renew(
@@ -198,13 +275,18 @@ impl Locks for MysqlConnection {
 }
 
 /// A plain consistent read: is the lease held and unexpired right now?
-fn lease_visibly_held(conn: &mut MysqlConnection, key: &str) -> QueryResult<bool> {
+fn lease_visibly_held(conn: &mut MysqlConnection, key: &str, place: i64) -> QueryResult<bool> {
     exists(
         stmt(
-            "SELECT CAST(1 AS SIGNED) AS one FROM dlock_leases WHERE lock_key = ? \
-             AND holder IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)",
+            "SELECT CAST(1 AS SIGNED) AS one FROM DUAL \
+             WHERE EXISTS (SELECT 1 FROM dlock_leases WHERE lock_key = ? \
+                           AND holder IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)) \
+                OR EXISTS (SELECT 1 FROM dlock_waiters WHERE lock_key = ? AND id < ? \
+                           AND expires_at > UTC_TIMESTAMP(6))",
         )
         .bind::<Text, _>(key)
+        .bind::<Text, _>(key)
+        .bind::<BigInt, _>(place)
         .get_result::<One>(conn)
         .optional(),
     )

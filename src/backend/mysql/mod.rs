@@ -9,6 +9,7 @@ mod admin;
 mod fence;
 mod for_share;
 mod holders;
+mod lines;
 pub(super) mod locks;
 pub(super) mod sessions;
 

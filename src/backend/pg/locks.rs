@@ -19,22 +19,36 @@ use diesel::{OptionalExtension, QueryResult, RunQueryDsl};
 /// row, so tokens are handed out in the order the rows are inserted and a later holder
 /// always has a larger token (an id from a sequence would not: nextval runs before the
 /// unique check, so a slow inserter can win with an older id). While the row is visibly
-/// held, the counter is not touched at all. The times are clock_timestamp(): now() is when
-/// the statement began, before any wait for the counter's row lock.
+/// held, or a live place of the key's line is ahead of the caller's (`lines.rs`), the
+/// counter is not touched at all. A waiter's acquisition removes its own place (`d`). The
+/// times are clock_timestamp(): now() is when the statement began, before any wait for the
+/// counter's row lock.
 pub const ROW_ACQUIRE: &str = "WITH t AS ( \
        INSERT INTO dlock_tokens AS t (lock_key, token) \
        SELECT ?, 1 WHERE NOT EXISTS (SELECT 1 FROM dlock_rows WHERE lock_key = ?) \
+         AND NOT EXISTS (SELECT 1 FROM dlock_waiters \
+                         WHERE lock_key = ? AND id < ? AND expires_at > now()) \
        ON CONFLICT (lock_key) DO UPDATE SET token = t.token + 1 \
-       RETURNING token) \
-     INSERT INTO dlock_rows (lock_key, owner, holder, token, acquired_at, stale_at) \
-     SELECT ?, ?, ?, t.token, clock_timestamp(), clock_timestamp() + ? * interval '1 microsecond' FROM t \
-     ON CONFLICT (lock_key) DO NOTHING \
-     RETURNING id, token, acquired_at";
+       RETURNING token), \
+     i AS ( \
+       INSERT INTO dlock_rows (lock_key, owner, holder, token, acquired_at, stale_at) \
+       SELECT ?, ?, ?, t.token, clock_timestamp(), clock_timestamp() + ? * interval '1 microsecond' FROM t \
+       ON CONFLICT (lock_key) DO NOTHING \
+       RETURNING id, token, acquired_at), \
+     d AS (DELETE FROM dlock_waiters WHERE id = ? AND EXISTS (SELECT 1 FROM i)) \
+     SELECT id, token, acquired_at FROM i";
 
-/// `row_release`. The notification wakes waiters whose Locker listens (pg_listen.rs); it is
-/// sent at commit, so it never arrives before the row is gone.
-pub const ROW_RELEASE: &str = "WITH d AS (DELETE FROM dlock_rows WHERE id = ? RETURNING lock_key) \
-     SELECT count(pg_notify('dlock_release', lock_key)) AS one FROM d";
+/// `row_release`. The notification goes to the channel of the first live place in the
+/// key's line (`lines.rs`), if that waiter's `Locker` listens: one process is woken, the
+/// one whose turn it is. It is sent at commit, so it never arrives before the row is gone.
+/// `woken` counts the notifications sent (0 or 1).
+pub const ROW_RELEASE: &str =
+    "WITH d AS (DELETE FROM dlock_rows WHERE id = ? RETURNING lock_key), \
+     n AS (SELECT pg_notify(f.channel, f.lock_key) FROM ( \
+             SELECT w.channel, w.lock_key FROM dlock_waiters w JOIN d ON w.lock_key = d.lock_key \
+             WHERE w.expires_at > now() ORDER BY w.id LIMIT 1) f \
+           WHERE f.channel IS NOT NULL) \
+     SELECT (SELECT count(*) FROM d) AS one, (SELECT count(*) FROM n) AS woken";
 
 /// `lease_acquire`.
 ///
@@ -44,33 +58,55 @@ pub const ROW_RELEASE: &str = "WITH d AS (DELETE FROM dlock_rows WHERE id = ? RE
 /// dlock_tokens (an upsert also acts on the newest version, and locks it) and `i` inserts
 /// the row with that token. A row deleted by `purge` after the snapshot makes `u` find
 /// nothing and `t` not run: the attempt fails and is retried with a fresh snapshot, never
-/// with a token read before the purge saved the row's last one. The new times are
-/// clock_timestamp(), not now() (the statement's start): `u` may wait for another
-/// transaction's update of the row, `t` for the counter's row lock. An expiry a little later
-/// than the caller's own count (from before it sent the statement) is on the safe side.
-pub const LEASE_ACQUIRE: &str = "WITH u AS ( \
+/// with a token read before the purge saved the row's last one. Neither runs while a live
+/// place of the key's line is ahead of the caller's (`lines.rs`); a waiter's acquisition
+/// removes its own place (`d`). The new times are clock_timestamp(), not now() (the
+/// statement's start): `u` may wait for another transaction's update of the row, `t` for
+/// the counter's row lock. An expiry a little later than the caller's own count (from
+/// before it sent the statement) is on the safe side.
+pub const LEASE_ACQUIRE: &str = "WITH l AS ( \
+       SELECT NOT EXISTS (SELECT 1 FROM dlock_waiters \
+                          WHERE lock_key = ? AND id < ? AND expires_at > now()) AS turn), \
+     u AS ( \
        UPDATE dlock_leases SET owner = ?, holder = ?, token = token + 1, \
          acquired_at = clock_timestamp(), expires_at = clock_timestamp() + ? * interval '1 microsecond' \
-       WHERE lock_key = ? AND (holder IS NULL OR expires_at <= now()) \
+       WHERE lock_key = ? AND (holder IS NULL OR expires_at <= now()) AND (SELECT turn FROM l) \
        RETURNING token, acquired_at), \
      t AS ( \
        INSERT INTO dlock_tokens AS t (lock_key, token) \
        SELECT ?, 1 WHERE NOT EXISTS (SELECT 1 FROM dlock_leases WHERE lock_key = ?) \
+         AND (SELECT turn FROM l) \
        ON CONFLICT (lock_key) DO UPDATE SET token = t.token + 1 \
        RETURNING token), \
      i AS ( \
        INSERT INTO dlock_leases (lock_key, owner, holder, token, acquired_at, expires_at) \
        SELECT ?, ?, ?, t.token, clock_timestamp(), clock_timestamp() + ? * interval '1 microsecond' FROM t \
        ON CONFLICT (lock_key) DO NOTHING \
-       RETURNING token, acquired_at) \
+       RETURNING token, acquired_at), \
+     d AS (DELETE FROM dlock_waiters WHERE id = ? \
+           AND EXISTS (SELECT 1 FROM u UNION ALL SELECT 1 FROM i)) \
      SELECT 0::int8 AS id, token, acquired_at FROM u \
      UNION ALL SELECT 0::int8 AS id, token, acquired_at FROM i";
 
 /// `lease_release`, with the notification `ROW_RELEASE` sends.
 pub const LEASE_RELEASE: &str =
     "WITH u AS (UPDATE dlock_leases SET holder = NULL, expires_at = NULL \
-                WHERE lock_key = ? AND holder = ? RETURNING lock_key) \
-     SELECT count(pg_notify('dlock_release', lock_key)) AS one FROM u";
+                WHERE lock_key = ? AND holder = ? RETURNING lock_key), \
+     n AS (SELECT pg_notify(f.channel, f.lock_key) FROM ( \
+             SELECT w.channel, w.lock_key FROM dlock_waiters w JOIN u ON w.lock_key = u.lock_key \
+             WHERE w.expires_at > now() ORDER BY w.id LIMIT 1) f \
+           WHERE f.channel IS NOT NULL) \
+     SELECT (SELECT count(*) FROM u) AS one, (SELECT count(*) FROM n) AS woken";
+
+/// What a release statement answers: whether it released, and how many waiters it woke.
+#[derive(diesel::QueryableByName)]
+struct Released {
+    #[diesel(sql_type = BigInt)]
+    one: i64,
+    #[diesel(sql_type = BigInt)]
+    #[allow(dead_code)] // read by the benches' wake count (raw.rs), not by the library
+    woken: i64,
+}
 
 impl Locks for PgConnection {
     shared::statements!(row_forget, row_held);
@@ -82,14 +118,18 @@ impl Locks for PgConnection {
         holder: &str,
         stale_us: Option<i64>,
         _retry: bool,
+        place: i64,
     ) -> QueryResult<Option<Acquired>> {
         stmt(ROW_ACQUIRE)
             .bind::<Text, _>(key)
             .bind::<Text, _>(key)
             .bind::<Text, _>(key)
+            .bind::<BigInt, _>(place)
+            .bind::<Text, _>(key)
             .bind::<Text, _>(owner)
             .bind::<Text, _>(holder)
             .bind::<Nullable<BigInt>, _>(stale_us)
+            .bind::<BigInt, _>(place)
             .get_result::<AcquiredRow>(self)
             .optional()
             .map(|r| r.map(Into::into))
@@ -110,7 +150,7 @@ impl Locks for PgConnection {
     fn row_release(&mut self, id: i64) -> QueryResult<bool> {
         stmt(ROW_RELEASE)
             .bind::<BigInt, _>(id)
-            .get_result::<One>(self)
+            .get_result::<Released>(self)
             .map(|r| r.one == 1)
     }
 
@@ -121,8 +161,11 @@ impl Locks for PgConnection {
         holder: &str,
         ttl_us: i64,
         _retry: bool,
+        place: i64,
     ) -> QueryResult<Option<Acquired>> {
         stmt(LEASE_ACQUIRE)
+            .bind::<Text, _>(key)
+            .bind::<BigInt, _>(place)
             .bind::<Text, _>(owner)
             .bind::<Text, _>(holder)
             .bind::<BigInt, _>(ttl_us)
@@ -133,6 +176,7 @@ impl Locks for PgConnection {
             .bind::<Text, _>(owner)
             .bind::<Text, _>(holder)
             .bind::<BigInt, _>(ttl_us)
+            .bind::<BigInt, _>(place)
             .get_result::<AcquiredRow>(self)
             .optional()
             .map(|r| r.map(Into::into))
@@ -164,7 +208,7 @@ impl Locks for PgConnection {
         stmt(LEASE_RELEASE)
             .bind::<Text, _>(key)
             .bind::<Text, _>(holder)
-            .get_result::<One>(self)
+            .get_result::<Released>(self)
             .map(|r| r.one == 1)
     }
 

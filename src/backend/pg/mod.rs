@@ -8,6 +8,7 @@ mod admin;
 mod fence;
 mod for_share;
 mod holders;
+mod lines;
 pub(super) mod locks;
 pub(super) mod sessions;
 mod shared_sessions;
@@ -79,6 +80,17 @@ impl Dialect for PgConnection {
 
     fn backend(&self) -> Backend {
         Backend::Postgres
+    }
+
+    fn application_name(&mut self) -> diesel::QueryResult<Option<String>> {
+        #[derive(diesel::QueryableByName)]
+        struct Name {
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            name: String,
+        }
+        stmt("SELECT current_setting('application_name') AS name")
+            .get_result::<Name>(self)
+            .map(|n| Some(n.name))
     }
 
     fn run_migrations(&mut self) -> Result<()> {

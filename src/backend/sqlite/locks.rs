@@ -6,7 +6,7 @@ use crate::backend::shared;
 use crate::backend::shared::{exists, One};
 use crate::backend::stmt::stmt;
 use crate::backend::Acquired;
-use diesel::sql_types::{Nullable, Text};
+use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel::sqlite::SqliteConnection;
 use diesel::{OptionalExtension, QueryResult, RunQueryDsl};
 
@@ -18,18 +18,22 @@ use diesel::{OptionalExtension, QueryResult, RunQueryDsl};
 /// and the AFTER INSERT trigger stores the new token back into dlock_tokens.
 pub const ROW_ACQUIRE: &str =
     "INSERT INTO dlock_rows (lock_key, owner, holder, token, acquired_at, stale_at) \
-     VALUES (?, ?, ?, COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0) + 1, \
+     SELECT ?, ?, ?, COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0) + 1, \
              strftime('%Y-%m-%d %H:%M:%f', 'now'), \
-             strftime('%Y-%m-%d %H:%M:%f', 'now', ?)) \
+             strftime('%Y-%m-%d %H:%M:%f', 'now', ?) \
+     WHERE NOT EXISTS (SELECT 1 FROM dlock_waiters WHERE lock_key = ? AND id < ? \
+                       AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')) \
      ON CONFLICT (lock_key) DO NOTHING \
      RETURNING id, token, acquired_at";
 
 /// `lease_acquire`.
 pub const LEASE_ACQUIRE: &str =
     "INSERT INTO dlock_leases (lock_key, owner, holder, token, acquired_at, expires_at) \
-     VALUES (?, ?, ?, COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0) + 1, \
+     SELECT ?, ?, ?, COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0) + 1, \
              strftime('%Y-%m-%d %H:%M:%f', 'now'), \
-             strftime('%Y-%m-%d %H:%M:%f', 'now', ?)) \
+             strftime('%Y-%m-%d %H:%M:%f', 'now', ?) \
+     WHERE NOT EXISTS (SELECT 1 FROM dlock_waiters WHERE lock_key = ? AND id < ? \
+                       AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')) \
      ON CONFLICT (lock_key) DO UPDATE SET \
        owner = excluded.owner, holder = excluded.holder, \
        token = dlock_leases.token + 1, \
@@ -48,6 +52,7 @@ impl Locks for SqliteConnection {
         holder: &str,
         stale_us: Option<i64>,
         retry: bool,
+        place: i64,
     ) -> QueryResult<Option<Acquired>> {
         // Waiters look with a read first: in WAL mode reads never wait for the writer, while
         // every INSERT attempt queues for the single write lock.
@@ -68,9 +73,12 @@ impl Locks for SqliteConnection {
             .bind::<Text, _>(key)
             // A NULL modifier makes strftime NULL: a row that never goes stale.
             .bind::<Nullable<Text>, _>(stale_us.map(|us| seconds('+', us)))
+            .bind::<Text, _>(key)
+            .bind::<BigInt, _>(place)
             .get_result::<AcquiredRow>(self)
             .optional()
             .map(|r| r.map(Into::into))
+            .inspect(|r| leave_place(self, r.is_some(), place))
     }
 
     fn row_delete_stale(&mut self, key: &str) -> QueryResult<bool> {
@@ -90,6 +98,7 @@ impl Locks for SqliteConnection {
         holder: &str,
         ttl_us: i64,
         retry: bool,
+        place: i64,
     ) -> QueryResult<Option<Acquired>> {
         if retry
             && exists(
@@ -111,9 +120,12 @@ impl Locks for SqliteConnection {
             .bind::<Text, _>(holder)
             .bind::<Text, _>(key)
             .bind::<Text, _>(seconds('+', ttl_us))
+            .bind::<Text, _>(key)
+            .bind::<BigInt, _>(place)
             .get_result::<AcquiredRow>(self)
             .optional()
             .map(|r| r.map(Into::into))
+            .inspect(|r| leave_place(self, r.is_some(), place))
     }
 
     fn lease_renew(
@@ -147,5 +159,19 @@ impl Locks for SqliteConnection {
             .get_result::<One>(self)
             .optional(),
         )
+    }
+}
+
+/// After a waiter's acquisition, its own place goes (best effort: a place left behind
+/// lapses at its expiry, and holds up the line only until then).
+fn leave_place(conn: &mut SqliteConnection, acquired: bool, place: i64) {
+    if !acquired || place == crate::backend::NO_PLACE {
+        return;
+    }
+    if let Err(e) = stmt("DELETE FROM dlock_waiters WHERE id = ?")
+        .bind::<BigInt, _>(place)
+        .execute(conn)
+    {
+        log::debug!("leaving the line after acquiring failed ({e}); the place lapses");
     }
 }

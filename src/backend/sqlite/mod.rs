@@ -10,6 +10,7 @@
 
 mod admin;
 mod holders;
+mod lines;
 pub(super) mod locks;
 mod tuning;
 

@@ -1,0 +1,86 @@
+//! MySQL's statements of the line of waiters (`dlock_waiters`). No notifications here:
+//! waiters poll their own place (`line_renew`, an update by primary key and an indexed count).
+
+use crate::backend::sealed::{LineStat, Lines};
+use crate::backend::stmt::stmt;
+use diesel::mysql::MysqlConnection;
+use diesel::sql_types::{BigInt, Nullable, Text};
+use diesel::{QueryResult, QueryableByName, RunQueryDsl};
+
+#[derive(QueryableByName)]
+struct Count {
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+/// The live places of `key` ahead of place `id` (a consistent, non-locking read).
+pub(super) const AHEAD: &str = "SELECT COUNT(*) AS n FROM dlock_waiters \
+     WHERE lock_key = ? AND id < ? AND expires_at > UTC_TIMESTAMP(6)";
+
+impl Lines for MysqlConnection {
+    fn line_join(
+        &mut self,
+        key: &str,
+        owner: &str,
+        channel: Option<&str>,
+        ttl_us: i64,
+    ) -> QueryResult<i64> {
+        // Lapsed places are left to `purge` (and ignored meanwhile): a DELETE by key here
+        // would take next-key locks on the key's places and deadlock with other joiners.
+        stmt(
+            "INSERT INTO dlock_waiters (lock_key, owner, channel, since, expires_at) \
+             VALUES (?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)",
+        )
+        .bind::<Text, _>(key)
+        .bind::<Text, _>(owner)
+        .bind::<Nullable<Text>, _>(channel)
+        .bind::<BigInt, _>(ttl_us)
+        .execute(self)?;
+        stmt("SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS n")
+            .get_result::<Count>(self)
+            .map(|c| c.n)
+    }
+
+    fn line_renew(&mut self, key: &str, id: i64, ttl_us: i64) -> QueryResult<Option<i64>> {
+        // diesel sets CLIENT_FOUND_ROWS, so the count is of matched rows.
+        let mine = stmt(
+            "UPDATE dlock_waiters SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+             WHERE id = ?",
+        )
+        .bind::<BigInt, _>(ttl_us)
+        .bind::<BigInt, _>(id)
+        .execute(self)?;
+        if mine != 1 {
+            return Ok(None);
+        }
+        stmt(AHEAD)
+            .bind::<Text, _>(key)
+            .bind::<BigInt, _>(id)
+            .get_result::<Count>(self)
+            .map(|c| Some(c.n))
+    }
+
+    fn line_leave(&mut self, _key: &str, id: i64) -> QueryResult<()> {
+        stmt("DELETE FROM dlock_waiters WHERE id = ?")
+            .bind::<BigInt, _>(id)
+            .execute(self)
+            .map(drop)
+    }
+
+    fn line_stats(&mut self, key: Option<&str>) -> QueryResult<Vec<LineStat>> {
+        stmt(
+            "SELECT CAST(lock_key AS CHAR) AS lock_key, CAST(COUNT(*) AS SIGNED) AS waiting, \
+                    CAST(TIMESTAMPDIFF(MICROSECOND, MIN(since), UTC_TIMESTAMP(6)) AS SIGNED) \
+                      AS longest_us \
+             FROM dlock_waiters WHERE expires_at > UTC_TIMESTAMP(6) AND (? IS NULL OR lock_key = ?) \
+             GROUP BY lock_key",
+        )
+        .bind::<Nullable<Text>, _>(key)
+        .bind::<Nullable<Text>, _>(key)
+        .load(self)
+    }
+
+    fn purge_lapsed_places(&mut self) -> QueryResult<usize> {
+        stmt("DELETE FROM dlock_waiters WHERE expires_at <= UTC_TIMESTAMP(6)").execute(self)
+    }
+}

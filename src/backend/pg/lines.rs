@@ -1,0 +1,99 @@
+//! PostgreSQL's statements of the line of waiters (`dlock_waiters`).
+
+use crate::backend::sealed::{LineStat, Lines};
+use crate::backend::stmt::stmt;
+use diesel::pg::PgConnection;
+use diesel::sql_types::{BigInt, Nullable, Text};
+use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
+
+#[derive(QueryableByName)]
+struct Id {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+}
+
+#[derive(QueryableByName)]
+struct Renewed {
+    #[diesel(sql_type = BigInt)]
+    mine: i64,
+    #[diesel(sql_type = BigInt)]
+    ahead: i64,
+}
+
+impl Lines for PgConnection {
+    fn line_join(
+        &mut self,
+        key: &str,
+        owner: &str,
+        channel: Option<&str>,
+        ttl_us: i64,
+    ) -> QueryResult<i64> {
+        // The key's lapsed places go in the same statement (a dead waiter's place would
+        // otherwise stay until a purge; it is ignored meanwhile, as every statement here
+        // asks for live places only).
+        stmt(
+            "WITH gone AS (DELETE FROM dlock_waiters WHERE lock_key = ? AND expires_at <= now()) \
+             INSERT INTO dlock_waiters (lock_key, owner, channel, since, expires_at) \
+             VALUES (?, ?, ?, clock_timestamp(), clock_timestamp() + ? * interval '1 microsecond') \
+             RETURNING id",
+        )
+        .bind::<Text, _>(key)
+        .bind::<Text, _>(key)
+        .bind::<Text, _>(owner)
+        .bind::<Nullable<Text>, _>(channel)
+        .bind::<BigInt, _>(ttl_us)
+        .get_result::<Id>(self)
+        .map(|r| r.id)
+    }
+
+    fn line_renew(&mut self, key: &str, id: i64, ttl_us: i64) -> QueryResult<Option<i64>> {
+        let r = stmt(
+            "WITH u AS (UPDATE dlock_waiters \
+                        SET expires_at = clock_timestamp() + ? * interval '1 microsecond' \
+                        WHERE id = ? RETURNING id) \
+             SELECT (SELECT count(*) FROM u) AS mine, \
+                    (SELECT count(*) FROM dlock_waiters \
+                     WHERE lock_key = ? AND id < ? AND expires_at > now()) AS ahead",
+        )
+        .bind::<BigInt, _>(ttl_us)
+        .bind::<BigInt, _>(id)
+        .bind::<Text, _>(key)
+        .bind::<BigInt, _>(id)
+        .get_result::<Renewed>(self)?;
+        Ok((r.mine == 1).then_some(r.ahead))
+    }
+
+    fn line_leave(&mut self, key: &str, id: i64) -> QueryResult<()> {
+        // The DELETE's effect is not visible to the rest of the statement: the first live
+        // place other than this one is the next in line.
+        stmt(
+            "WITH d AS (DELETE FROM dlock_waiters WHERE id = ? RETURNING id) \
+             SELECT count(pg_notify(f.channel, f.lock_key))::int8 AS id FROM ( \
+               SELECT channel, lock_key FROM dlock_waiters \
+               WHERE lock_key = ? AND id <> ? AND expires_at > now() ORDER BY id LIMIT 1) f \
+             WHERE f.channel IS NOT NULL AND EXISTS (SELECT 1 FROM d)",
+        )
+        .bind::<BigInt, _>(id)
+        .bind::<Text, _>(key)
+        .bind::<BigInt, _>(id)
+        .get_result::<Id>(self)
+        .optional()
+        .map(drop)
+    }
+
+    fn line_stats(&mut self, key: Option<&str>) -> QueryResult<Vec<LineStat>> {
+        stmt(
+            "SELECT lock_key, count(*) AS waiting, \
+                    (extract(epoch FROM now() - min(since)) * 1000000)::int8 AS longest_us \
+             FROM dlock_waiters WHERE expires_at > now() AND (?::text IS NULL OR lock_key = ?) \
+             GROUP BY lock_key",
+        )
+        .bind::<Nullable<Text>, _>(key)
+        .bind::<Nullable<Text>, _>(key)
+        .load(self)
+    }
+
+    fn purge_lapsed_places(&mut self) -> QueryResult<usize> {
+        stmt("DELETE FROM dlock_waiters WHERE expires_at <= now()").execute(self)
+    }
+}

@@ -1,0 +1,96 @@
+//! SQLite's statements of the line of waiters (`dlock_waiters`). No notifications here:
+//! waiters poll their own place (`line_renew`).
+
+use crate::backend::sealed::{LineStat, Lines};
+use crate::backend::stmt::stmt;
+use diesel::sql_types::{BigInt, Nullable, Text};
+use diesel::sqlite::SqliteConnection;
+use diesel::{QueryResult, QueryableByName, RunQueryDsl};
+
+use super::seconds;
+
+#[derive(QueryableByName)]
+struct Count {
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+impl Lines for SqliteConnection {
+    fn line_join(
+        &mut self,
+        key: &str,
+        owner: &str,
+        channel: Option<&str>,
+        ttl_us: i64,
+    ) -> QueryResult<i64> {
+        // The key's lapsed places go first (one writer at a time: no lock order to keep).
+        stmt(
+            "DELETE FROM dlock_waiters WHERE lock_key = ? \
+             AND expires_at <= strftime('%Y-%m-%d %H:%M:%f', 'now')",
+        )
+        .bind::<Text, _>(key)
+        .execute(self)?;
+        stmt(
+            "INSERT INTO dlock_waiters (lock_key, owner, channel, since, expires_at) \
+             VALUES (?, ?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now'), \
+                     strftime('%Y-%m-%d %H:%M:%f', 'now', ?)) \
+             RETURNING id AS n",
+        )
+        .bind::<Text, _>(key)
+        .bind::<Text, _>(owner)
+        .bind::<Nullable<Text>, _>(channel)
+        .bind::<Text, _>(seconds('+', ttl_us))
+        .get_result::<Count>(self)
+        .map(|c| c.n)
+    }
+
+    fn line_renew(&mut self, key: &str, id: i64, ttl_us: i64) -> QueryResult<Option<i64>> {
+        let mine = stmt(
+            "UPDATE dlock_waiters SET expires_at = strftime('%Y-%m-%d %H:%M:%f', 'now', ?) \
+             WHERE id = ?",
+        )
+        .bind::<Text, _>(seconds('+', ttl_us))
+        .bind::<BigInt, _>(id)
+        .execute(self)?;
+        if mine != 1 {
+            return Ok(None);
+        }
+        stmt(
+            "SELECT COUNT(*) AS n FROM dlock_waiters WHERE lock_key = ? AND id < ? \
+             AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')",
+        )
+        .bind::<Text, _>(key)
+        .bind::<BigInt, _>(id)
+        .get_result::<Count>(self)
+        .map(|c| Some(c.n))
+    }
+
+    fn line_leave(&mut self, _key: &str, id: i64) -> QueryResult<()> {
+        stmt("DELETE FROM dlock_waiters WHERE id = ?")
+            .bind::<BigInt, _>(id)
+            .execute(self)
+            .map(drop)
+    }
+
+    fn line_stats(&mut self, key: Option<&str>) -> QueryResult<Vec<LineStat>> {
+        stmt(
+            "SELECT lock_key, COUNT(*) AS waiting, \
+                    CAST((julianday('now') - julianday(MIN(since))) * 86400000000 AS INTEGER) \
+                      AS longest_us \
+             FROM dlock_waiters WHERE expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
+               AND (? IS NULL OR lock_key = ?) \
+             GROUP BY lock_key",
+        )
+        .bind::<Nullable<Text>, _>(key)
+        .bind::<Nullable<Text>, _>(key)
+        .load(self)
+    }
+
+    fn purge_lapsed_places(&mut self) -> QueryResult<usize> {
+        stmt(
+            "DELETE FROM dlock_waiters \
+             WHERE expires_at <= strftime('%Y-%m-%d %H:%M:%f', 'now')",
+        )
+        .execute(self)
+    }
+}

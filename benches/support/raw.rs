@@ -121,13 +121,17 @@ pub mod pg {
     }
 
     pub fn row_acquire(c: &mut PgConnection, key: &str) -> i64 {
+        // A newcomer (no place in the key's line), as the library's first attempt binds it.
         sql(lib::ROW_ACQUIRE)
             .bind::<Text, _>(key)
             .bind::<Text, _>(key)
             .bind::<Text, _>(key)
+            .bind::<BigInt, _>(i64::MAX)
+            .bind::<Text, _>(key)
             .bind::<Text, _>(OWNER)
             .bind::<Text, _>(HOLDER)
             .bind::<diesel::sql_types::Nullable<BigInt>, _>(None::<i64>)
+            .bind::<BigInt, _>(i64::MAX)
             .get_result::<Acquired>(c)
             .expect("row acquire")
             .id
@@ -153,6 +157,8 @@ pub mod pg {
 
     pub fn lease_acquire(c: &mut PgConnection, key: &str) {
         sql(lib::LEASE_ACQUIRE)
+            .bind::<Text, _>(key)
+            .bind::<BigInt, _>(i64::MAX)
             .bind::<Text, _>(OWNER)
             .bind::<Text, _>(HOLDER)
             .bind::<BigInt, _>(TTL.as_micros() as i64)
@@ -163,6 +169,7 @@ pub mod pg {
             .bind::<Text, _>(OWNER)
             .bind::<Text, _>(HOLDER)
             .bind::<BigInt, _>(TTL.as_micros() as i64)
+            .bind::<BigInt, _>(i64::MAX)
             .get_result::<Acquired>(c)
             .expect("lease acquire");
     }
@@ -428,6 +435,7 @@ pub mod mysql {
                         .unwrap();
                     assert_eq!(n, 1);
                     let a = sql(lib::ROW_READ_BACK)
+                        .bind::<BigInt, _>(i64::MAX)
                         .get_result::<Acquired>(&mut c)
                         .unwrap();
                     drop(c);
@@ -451,6 +459,7 @@ pub mod mysql {
                         .execute(&mut c)
                         .unwrap();
                     sql(lib::LEASE_READ_BACK)
+                        .bind::<BigInt, _>(i64::MAX)
                         .bind::<Text, _>(&k)
                         .bind::<Text, _>(HOLDER)
                         .get_result::<Acquired>(&mut c)
@@ -539,6 +548,8 @@ pub mod sqlite {
                         .bind::<Text, _>(&k)
                         // No stale_after: a NULL modifier, as the library binds it.
                         .bind::<diesel::sql_types::Nullable<Text>, _>(None::<String>)
+                        .bind::<Text, _>(&k)
+                        .bind::<BigInt, _>(i64::MAX)
                         .get_result::<Acquired>(&mut pool.get().unwrap())
                         .unwrap();
                     let n = sql(lib::ROW_RELEASE)
@@ -557,6 +568,8 @@ pub mod sqlite {
                         .bind::<Text, _>(HOLDER)
                         .bind::<Text, _>(&k)
                         .bind::<Text, _>(&ttl)
+                        .bind::<Text, _>(&k)
+                        .bind::<BigInt, _>(i64::MAX)
                         .get_result::<Acquired>(&mut pool.get().unwrap())
                         .unwrap();
                     let n = sql(lib::LEASE_RELEASE)

@@ -59,6 +59,8 @@ pub(crate) fn list(db: &Database, json: bool) -> Result<u8, Failure> {
                     "acquired_at": i.acquired_at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
                     "expires_at": i.expires_at.map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)),
                     "age_seconds": i.age().as_secs_f64(),
+                    "waiting": i.waiting,
+                    "longest_wait_seconds": i.longest_wait.map(|w| w.as_secs_f64()),
                 })
             })
             .collect();
@@ -78,9 +80,10 @@ pub(crate) fn list(db: &Database, json: bool) -> Result<u8, Failure> {
         "ACQUIRED (UTC)",
         "EXPIRES (UTC)",
         "AGE",
+        "WAITING",
     ]
     .map(str::to_owned);
-    let rows: Vec<[String; 8]> = held
+    let rows: Vec<[String; 9]> = held
         .iter()
         .map(|i| {
             [
@@ -92,6 +95,7 @@ pub(crate) fn list(db: &Database, json: bool) -> Result<u8, Failure> {
                 time(i.acquired_at),
                 i.expires_at.map_or_else(|| "-".to_owned(), time),
                 age(i.age()),
+                waiting(i),
             ]
         })
         .collect();
@@ -112,6 +116,15 @@ pub(crate) fn list(db: &Database, json: bool) -> Result<u8, Failure> {
         text.push('\n');
     }
     output(&text).map(|()| 0)
+}
+
+/// How many wait in the key's line, and for how long the longest has waited: `2 (1.5s)`,
+/// or `-` for none.
+fn waiting(i: &LockInfo) -> String {
+    match i.longest_wait {
+        Some(w) if i.waiting > 0 => format!("{} ({})", i.waiting, age(w)),
+        _ => "-".to_owned(),
+    }
 }
 
 /// `exclusive`, `read`, `write`, or `permit of N`.

@@ -354,6 +354,10 @@ pub(crate) mod sealed {
         /// Keeps place `id` alive for `ttl_us` more and counts the live places ahead of it;
         /// `None` if the place is gone (a purge removed it once it had lapsed).
         fn line_renew(&mut self, key: &str, id: i64, ttl_us: i64) -> QueryResult<Option<i64>>;
+        /// Counts the live places ahead of place `id`, with a read only (no write: on SQLite
+        /// a write would queue for the database's one write lock); `None` if the place is
+        /// gone.
+        fn line_look(&mut self, key: &str, id: i64) -> QueryResult<Option<i64>>;
         /// Gives place `id` up. On PostgreSQL the first live place left is notified, in case
         /// the key is free and it was waiting behind this one.
         fn line_leave(&mut self, key: &str, id: i64) -> QueryResult<()>;

@@ -31,8 +31,13 @@ pub(super) struct Place<'a, C: LockConnection> {
     ttl_us: i64,
     /// When the last join or renewal was sent (the database's expiry follows it).
     renewed: Instant,
-    /// The live places ahead of this one at the last look.
-    pub(super) ahead: i64,
+    /// When the place was taken, and how many were ahead at the first look.
+    joined: Instant,
+    ahead_at_first_look: Option<i64>,
+    /// The live places ahead of this one at the last look; `None` before the first.
+    ahead: Option<i64>,
+    /// Since when `ahead` has been what it is.
+    since: Instant,
     /// Set once the place went with an acquisition (the acquiring statement removed it).
     used: bool,
 }
@@ -58,39 +63,79 @@ impl<'a, C: LockConnection> Place<'a, C> {
             ttl,
             ttl_us,
             renewed,
-            // Not known yet: the attempt that follows the join tells.
-            ahead: 0,
+            joined: renewed,
+            ahead_at_first_look: None,
+            ahead: None,
+            since: renewed,
             used: false,
         })
     }
 
-    /// Whether the place should be renewed before the next attempt: a third of its ttl
-    /// has passed, or others were ahead at the last look (only a look tells when they go).
-    pub(super) fn due(&self) -> bool {
-        self.ahead > 0 || self.renewed.elapsed() >= self.ttl / 3
+    /// Whether the waiter may try the key: nobody was ahead at the last look.
+    pub(super) fn first(&self) -> bool {
+        self.ahead == Some(0)
     }
 
-    /// Renews the place and counts those ahead; false if the place is gone (it lapsed while
-    /// this waiter was held up for longer than its ttl, and a purge or a newer waiter
-    /// removed it): the caller then joins again, at the end.
-    pub(super) fn renew(&mut self, conn: &mut C) -> crate::Result<bool> {
+    /// Before an attempt: renews the place once a third of its ttl has passed (a write),
+    /// otherwise, unless it was first at the last look, counts those ahead (a read: only a
+    /// look tells when they go). False if the place is gone (it lapsed while this waiter was
+    /// held up for longer than its ttl, and a purge or a newer waiter removed it): the caller
+    /// then joins again, at the end.
+    pub(super) fn refresh(&mut self, conn: &mut C) -> crate::Result<bool> {
         let sent = Instant::now();
-        match conn.sql().line_renew(self.key, self.id, self.ttl_us)? {
-            Some(ahead) => {
+        let ahead = if sent.duration_since(self.renewed) >= self.ttl / 3 {
+            let ahead = conn.sql().line_renew(self.key, self.id, self.ttl_us)?;
+            if ahead.is_some() {
                 self.renewed = sent;
-                self.ahead = ahead;
-                Ok(true)
             }
-            None => {
-                log::debug!(
-                    "lock {:?}: place {} in line lapsed; joining again",
-                    self.key,
-                    self.id
-                );
-                self.used = true; // nothing left to give up
-                Ok(false)
-            }
+            ahead
+        } else if self.first() {
+            return Ok(true);
+        } else {
+            conn.sql().line_look(self.key, self.id)?
+        };
+        let Some(ahead) = ahead else {
+            log::debug!(
+                "lock {:?}: place {} in line lapsed; joining again",
+                self.key,
+                self.id
+            );
+            self.used = true; // nothing left to give up
+            return Ok(false);
+        };
+        self.ahead_at_first_look.get_or_insert(ahead);
+        if self.ahead != Some(ahead) {
+            self.since = sent;
         }
+        self.ahead = Some(ahead);
+        Ok(true)
+    }
+
+    /// How long to pause before the next look, for a waiter that hears no notifications.
+    /// The first in line, and the next (whose turn comes as soon as the first has had the
+    /// key), look ever less often the longer the line has stood still (an eighth of that
+    /// time, from 250 µs up to `max`): quick to follow a quick holder, quiet behind a slow
+    /// one. One further back, once the line has moved, expects its turn after that many
+    /// hand-overs less one at the pace the line has moved since it joined, and looks at half
+    /// that time (before that, as the first does).
+    pub(super) fn pause(&self, max: Duration) -> Duration {
+        let floor = Duration::from_micros(250);
+        let still = self.since.elapsed() / 8;
+        let pause = match self.ahead {
+            Some(ahead) if ahead > 1 => {
+                let moved = self.ahead_at_first_look.unwrap_or(ahead) - ahead;
+                match u32::try_from(moved) {
+                    Ok(moved) if moved > 0 => {
+                        let per_handover = self.joined.elapsed() / moved;
+                        per_handover.saturating_mul(u32::try_from(ahead - 1).unwrap_or(u32::MAX))
+                            / 2
+                    }
+                    _ => still,
+                }
+            }
+            _ => still,
+        };
+        pause.clamp(floor, max.max(floor))
     }
 
     /// The acquisition that went with this place removed it.

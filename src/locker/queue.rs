@@ -14,7 +14,15 @@ use std::time::{Duration, Instant};
 pub(crate) struct Queues {
     map: Mutex<HashMap<String, KeyQueue>>,
     next_id: std::sync::atomic::AtomicU64,
+    /// Keys this `Locker` found held, or taken through the line, lately (`CONTENDED_FOR`):
+    /// a new call for one of them starts with the cheap look (`retry`) instead of an
+    /// INSERT, which on MySQL would take the key ahead of the line and give it back, and on
+    /// SQLite queue for the write lock. Pruned as it grows.
+    contended: Mutex<HashMap<String, Instant>>,
 }
+
+/// How long a key counts as contended after this `Locker` last found it so.
+const CONTENDED_FOR: Duration = Duration::from_secs(1);
 
 struct KeyQueue {
     waiters: VecDeque<u64>,
@@ -104,6 +112,21 @@ impl Queues {
             q.released += 1;
             q.wake.notify_all();
         }
+    }
+
+    /// Notes that `key` was found held, or taken by a waiter in line.
+    pub(super) fn mark_contended(&self, key: &str) {
+        let mut m = self.contended.lock().unwrap_or_else(|p| p.into_inner());
+        if m.len() >= 1024 {
+            m.retain(|_, at| at.elapsed() < CONTENDED_FOR);
+        }
+        m.insert(key.to_owned(), Instant::now());
+    }
+
+    /// Whether `key` was found contended within the last `CONTENDED_FOR`.
+    pub(super) fn contended(&self, key: &str) -> bool {
+        let m = self.contended.lock().unwrap_or_else(|p| p.into_inner());
+        m.get(key).is_some_and(|at| at.elapsed() < CONTENDED_FOR)
     }
 
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]

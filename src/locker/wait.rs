@@ -58,9 +58,10 @@ impl<C: LockConnection> Locker<C> {
         cancel: Option<&Cancel>,
     ) -> Result<Option<LockGuard<C>>> {
         key::validate(key)?;
+        let queues = &self.inner.shared.queues;
         if let Deadline::Once = deadline {
             return Ok(self
-                .attempt(raw, key, false, deadline, None, &mut None)?
+                .attempt(raw, key, queues.contended(key), deadline, None, &mut None)?
                 .map(|t| self.guard(raw, key, t)));
         }
         // A cancellation wakes this key's local waiters; each then sees the flag.
@@ -85,8 +86,9 @@ impl<C: LockConnection> Locker<C> {
         // First in line now, whether or not anyone was ahead: a waiter that hears other
         // processes' releases polls only as a fallback.
         let listening = self.listening();
-        // A thread that waited in line starts with the cheap "is it held?" read.
-        let mut retry = queued;
+        // A thread that waited in line, or that asks for a key found contended lately,
+        // starts with the cheap "is it held?" read.
+        let mut retry = queued || queues.contended(key);
         let mut backoff = Backoff::new(Duration::from_millis(1), max);
         // A connection lost during the wait (a server restarting, a network cut) is ridden
         // out until the deadline: the next attempt takes a new connection. Only a pool that
@@ -99,7 +101,6 @@ impl<C: LockConnection> Locker<C> {
         // This thread's place in the key's line in the database (strategies with a line),
         // taken once the key was found held; given up when dropped without the lock.
         let mut place: Option<Place<'_, C>> = None;
-        let mut ahead = i64::MAX;
         loop {
             if cancel.is_some_and(Cancel::is_cancelled) {
                 return Ok(None);
@@ -141,17 +142,13 @@ impl<C: LockConnection> Locker<C> {
                 Err(e) => return Err(e),
             }
             retry = true;
-            // A line that moved (fewer ahead, or this waiter's turn) is looked at again soon;
-            // one that did not, ever less often.
-            let now_ahead = place.as_ref().map_or(i64::MAX, |p| p.ahead);
-            if now_ahead < ahead {
-                backoff = Backoff::new(Duration::from_millis(1), max);
-            }
-            ahead = now_ahead;
-            let pause = if listening && outage.is_none() {
-                backoff::jitter(max)
-            } else {
-                backoff.next_pause()
+            // A waiter in line that hears no notifications paces its looks by the line's
+            // (`Place::pause`).
+            let pause = match &place {
+                _ if outage.is_some() => backoff.next_pause(),
+                _ if listening => backoff::jitter(max),
+                Some(p) => p.pause(max),
+                None => backoff.next_pause(),
             };
             if deadline.remaining().is_some_and(|left| left.is_zero()) {
                 return Ok(None);
@@ -258,12 +255,12 @@ impl<C: LockConnection> Locker<C> {
         place: &mut Option<Place<'a, C>>,
     ) -> Result<Option<Taken>> {
         if let Some(p) = place.as_mut() {
-            if p.due() && !p.renew(&mut **conn)? {
+            if !p.refresh(&mut **conn)? {
                 *place = None;
             }
         }
         let joined = match place.as_ref() {
-            Some(p) if p.ahead > 0 => return Ok(None),
+            Some(p) if !p.first() => return Ok(None),
             Some(p) => {
                 conn.place = p.id;
                 true
@@ -271,6 +268,9 @@ impl<C: LockConnection> Locker<C> {
             None => false,
         };
         let taken = raw.try_acquire(conn, key, retry || joined, Wait::No)?;
+        if taken.is_none() || joined {
+            self.inner.shared.queues.mark_contended(key);
+        }
         if taken.is_some() || joined || matches!(deadline, Deadline::Once) {
             if taken.is_some() {
                 if let Some(p) = place.take() {

@@ -60,6 +60,29 @@ impl Lines for MysqlConnection {
             .map(|c| Some(c.n))
     }
 
+    fn line_look(&mut self, key: &str, id: i64) -> QueryResult<Option<i64>> {
+        #[derive(QueryableByName)]
+        struct Look {
+            #[diesel(sql_type = BigInt)]
+            mine: i64,
+            #[diesel(sql_type = BigInt)]
+            ahead: i64,
+        }
+        // A consistent (non-locking) read of the key's places up to this one.
+        let r = stmt(
+            "SELECT CAST(COALESCE(SUM(id = ?), 0) AS SIGNED) AS mine, \
+                    CAST(COALESCE(SUM(id < ? AND expires_at > UTC_TIMESTAMP(6)), 0) AS SIGNED) \
+                      AS ahead \
+             FROM dlock_waiters WHERE lock_key = ? AND id <= ?",
+        )
+        .bind::<BigInt, _>(id)
+        .bind::<BigInt, _>(id)
+        .bind::<Text, _>(key)
+        .bind::<BigInt, _>(id)
+        .get_result::<Look>(self)?;
+        Ok((r.mine == 1).then_some(r.ahead))
+    }
+
     fn line_leave(&mut self, _key: &str, id: i64) -> QueryResult<()> {
         stmt("DELETE FROM dlock_waiters WHERE id = ?")
             .bind::<BigInt, _>(id)

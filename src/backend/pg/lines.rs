@@ -63,6 +63,20 @@ impl Lines for PgConnection {
         Ok((r.mine == 1).then_some(r.ahead))
     }
 
+    fn line_look(&mut self, key: &str, id: i64) -> QueryResult<Option<i64>> {
+        let r = stmt(
+            "SELECT count(*) FILTER (WHERE id = ?) AS mine, \
+                    count(*) FILTER (WHERE id < ? AND expires_at > now()) AS ahead \
+             FROM dlock_waiters WHERE lock_key = ? AND id <= ?",
+        )
+        .bind::<BigInt, _>(id)
+        .bind::<BigInt, _>(id)
+        .bind::<Text, _>(key)
+        .bind::<BigInt, _>(id)
+        .get_result::<Renewed>(self)?;
+        Ok((r.mine == 1).then_some(r.ahead))
+    }
+
     fn line_leave(&mut self, key: &str, id: i64) -> QueryResult<()> {
         // The DELETE's effect is not visible to the rest of the statement: the first live
         // place other than this one is the next in line.

@@ -23,13 +23,8 @@ impl Lines for SqliteConnection {
         channel: Option<&str>,
         ttl_us: i64,
     ) -> QueryResult<i64> {
-        // The key's lapsed places go first (one writer at a time: no lock order to keep).
-        stmt(
-            "DELETE FROM dlock_waiters WHERE lock_key = ? \
-             AND expires_at <= strftime('%Y-%m-%d %H:%M:%f', 'now')",
-        )
-        .bind::<Text, _>(key)
-        .execute(self)?;
+        // One write (a second, to delete the key's lapsed places, would queue for the write
+        // lock once more: lapsed places are ignored, and `purge` removes them).
         stmt(
             "INSERT INTO dlock_waiters (lock_key, owner, channel, since, expires_at) \
              VALUES (?, ?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now'), \
@@ -63,6 +58,29 @@ impl Lines for SqliteConnection {
         .bind::<BigInt, _>(id)
         .get_result::<Count>(self)
         .map(|c| Some(c.n))
+    }
+
+    fn line_look(&mut self, key: &str, id: i64) -> QueryResult<Option<i64>> {
+        #[derive(QueryableByName)]
+        struct Look {
+            #[diesel(sql_type = BigInt)]
+            mine: i64,
+            #[diesel(sql_type = BigInt)]
+            ahead: i64,
+        }
+        // A read: in WAL mode it never waits for the writer.
+        let r = stmt(
+            "SELECT COALESCE(SUM(id = ?), 0) AS mine, \
+                    COALESCE(SUM(id < ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')), 0) \
+                      AS ahead \
+             FROM dlock_waiters WHERE lock_key = ? AND id <= ?",
+        )
+        .bind::<BigInt, _>(id)
+        .bind::<BigInt, _>(id)
+        .bind::<Text, _>(key)
+        .bind::<BigInt, _>(id)
+        .get_result::<Look>(self)?;
+        Ok((r.mine == 1).then_some(r.ahead))
     }
 
     fn line_leave(&mut self, _key: &str, id: i64) -> QueryResult<()> {

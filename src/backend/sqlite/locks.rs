@@ -57,28 +57,31 @@ impl Locks for SqliteConnection {
         // Waiters look with a read first: in WAL mode reads never wait for the writer, while
         // every INSERT attempt queues for the single write lock.
         if retry
-            && exists(
-                stmt("SELECT 1 AS one FROM dlock_rows WHERE lock_key = ?")
-                    .bind::<Text, _>(key)
-                    .get_result::<One>(self)
-                    .optional(),
+            && held_or_behind(
+                self,
+                "SELECT 1 AS one WHERE EXISTS (SELECT 1 FROM dlock_rows WHERE lock_key = ?) \
+                   OR EXISTS (SELECT 1 FROM dlock_waiters WHERE lock_key = ? AND id < ? \
+                              AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now'))",
+                key,
+                place,
             )?
         {
             return Ok(None);
         }
-        stmt(ROW_ACQUIRE)
-            .bind::<Text, _>(key)
-            .bind::<Text, _>(owner)
-            .bind::<Text, _>(holder)
-            .bind::<Text, _>(key)
-            // A NULL modifier makes strftime NULL: a row that never goes stale.
-            .bind::<Nullable<Text>, _>(stale_us.map(|us| seconds('+', us)))
-            .bind::<Text, _>(key)
-            .bind::<BigInt, _>(place)
-            .get_result::<AcquiredRow>(self)
-            .optional()
-            .map(|r| r.map(Into::into))
-            .inspect(|r| leave_place(self, r.is_some(), place))
+        in_line(self, place, |c| {
+            stmt(ROW_ACQUIRE)
+                .bind::<Text, _>(key)
+                .bind::<Text, _>(owner)
+                .bind::<Text, _>(holder)
+                .bind::<Text, _>(key)
+                // A NULL modifier makes strftime NULL: a row that never goes stale.
+                .bind::<Nullable<Text>, _>(stale_us.map(|us| seconds('+', us)))
+                .bind::<Text, _>(key)
+                .bind::<BigInt, _>(place)
+                .get_result::<AcquiredRow>(c)
+                .optional()
+                .map(|r| r.map(Into::into))
+        })
     }
 
     fn row_delete_stale(&mut self, key: &str) -> QueryResult<bool> {
@@ -101,31 +104,32 @@ impl Locks for SqliteConnection {
         place: i64,
     ) -> QueryResult<Option<Acquired>> {
         if retry
-            && exists(
-                stmt(
-                    "SELECT 1 AS one FROM dlock_leases WHERE lock_key = ? \
+            && held_or_behind(
+                self,
+                "SELECT 1 AS one WHERE EXISTS (SELECT 1 FROM dlock_leases WHERE lock_key = ? \
                      AND holder IS NOT NULL \
-                     AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')",
-                )
-                .bind::<Text, _>(key)
-                .get_result::<One>(self)
-                .optional(),
+                     AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')) \
+                   OR EXISTS (SELECT 1 FROM dlock_waiters WHERE lock_key = ? AND id < ? \
+                              AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now'))",
+                key,
+                place,
             )?
         {
             return Ok(None);
         }
-        stmt(LEASE_ACQUIRE)
-            .bind::<Text, _>(key)
-            .bind::<Text, _>(owner)
-            .bind::<Text, _>(holder)
-            .bind::<Text, _>(key)
-            .bind::<Text, _>(seconds('+', ttl_us))
-            .bind::<Text, _>(key)
-            .bind::<BigInt, _>(place)
-            .get_result::<AcquiredRow>(self)
-            .optional()
-            .map(|r| r.map(Into::into))
-            .inspect(|r| leave_place(self, r.is_some(), place))
+        in_line(self, place, |c| {
+            stmt(LEASE_ACQUIRE)
+                .bind::<Text, _>(key)
+                .bind::<Text, _>(owner)
+                .bind::<Text, _>(holder)
+                .bind::<Text, _>(key)
+                .bind::<Text, _>(seconds('+', ttl_us))
+                .bind::<Text, _>(key)
+                .bind::<BigInt, _>(place)
+                .get_result::<AcquiredRow>(c)
+                .optional()
+                .map(|r| r.map(Into::into))
+        })
     }
 
     fn lease_renew(
@@ -162,16 +166,43 @@ impl Locks for SqliteConnection {
     }
 }
 
-/// After a waiter's acquisition, its own place goes (best effort: a place left behind
-/// lapses at its expiry, and holds up the line only until then).
-fn leave_place(conn: &mut SqliteConnection, acquired: bool, place: i64) {
-    if !acquired || place == crate::backend::NO_PLACE {
-        return;
+/// Whether a key is visibly held, or others are ahead of `place` in its line (`query`
+/// binds the key twice, then the place): a read, which in WAL mode never waits for the
+/// writer.
+fn held_or_behind(
+    conn: &mut SqliteConnection,
+    query: &'static str,
+    key: &str,
+    place: i64,
+) -> QueryResult<bool> {
+    exists(
+        stmt(query)
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(key)
+            .bind::<BigInt, _>(place)
+            .get_result::<One>(conn)
+            .optional(),
+    )
+}
+
+/// Runs an acquiring statement; a waiter's (one with a place) runs in one IMMEDIATE
+/// transaction with the removal of its place, so that the two take the database's write
+/// lock once (each wait for it can cost the busy handler's sleeps of 1 ms and more).
+fn in_line(
+    conn: &mut SqliteConnection,
+    place: i64,
+    acquire: impl Fn(&mut SqliteConnection) -> QueryResult<Option<Acquired>>,
+) -> QueryResult<Option<Acquired>> {
+    if place == crate::backend::NO_PLACE {
+        return acquire(conn);
     }
-    if let Err(e) = stmt("DELETE FROM dlock_waiters WHERE id = ?")
-        .bind::<BigInt, _>(place)
-        .execute(conn)
-    {
-        log::debug!("leaving the line after acquiring failed ({e}); the place lapses");
-    }
+    conn.immediate_transaction(|c| {
+        let acquired = acquire(c)?;
+        if acquired.is_some() {
+            stmt("DELETE FROM dlock_waiters WHERE id = ?")
+                .bind::<BigInt, _>(place)
+                .execute(c)?;
+        }
+        Ok(acquired)
+    })
 }

@@ -16,6 +16,14 @@ use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 // The texts of the statements the benches' raw floors run too (`diesel_lock::__bench_sql`);
 // the others are written where they run.
 
+/// Whether `e` is the statement_timeout that `for_update_lock` set for its own bounded wait
+/// (SQLSTATE 57014, which diesel keeps no kind for: the English message is matched, as in
+/// `lock_unavailable`).
+fn statement_timed_out(e: &diesel::result::Error) -> bool {
+    matches!(e, diesel::result::Error::DatabaseError(_, info)
+        if info.message().starts_with("canceling statement due to statement timeout"))
+}
+
 /// `for_update_lock` with `Wait::Forever`.
 pub const FOR_UPDATE_LOCK: &str =
     "UPDATE dlock_for_update SET version = version + 1 WHERE lock_key = \
@@ -89,6 +97,22 @@ const ADVISORY_XACT: AdvisoryTexts =
 pub(super) const ADVISORY_SHARED: AdvisoryTexts =
     advisory_texts!("pg_try_advisory_lock_shared", "pg_advisory_lock_shared");
 
+/// Before a wait in the server's lock queue: the session checks every second whether its
+/// client is still there (`client_connection_check_interval`, PostgreSQL 14 and later; a
+/// session setting, left in place: it only ends sessions whose client has gone). Without
+/// it a waiter whose process died stays in the queue until the lock is granted to it, and
+/// the readers of a shared lock queue behind that dead writer for as long as the current
+/// readers hold it (found by the adversary: a reader waited 18 s behind a SIGKILLed writer).
+/// It must be set before the waiting statement starts (the check is armed then).
+fn check_client_while_waiting(conn: &mut PgConnection) -> QueryResult<()> {
+    stmt(
+        "SELECT set_config('client_connection_check_interval', '1000', false) AS s \
+         WHERE current_setting('server_version_num')::int >= 140000",
+    )
+    .execute(conn)
+    .map(drop)
+}
+
 /// Runs `texts`' statement for `wait` on advisory key `k`.
 fn advisory_take(
     conn: &mut PgConnection,
@@ -96,6 +120,9 @@ fn advisory_take(
     wait: Wait,
     texts: &AdvisoryTexts,
 ) -> QueryResult<LockedRow> {
+    if wait != Wait::No {
+        check_client_while_waiting(conn)?;
+    }
     match wait {
         Wait::No => stmt(texts.try_lock)
             .bind::<BigInt, _>(k)
@@ -237,21 +264,55 @@ impl SessionLocks for PgConnection {
             )
             .bind::<Text, _>(key)
             .get_result::<LockedRow>(self),
-            Wait::For(d) => stmt(
-                "UPDATE dlock_for_update SET version = version + 1 WHERE lock_key = \
-                 (SELECT lock_key FROM dlock_for_update WHERE lock_key = ? \
-                  AND set_config('synchronous_commit', 'off', true) IS NOT NULL \
-                  AND set_config('lock_timeout', ?, true) IS NOT NULL FOR UPDATE) \
-                 RETURNING true AS got, version AS id, \
-                 nextval('dlock_fence_seq') + (SELECT off FROM dlock_fence_live) AS token, \
-                 (SELECT high FROM dlock_fence_live) AS high, clock_timestamp() AS acquired_at",
-            )
-            .bind::<Text, _>(key)
-            .bind::<Text, _>(lock_timeout_ms(d))
-            .get_result::<LockedRow>(self),
-            Wait::Forever => stmt(FOR_UPDATE_LOCK)
+            Wait::For(d) => {
+                // lock_timeout bounds each wait for a row lock, and the statement can wait
+                // more than once: a holder changing hands makes it wait again for the row's
+                // new version (found by the adversary: try_lock_for(3 s) returned the lock
+                // after 6.1-6.3 s). statement_timeout, armed when a statement starts, bounds
+                // them all: set for this transaction first, and put back in the locking
+                // statement itself once the lock is ours (the guard's transaction runs on).
+                #[derive(QueryableByName)]
+                struct Before {
+                    #[diesel(sql_type = Text)]
+                    before: String,
+                }
+                let ms = lock_timeout_ms(d);
+                // With the client check of `check_client_while_waiting`, in the same round trip.
+                let before = stmt(
+                    "SELECT current_setting('statement_timeout') AS before, \
+                     set_config('statement_timeout', ?, true) AS now, \
+                     CASE WHEN current_setting('server_version_num')::int >= 140000 \
+                     THEN set_config('client_connection_check_interval', '1000', false) END AS c",
+                )
+                .bind::<Text, _>(&ms)
+                .get_result::<Before>(self)?
+                .before;
+                let locked = stmt(
+                    "UPDATE dlock_for_update SET version = version + 1 WHERE lock_key = \
+                     (SELECT lock_key FROM dlock_for_update WHERE lock_key = ? \
+                      AND set_config('synchronous_commit', 'off', true) IS NOT NULL \
+                      AND set_config('lock_timeout', ?, true) IS NOT NULL FOR UPDATE) \
+                     RETURNING true AS got, version AS id, \
+                     nextval('dlock_fence_seq') + (SELECT off FROM dlock_fence_live) AS token, \
+                     (SELECT high FROM dlock_fence_live) AS high, clock_timestamp() AS acquired_at, \
+                     set_config('statement_timeout', ?, true) AS put_back",
+                )
                 .bind::<Text, _>(key)
-                .get_result::<LockedRow>(self),
+                .bind::<Text, _>(&ms)
+                .bind::<Text, _>(&before)
+                .get_result::<LockedRow>(self);
+                match locked {
+                    // Ours, as the deadline has passed: the transaction is rolled back.
+                    Err(e) if statement_timed_out(&e) => return Ok(ForUpdateLocked::Blocked),
+                    locked => locked,
+                }
+            }
+            Wait::Forever => {
+                check_client_while_waiting(self)?;
+                stmt(FOR_UPDATE_LOCK)
+                    .bind::<Text, _>(key)
+                    .get_result::<LockedRow>(self)
+            }
         };
         Ok(locked(q.optional()?))
     }

@@ -343,3 +343,54 @@ fn mysql_restarts_under_locks_and_waiters() {
     restart_under_locks::<diesel::MysqlConnection>(&mut server, true, TTL + SECOND, false);
     restart_under_locks::<diesel::MysqlConnection>(&mut server, false, Duration::ZERO, false);
 }
+
+/// A `try_lock_for` while the server is down returns about at its deadline (at most the one
+/// second a connection may take to open beyond it), not after the pool's connection timeout
+/// (found by the adversary: 10 s for a 3 s call). The `Locker` had reached the server before,
+/// so the call waits out the outage until its deadline instead of failing at once.
+fn deadline_while_down<P: Private, C: LockConnection>(server: &mut P) {
+    let l = Locker::builder(
+        r2d2::Pool::builder()
+            .max_size(2)
+            .min_idle(Some(0))
+            .connection_timeout(Duration::from_secs(10))
+            .build(diesel::r2d2::ConnectionManager::<C>::new(server.url()))
+            .unwrap(),
+    )
+    .strategy(Strategy::Lease { ttl: TTL })
+    .build()
+    .unwrap();
+    l.migrate().unwrap();
+    let key = common::unique_key("down-deadline");
+    drop(l.lock(&key).unwrap());
+    server.kill9();
+    for deadline in [Duration::from_millis(300), Duration::from_secs(2)] {
+        let start = Instant::now();
+        let got = l.try_lock_for(&key, deadline);
+        let took = start.elapsed();
+        eprintln!("try_lock_for({deadline:?}) with the server down: {took:?} ({got:?})");
+        assert!(!matches!(got, Ok(Some(_))));
+        assert!(took < deadline.max(SECOND) + SECOND, "{took:?}");
+    }
+    server.restart();
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_deadline_while_the_server_is_down() {
+    if !common::private_server::available("pg") {
+        return;
+    }
+    let mut server = common::private_server::PrivatePg::start();
+    deadline_while_down::<_, diesel::PgConnection>(&mut server);
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_deadline_while_the_server_is_down() {
+    if !common::private_server::available("mysql") {
+        return;
+    }
+    let mut server = common::private_server::PrivateMaria::start();
+    deadline_while_down::<_, diesel::MysqlConnection>(&mut server);
+}

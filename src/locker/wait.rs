@@ -84,8 +84,9 @@ impl<C: LockConnection> Locker<C> {
             ticket.pause(Duration::ZERO, cap(max), cancel);
         }
         // First in line now, whether or not anyone was ahead: a waiter that hears other
-        // processes' releases polls only as a fallback.
-        let listening = self.listening();
+        // processes' releases polls only as a fallback. (Asked once the key was found held:
+        // the first wait starts the listener.)
+        let mut listening = None;
         // A thread that waited in line, or that asks for a key found contended lately,
         // starts with the cheap "is it held?" read.
         let mut retry = queued || queues.contended(key);
@@ -144,6 +145,7 @@ impl<C: LockConnection> Locker<C> {
             retry = true;
             // A waiter in line that hears no notifications paces its looks by the line's
             // (`Place::pause`).
+            let listening = *listening.get_or_insert_with(|| self.listening());
             let pause = match &place {
                 _ if outage.is_some() => backoff.next_pause(),
                 _ if listening => backoff::jitter(max),
@@ -348,11 +350,18 @@ impl<C: LockConnection> Locker<C> {
             Deadline::At(_) => {
                 let state = pool.state();
                 if state.idle_connections == 0 && state.connections < pool.max_size() {
-                    // The pool opens a connection for us: however long that takes on a
-                    // loaded machine, it is not waiting for the lock, and it may take as long
-                    // as the pool allows, as for one attempt (seen: a `try_lock_for(0)`
-                    // failing with `Error::Pool` after 20 ms while PostgreSQL opened one).
-                    pool.connection_timeout()
+                    // The pool opens a connection for us: on a loaded machine that is not
+                    // waiting for the lock, and a short deadline still gets a second for it
+                    // (seen: a `try_lock_for(0)` failing with `Error::Pool` after 20 ms while
+                    // PostgreSQL opened one); but no more than the deadline beyond that, so
+                    // that a server that does not answer holds the call up by at most that
+                    // second (found by the adversary: 10 s, the pool's timeout, for a 3 s
+                    // `try_lock_for` while the server was down).
+                    deadline
+                        .remaining()
+                        .unwrap_or_default()
+                        .max(Duration::from_secs(1))
+                        .min(pool.connection_timeout())
                 } else {
                     // Every connection taken: waited for until the deadline, though a short
                     // deadline still gets a fair chance at a momentarily busy pool.
@@ -382,12 +391,17 @@ impl<C: LockConnection> Locker<C> {
     }
 
     /// True if waiters hear other processes' releases (and so poll only as a fallback);
-    /// wakes an idle listener to poll at its busy rate.
+    /// starts the listener at the first wait.
     fn listening(&self) -> bool {
         #[cfg(feature = "postgres")]
         if let Some(l) = &self.inner.listener {
-            l.poke();
-            return true;
+            return match l.start() {
+                Ok(()) => true,
+                Err(e) => {
+                    log::warn!("release listener: cannot start its thread ({e}); waiters poll");
+                    false
+                }
+            };
         }
         false
     }

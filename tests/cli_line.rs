@@ -160,3 +160,14 @@ fn mysql() {
         in_order(&url, "lease");
     }
 }
+
+/// Through a transaction-pooling PgBouncer: no listener there (waiters poll), and `dlock run
+/// --wait` works (before, it passed the pooler's URL as `listen_url`, which `build` refuses:
+/// every waiting run exited 2).
+#[test]
+fn pgbouncer() {
+    if let Some(url) = server("DLOCK_TEST_PGBOUNCER_URL") {
+        in_order(&url, "row");
+        in_order(&url, "lease");
+    }
+}

@@ -26,9 +26,18 @@ fn the_listener_thread_ends_with_the_locker() {
     let locker = h.locker(Strategy::Lease {
         ttl: Duration::from_secs(10),
     });
-    assert_eq!(listeners(), 1);
-    let clone = locker.clone();
     let key = common::unique_key("listener-thread");
+    // Started by the first wait, not by `build` nor by a call that found the key free.
+    assert_eq!(listeners(), 0);
+    let first = locker.lock(&key).unwrap();
+    assert_eq!(listeners(), 0);
+    assert!(locker
+        .try_lock_for(&key, Duration::from_millis(50))
+        .unwrap()
+        .is_none());
+    assert_eq!(listeners(), 1);
+    drop(first);
+    let clone = locker.clone();
     let guard = locker.lock(&key).unwrap();
     drop(locker);
     assert_eq!(listeners(), 1, "a clone keeps the Locker");

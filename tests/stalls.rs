@@ -427,6 +427,18 @@ fn dropping_the_locker_does_not_wait_for_a_listener_stuck_connecting() {
         ))
         .build()
         .unwrap();
+    // The listener starts with the first wait: one for a key another `Locker` holds.
+    let other = Locker::builder(h.pool.clone())
+        .strategy(lease(Duration::from_secs(30)))
+        .build()
+        .unwrap();
+    let key = common::unique_key("stuck-listener");
+    let held = other.lock(&key).unwrap();
+    assert!(locker
+        .try_lock_for(&key, Duration::from_millis(50))
+        .unwrap()
+        .is_none());
+    drop(held);
     accepted_rx
         .recv_timeout(Duration::from_secs(30))
         .expect("the listener never connected");

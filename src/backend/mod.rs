@@ -20,6 +20,8 @@ mod mysql;
 mod pg;
 #[cfg(feature = "postgres")]
 pub(crate) mod pg_listen;
+#[cfg(feature = "postgres")]
+mod pg_socket;
 mod shared;
 #[cfg(feature = "sqlite")]
 mod sqlite;
@@ -352,7 +354,8 @@ pub(crate) mod sealed {
             ttl_us: i64,
         ) -> QueryResult<i64>;
         /// Keeps place `id` alive for `ttl_us` more and counts the live places ahead of it;
-        /// `None` if the place is gone (a purge removed it once it had lapsed).
+        /// `None` if the place is gone or lapsed (others have been let past it meanwhile:
+        /// its waiter joins again, at the end, rather than jump back ahead of them).
         fn line_renew(&mut self, key: &str, id: i64, ttl_us: i64) -> QueryResult<Option<i64>>;
         /// Counts the live places ahead of place `id`, with a read only (no write: on SQLite
         /// a write would queue for the database's one write lock); `None` if the place is

@@ -5,100 +5,128 @@
 //! its `Locker`'s waiters name in their places in a key's line (`dlock_waiters`); releases of
 //! `Row` and `Lease` locks notify the first live place's channel, with the key as payload, in
 //! the releasing statement itself (no extra round trip). So a release wakes one process, the
-//! one whose turn it is. diesel's `PgConnection` can
-//! only *poll* for notifications (`notifications_iter` consumes what the socket has
-//! buffered and never blocks), so the thread polls: every [`BUSY_POLL`] while the `Locker`
-//! has waiters, every [`IDLE_POLL`] otherwise (notifications must still be read, or the
-//! server's queue backs up behind this session). A lost connection is re-established; as
-//! notifications may have been missed meanwhile, every waiter is then woken to look.
+//! one whose turn it is. Releases of a `Lease` `Locker`'s readers, writers and permits,
+//! which have no line, still notify a channel every listener hears (`SHARED_CHANNEL`).
+//!
+//! The connection is a libpq connection of its own (`pg_socket.rs`), not a diesel one:
+//! diesel can only poll for notifications, while this thread sleeps in `poll(2)` until the
+//! socket, or its wake-up socket (the `Listener` being dropped), has something to read. A
+//! lost connection is re-established; as notifications may have been missed meanwhile,
+//! every waiter is then woken to look.
 
-use diesel::pg::PgConnection;
-use diesel::{Connection, RunQueryDsl};
-use std::sync::{Arc, Condvar, Mutex};
+use super::pg_socket::RawListener;
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-/// How often the socket is read while this `Locker` has waiters.
-pub(crate) const BUSY_POLL: Duration = Duration::from_micros(200);
-/// How often while it has none.
-pub(crate) const IDLE_POLL: Duration = Duration::from_millis(100);
+/// The channel every listener also hears: the releases of a `Lease` `Locker`'s readers,
+/// writers and permits (`holders_release`), whose waiters have no line, notify it with the
+/// key as payload.
+pub(crate) const SHARED_CHANNEL: &str = "dlock_release";
+
+/// What the thread calls with a notified key (`None`: some may have been missed).
+type Wake = Box<dyn Fn(Option<&str>) + Send>;
 
 #[derive(Default)]
 struct Control {
     stop: bool,
-    /// Set by `poke`: a waiter has just begun to wait.
-    poked: bool,
     /// The thread is (re)connecting, which can take as long as the server, or the network,
     /// takes to answer: `Drop` does not wait for it then.
     connecting: bool,
 }
 
-/// The listening thread; dropping this stops it and waits for it to end, unless it is in the
-/// middle of connecting: then it is left to end by itself once the attempt returns.
+/// The listening thread, started by the first wait (`start`): a `Locker` that never waits
+/// opens no listening connection. Dropping this stops the thread and waits for it to end,
+/// unless it is in the middle of connecting: then it is left to end by itself once the
+/// attempt returns.
 pub(crate) struct Listener {
-    control: Arc<(Mutex<Control>, Condvar)>,
-    thread: Option<JoinHandle<()>>,
+    url: String,
+    wake_fn: Mutex<Option<Wake>>,
+    control: Arc<Mutex<Control>>,
+    /// Written to wake the thread from its wait (to stop); the thread reads the other end.
+    wake: UnixStream,
+    woken: Mutex<Option<UnixStream>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
     /// The channel this listener hears: its own, named in its `Locker`'s places in line.
     channel: String,
 }
 
 impl std::fmt::Debug for Listener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Listener").finish_non_exhaustive()
+        f.debug_struct("Listener")
+            .field("channel", &self.channel)
+            .finish_non_exhaustive()
     }
 }
 
 impl Listener {
-    /// Starts listening on a connection to `url`. `wake(Some(key))` is called for every
-    /// release notified, `wake(None)` when some may have been missed; `busy()` says whether
-    /// the `Locker` has waiters.
-    pub(crate) fn start(
+    /// A listener for `url`, not started yet. `wake(Some(key))` is called for every release
+    /// notified, `wake(None)` when some may have been missed.
+    pub(crate) fn new(
         url: String,
         wake: impl Fn(Option<&str>) + Send + 'static,
-        busy: impl Fn() -> bool + Send + 'static,
     ) -> std::io::Result<Listener> {
-        let control = Arc::new((Mutex::new(Control::default()), Condvar::new()));
-        let c = control.clone();
+        let (waker, woken) = UnixStream::pair()?;
+        woken.set_nonblocking(true)?;
         // Lowercase letters, digits and '_' only: a plain identifier for LISTEN, which takes
         // no bound parameter (the releases' pg_notify does take it bound).
         let channel = format!("dlock_w_{:016x}", crate::random::random_u64());
-        let ch = channel.clone();
-        let thread = std::thread::Builder::new()
-            .name("dlock-listen".into())
-            .spawn(move || run(&url, &ch, &c, &wake, &busy))?;
         Ok(Listener {
-            control,
-            thread: Some(thread),
+            url,
+            wake_fn: Mutex::new(Some(Box::new(wake))),
+            control: Arc::new(Mutex::new(Control::default())),
+            wake: waker,
+            woken: Mutex::new(Some(woken)),
+            thread: Mutex::new(None),
             channel,
         })
+    }
+
+    /// Starts the thread, once. Until its `LISTEN` has taken effect nothing is heard, and
+    /// waiters look every `max_backoff`; it wakes every waiter once it listens.
+    pub(crate) fn start(&self) -> std::io::Result<()> {
+        let mut thread = self.thread.lock().unwrap_or_else(|p| p.into_inner());
+        if thread.is_some() {
+            return Ok(());
+        }
+        let (Some(wake), Some(woken)) = (
+            self.wake_fn
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+            self.woken.lock().unwrap_or_else(|p| p.into_inner()).take(),
+        ) else {
+            return Ok(()); // a start that failed before: waiters poll
+        };
+        let (url, ch, c) = (self.url.clone(), self.channel.clone(), self.control.clone());
+        *thread = Some(
+            std::thread::Builder::new()
+                .name("dlock-listen".into())
+                .spawn(move || run(&url, &ch, &c, woken, &wake))?,
+        );
+        Ok(())
     }
 
     /// The channel this listener hears.
     pub(crate) fn channel(&self) -> &str {
         &self.channel
     }
-
-    /// Makes an idle listener start polling at the busy rate at once.
-    pub(crate) fn poke(&self) {
-        let (m, cv) = &*self.control;
-        let mut c = m.lock().unwrap_or_else(|p| p.into_inner());
-        if !c.poked {
-            c.poked = true;
-            cv.notify_one();
-        }
-    }
 }
 
 impl Drop for Listener {
     fn drop(&mut self) {
-        let (m, cv) = &*self.control;
         let connecting = {
-            let mut c = m.lock().unwrap_or_else(|p| p.into_inner());
+            let mut c = lock(&self.control);
             c.stop = true;
             c.connecting
         };
-        cv.notify_one();
-        let Some(t) = self.thread.take() else { return };
+        // Ends the thread's wait (a full socket buffer means it has a wake-up pending anyway).
+        let _ = (&self.wake).write(&[1]);
+        let thread = self.thread.get_mut().unwrap_or_else(|p| p.into_inner());
+        let Some(t) = thread.take() else { return };
         if connecting {
             log::debug!("release listener: still connecting; not waiting for it to end");
         } else if t.join().is_err() {
@@ -107,13 +135,16 @@ impl Drop for Listener {
     }
 }
 
-fn connect(url: &str, channel: &str) -> diesel::QueryResult<PgConnection> {
-    let mut conn = PgConnection::establish(url)
-        .map_err(|e| diesel::result::Error::QueryBuilderError(e.into()))?;
+fn lock(control: &Mutex<Control>) -> std::sync::MutexGuard<'_, Control> {
+    control.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn connect(url: &str, channel: &str) -> Result<RawListener, String> {
+    let mut conn = RawListener::connect(url)?;
     debug_assert!(channel
         .bytes()
         .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'));
-    diesel::sql_query(format!("LISTEN {channel}")).execute(&mut conn)?;
+    conn.execute(&format!("LISTEN {channel}; LISTEN {SHARED_CHANNEL}"))?;
     Ok(conn)
 }
 
@@ -121,32 +152,36 @@ fn connect(url: &str, channel: &str) -> diesel::QueryResult<PgConnection> {
 fn connect_unless_stopped(
     url: &str,
     channel: &str,
-    control: &(Mutex<Control>, Condvar),
-) -> Option<diesel::QueryResult<PgConnection>> {
-    let (m, _) = control;
+    control: &Mutex<Control>,
+) -> Option<Result<RawListener, String>> {
     {
-        let mut c = m.lock().unwrap_or_else(|p| p.into_inner());
+        let mut c = lock(control);
         if c.stop {
             return None;
         }
         c.connecting = true;
     }
     let attempt = connect(url, channel);
-    m.lock().unwrap_or_else(|p| p.into_inner()).connecting = false;
+    lock(control).connecting = false;
     Some(attempt)
 }
 
 fn run(
     url: &str,
     channel: &str,
-    control: &(Mutex<Control>, Condvar),
+    control: &Mutex<Control>,
+    mut woken: UnixStream,
     wake: &dyn Fn(Option<&str>),
-    busy: &dyn Fn() -> bool,
 ) {
-    let mut conn: Option<PgConnection> = None;
+    let mut conn: Option<RawListener> = None;
     let mut retry = Duration::from_millis(100);
     loop {
-        let mut pause = if busy() { BUSY_POLL } else { IDLE_POLL };
+        if lock(control).stop {
+            return;
+        }
+        // How long to wait: for a notification as long as it takes; before reconnecting,
+        // the retry pause (cut short by a stop as well).
+        let mut pause = None;
         match &mut conn {
             None => {
                 let Some(attempt) = connect_unless_stopped(url, channel, control) else {
@@ -161,6 +196,7 @@ fn run(
                         retry = Duration::from_millis(100);
                         // Releases before LISTEN took effect were not heard: let everyone look.
                         wake(None);
+                        continue;
                     }
                     Err(e) => {
                         // One warning per outage, not one per retry.
@@ -171,41 +207,39 @@ fn run(
                                 "release listener: cannot listen ({e}); retrying in {retry:?}"
                             );
                         }
-                        pause = retry;
+                        pause = Some(retry);
                         retry = (retry * 2).min(Duration::from_secs(5));
                     }
                 }
             }
-            Some(c) => {
-                let mut lost = false;
-                for n in c.notifications_iter() {
-                    match n {
-                        Ok(n) if n.channel == channel => wake(Some(&n.payload)),
-                        Ok(_) => {}
-                        Err(e) => {
-                            log::debug!("release listener: connection lost ({e}); reconnecting");
-                            lost = true;
-                            break;
+            Some(c) => match c.wait(None, woken.as_raw_fd()) {
+                Ok(heard) => {
+                    for n in heard {
+                        if n.channel == channel || n.channel == SHARED_CHANNEL {
+                            wake(Some(&n.payload));
                         }
                     }
                 }
-                if lost {
+                Err(e) => {
+                    log::debug!("release listener: connection lost ({e}); reconnecting");
                     conn = None;
                     wake(None);
                 }
-            }
+            },
         }
-        let (m, cv) = control;
-        let mut c = m.lock().unwrap_or_else(|p| p.into_inner());
-        if !c.stop && !c.poked {
-            c = cv
-                .wait_timeout(c, pause)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+        if let Some(pause) = pause {
+            wait_woken(&woken, pause);
         }
-        if c.stop {
-            return;
-        }
-        c.poked = false;
+        // Empties the wake-up socket (a stop is seen at the top of the loop).
+        let mut buf = [0u8; 64];
+        while matches!(woken.read(&mut buf), Ok(n) if n > 0) {}
     }
+}
+
+/// Sleeps up to `pause`, or until the wake-up socket has something to read.
+fn wait_woken(woken: &UnixStream, pause: Duration) {
+    let _ = woken.set_nonblocking(false);
+    let _ = woken.set_read_timeout(Some(pause));
+    let _ = (&*woken).read(&mut [0u8; 1]);
+    let _ = woken.set_nonblocking(true);
 }

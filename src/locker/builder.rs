@@ -131,8 +131,10 @@ impl<C: LockConnection> LockerBuilder<C> {
 
     /// The longest pause between two attempts while waiting. Defaults to 50 ms.
     ///
-    /// With [`listen_url`](Self::listen_url) this is also how often a waiter looks
-    /// regardless of notifications (a lost notification, a lease that expired).
+    /// `Row` and `Lease` waiters in line (see [`Locker`]'s `# Fairness`) that hear
+    /// notifications (PostgreSQL) look this often regardless (a lost notification, a lease
+    /// that expired); those that hear none pause at most this long. A waiter's place in line
+    /// lapses after max(2 s, 4 × this) without a renewal.
     ///
     /// ```
     /// use diesel_lock::{Error, Locker};
@@ -153,20 +155,23 @@ impl<C: LockConnection> LockerBuilder<C> {
     }
 
     /// PostgreSQL, `Row` and `Lease`: the URL of a connection the `Locker` opens for itself,
-    /// outside the pool, to `LISTEN` for releases. Releases on PostgreSQL always send a
-    /// notification (inside the releasing statement: no extra round trip); a `Locker` that
-    /// listens wakes its waiters when one arrives, so a lock released by another process is
-    /// taken within about a millisecond instead of at the waiter's next poll. Waiters still
-    /// look every [`max_backoff`](Self::max_backoff), as notifications can be lost with a
-    /// connection, and an expired lease notifies nobody.
+    /// outside the pool, to `LISTEN` for its turn. Waiters line up in the database; a release
+    /// notifies the `Locker` of the first waiter in line only (inside the releasing
+    /// statement: no extra round trip), and that `Locker` wakes its waiter, so a lock
+    /// released by another process is taken within about a millisecond instead of at the
+    /// waiter's next poll. Waiters still look every [`max_backoff`](Self::max_backoff), as
+    /// notifications can be lost with a connection, and an expired lease notifies nobody.
     ///
     /// The listening connection is polled by a thread of the `Locker` (every 200 µs while it
     /// has waiters, every 100 ms otherwise; diesel offers no blocking wait), which ends when
     /// the last clone of the `Locker` is dropped. Should the connection fail, it is opened
     /// again and the waiters poll meanwhile.
     ///
-    /// Defaults to none: waiters in other processes poll with backoff. Ignored on other
-    /// backends and by the session strategies, which wait on the server.
+    /// Defaults to the URL of the pool when [`connect`](crate::connect) built it (which
+    /// marks its PostgreSQL connections with `fallback_application_name=diesel-lock-N` to
+    /// know it again; a URL or `PGAPPNAME` naming another application turns that off);
+    /// otherwise to none: waiters in line then poll. Ignored on other backends and by the
+    /// session strategies, which wait on the server.
     ///
     /// Behind a transaction-pooling PgBouncer (a pool from a `dlock_pooler=transaction`
     /// URL), give the server's own address here: `LISTEN` holds a server session, which
@@ -326,16 +331,12 @@ impl<C: LockConnection> LockerBuilder<C> {
         #[cfg(feature = "postgres")]
         let listener = match listener {
             Some(url) => {
-                let (woken, busy) = (shared.clone(), shared.clone());
+                let woken = shared.clone();
                 Some(
-                    crate::backend::pg_listen::Listener::start(
-                        url,
-                        move |key| match key {
-                            Some(key) => woken.queues.wake_remote(key),
-                            None => woken.queues.wake_all(),
-                        },
-                        move || busy.queues.has_waiters(),
-                    )
+                    crate::backend::pg_listen::Listener::new(url, move |key| match key {
+                        Some(key) => woken.queues.wake_remote(key),
+                        None => woken.queues.wake_all(),
+                    })
                     .map_err(Error::Thread)?,
                 )
             }

@@ -129,7 +129,7 @@ impl Queues {
         m.get(key).is_some_and(|at| at.elapsed() < CONTENDED_FOR)
     }
 
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    #[cfg(all(test, feature = "postgres"))]
     pub(super) fn has_waiters(&self) -> bool {
         self.lock().values().any(|q| !q.waiters.is_empty())
     }

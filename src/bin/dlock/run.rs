@@ -55,15 +55,8 @@ fn locker(
     if let Some(owner) = &args.owner {
         builder = builder.owner(owner.clone());
     }
-    // A run that waits on PostgreSQL listens for releases, so it starts the moment the holder
-    // (another dlock, another machine) releases instead of at its next poll.
-    let url = db.url.trim();
-    if args.wait.is_some()
-        && !args.no_wait
-        && (url.starts_with("postgres://") || url.starts_with("postgresql://"))
-    {
-        builder = builder.listen_url(url.to_owned());
-    }
+    // A run that waits on PostgreSQL hears its turn come by the `Locker`'s default listener
+    // (started by the wait; none through a transaction pooler, where waiters poll).
     Ok((builder.build()?, pool))
 }
 

@@ -78,8 +78,8 @@ impl<'a, C: LockConnection> Place<'a, C> {
 
     /// Before an attempt: renews the place once a third of its ttl has passed (a write),
     /// otherwise, unless it was first at the last look, counts those ahead (a read: only a
-    /// look tells when they go). False if the place is gone (it lapsed while this waiter was
-    /// held up for longer than its ttl, and a purge or a newer waiter removed it): the caller
+    /// look tells when they go). False if the place lapsed (this waiter was held up for longer
+    /// than its ttl, and others were let past it) or is gone (a purge removed it): the caller
     /// then joins again, at the end.
     pub(super) fn refresh(&mut self, conn: &mut C) -> crate::Result<bool> {
         let sent = Instant::now();
@@ -100,7 +100,7 @@ impl<'a, C: LockConnection> Place<'a, C> {
                 self.key,
                 self.id
             );
-            self.used = true; // nothing left to give up
+            // Dropped by the caller: what is left of it is given up then.
             return Ok(false);
         };
         self.ahead_at_first_look.get_or_insert(ahead);

@@ -45,7 +45,7 @@ impl Lines for MysqlConnection {
         // diesel sets CLIENT_FOUND_ROWS, so the count is of matched rows.
         let mine = stmt(
             "UPDATE dlock_waiters SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
-             WHERE id = ?",
+             WHERE id = ? AND expires_at > UTC_TIMESTAMP(6)",
         )
         .bind::<BigInt, _>(ttl_us)
         .bind::<BigInt, _>(id)
@@ -70,7 +70,8 @@ impl Lines for MysqlConnection {
         }
         // A consistent (non-locking) read of the key's places up to this one.
         let r = stmt(
-            "SELECT CAST(COALESCE(SUM(id = ?), 0) AS SIGNED) AS mine, \
+            "SELECT CAST(COALESCE(SUM(id = ? AND expires_at > UTC_TIMESTAMP(6)), 0) AS SIGNED) \
+                      AS mine, \
                     CAST(COALESCE(SUM(id < ? AND expires_at > UTC_TIMESTAMP(6)), 0) AS SIGNED) \
                       AS ahead \
              FROM dlock_waiters WHERE lock_key = ? AND id <= ?",

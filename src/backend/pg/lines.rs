@@ -50,7 +50,7 @@ impl Lines for PgConnection {
         let r = stmt(
             "WITH u AS (UPDATE dlock_waiters \
                         SET expires_at = clock_timestamp() + ? * interval '1 microsecond' \
-                        WHERE id = ? RETURNING id) \
+                        WHERE id = ? AND expires_at > now() RETURNING id) \
              SELECT (SELECT count(*) FROM u) AS mine, \
                     (SELECT count(*) FROM dlock_waiters \
                      WHERE lock_key = ? AND id < ? AND expires_at > now()) AS ahead",
@@ -65,7 +65,7 @@ impl Lines for PgConnection {
 
     fn line_look(&mut self, key: &str, id: i64) -> QueryResult<Option<i64>> {
         let r = stmt(
-            "SELECT count(*) FILTER (WHERE id = ?) AS mine, \
+            "SELECT count(*) FILTER (WHERE id = ? AND expires_at > now()) AS mine, \
                     count(*) FILTER (WHERE id < ? AND expires_at > now()) AS ahead \
              FROM dlock_waiters WHERE lock_key = ? AND id <= ?",
         )

@@ -42,7 +42,7 @@ impl Lines for SqliteConnection {
     fn line_renew(&mut self, key: &str, id: i64, ttl_us: i64) -> QueryResult<Option<i64>> {
         let mine = stmt(
             "UPDATE dlock_waiters SET expires_at = strftime('%Y-%m-%d %H:%M:%f', 'now', ?) \
-             WHERE id = ?",
+             WHERE id = ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')",
         )
         .bind::<Text, _>(seconds('+', ttl_us))
         .bind::<BigInt, _>(id)
@@ -70,7 +70,8 @@ impl Lines for SqliteConnection {
         }
         // A read: in WAL mode it never waits for the writer.
         let r = stmt(
-            "SELECT COALESCE(SUM(id = ?), 0) AS mine, \
+            "SELECT COALESCE(SUM(id = ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')), 0) \
+                      AS mine, \
                     COALESCE(SUM(id < ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')), 0) \
                       AS ahead \
              FROM dlock_waiters WHERE lock_key = ? AND id <= ?",

@@ -162,10 +162,10 @@ impl<C: LockConnection> LockerBuilder<C> {
     /// waiter's next poll. Waiters still look every [`max_backoff`](Self::max_backoff), as
     /// notifications can be lost with a connection, and an expired lease notifies nobody.
     ///
-    /// The listening connection is polled by a thread of the `Locker` (every 200 µs while it
-    /// has waiters, every 100 ms otherwise; diesel offers no blocking wait), which ends when
-    /// the last clone of the `Locker` is dropped. Should the connection fail, it is opened
-    /// again and the waiters poll meanwhile.
+    /// A thread of the `Locker` waits on the listening connection (blocked in `poll(2)`: it
+    /// uses no CPU between notifications); it starts with the `Locker`'s first wait for a
+    /// held key and ends when the last clone of the `Locker` is dropped. Should the
+    /// connection fail, it is opened again and the waiters poll meanwhile.
     ///
     /// Defaults to the URL of the pool when [`connect`](crate::connect) built it (which
     /// marks its PostgreSQL connections with `fallback_application_name=diesel-lock-N` to

@@ -34,9 +34,19 @@ use wait::Deadline;
 ///
 /// # Fairness
 /// Threads of one `Locker` waiting for the same key line up first-come first-served, and only
-/// the first of them polls the database; a release by one of them wakes the next at once.
-/// Waiters in other processes poll with exponential backoff and jitter (1 ms doubling up to
-/// [`LockerBuilder::max_backoff`]), so across processes no order is promised.
+/// the first of them asks the database; a release by one of them wakes the next at once.
+///
+/// Across processes, `Row` and `Lease` waiters line up in the database: the first thread of
+/// a `Locker` to find the key held takes a numbered place in the key's line (table
+/// `dlock_waiters`), renewed while it waits, and the key goes only to the lowest live place.
+/// Nobody takes a free key ahead of the line, not even `try_lock` (a newcomer): a key that is
+/// free for a moment while others wait for it is not free to it. A release on PostgreSQL
+/// wakes only the first waiter's `Locker` (see [`LockerBuilder::listen_url`]); elsewhere the
+/// first in line polls, ever less often the longer the line stands still (up to
+/// [`LockerBuilder::max_backoff`]). A waiter that gives up (deadline, cancellation, error,
+/// panic) leaves the line; the place of one that died lapses after max(2 s, 4 ×
+/// `max_backoff`). `ForUpdate` and `Advisory` waiters queue in the server's own lock queue
+/// instead (see [`Strategy`](crate::Strategy)).
 ///
 /// # Differences from `std::sync::Mutex`
 /// Locks are not reentrant by default: a second `try_lock` of a held key returns `Ok(None)`,

@@ -131,7 +131,6 @@ pub mod pg {
             .bind::<Text, _>(OWNER)
             .bind::<Text, _>(HOLDER)
             .bind::<diesel::sql_types::Nullable<BigInt>, _>(None::<i64>)
-            .bind::<BigInt, _>(i64::MAX)
             .get_result::<Acquired>(c)
             .expect("row acquire")
             .id
@@ -169,7 +168,6 @@ pub mod pg {
             .bind::<Text, _>(OWNER)
             .bind::<Text, _>(HOLDER)
             .bind::<BigInt, _>(TTL.as_micros() as i64)
-            .bind::<BigInt, _>(i64::MAX)
             .get_result::<Acquired>(c)
             .expect("lease acquire");
     }

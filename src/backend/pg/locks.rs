@@ -5,13 +5,31 @@ use crate::backend::sealed::Locks;
 use crate::backend::shared;
 use crate::backend::shared::{exists, One};
 use crate::backend::stmt::stmt;
-use crate::backend::Acquired;
+use crate::backend::{Acquired, NO_PLACE};
 use diesel::pg::PgConnection;
 use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel::{OptionalExtension, QueryResult, RunQueryDsl};
 
 // The texts of the statements the benches' raw floors run too (`diesel_lock::__bench_sql`);
 // the others are written where they run.
+
+/// The CTEs of `ROW_ACQUIRE` and `ROW_ACQUIRE_IN_LINE` (which add the final SELECT).
+macro_rules! row_acquire {
+    () => {
+        "WITH t AS ( \
+           INSERT INTO dlock_tokens AS t (lock_key, token) \
+           SELECT ?, 1 WHERE NOT EXISTS (SELECT 1 FROM dlock_rows WHERE lock_key = ?) \
+             AND NOT EXISTS (SELECT 1 FROM dlock_waiters \
+                             WHERE lock_key = ? AND id < ? AND expires_at > now()) \
+           ON CONFLICT (lock_key) DO UPDATE SET token = t.token + 1 \
+           RETURNING token), \
+         i AS ( \
+           INSERT INTO dlock_rows (lock_key, owner, holder, token, acquired_at, stale_at) \
+           SELECT ?, ?, ?, t.token, clock_timestamp(), clock_timestamp() + ? * interval '1 microsecond' FROM t \
+           ON CONFLICT (lock_key) DO NOTHING \
+           RETURNING id, token, acquired_at) "
+    };
+}
 
 /// `row_acquire`.
 ///
@@ -20,23 +38,19 @@ use diesel::{OptionalExtension, QueryResult, RunQueryDsl};
 /// always has a larger token (an id from a sequence would not: nextval runs before the
 /// unique check, so a slow inserter can win with an older id). While the row is visibly
 /// held, or a live place of the key's line is ahead of the caller's (`lines.rs`), the
-/// counter is not touched at all. A waiter's acquisition removes its own place (`d`). The
+/// counter is not touched at all. A waiter's acquisition removes its own place
+/// (`ROW_ACQUIRE_IN_LINE`). The
 /// times are clock_timestamp(): now() is when the statement began, before any wait for the
 /// counter's row lock.
-pub const ROW_ACQUIRE: &str = "WITH t AS ( \
-       INSERT INTO dlock_tokens AS t (lock_key, token) \
-       SELECT ?, 1 WHERE NOT EXISTS (SELECT 1 FROM dlock_rows WHERE lock_key = ?) \
-         AND NOT EXISTS (SELECT 1 FROM dlock_waiters \
-                         WHERE lock_key = ? AND id < ? AND expires_at > now()) \
-       ON CONFLICT (lock_key) DO UPDATE SET token = t.token + 1 \
-       RETURNING token), \
-     i AS ( \
-       INSERT INTO dlock_rows (lock_key, owner, holder, token, acquired_at, stale_at) \
-       SELECT ?, ?, ?, t.token, clock_timestamp(), clock_timestamp() + ? * interval '1 microsecond' FROM t \
-       ON CONFLICT (lock_key) DO NOTHING \
-       RETURNING id, token, acquired_at), \
-     d AS (DELETE FROM dlock_waiters WHERE id = ? AND EXISTS (SELECT 1 FROM i)) \
-     SELECT id, token, acquired_at FROM i";
+pub const ROW_ACQUIRE: &str = concat!(row_acquire!(), "SELECT id, token, acquired_at FROM i");
+
+/// `row_acquire` for a waiter with a place (`ROW_ACQUIRE` binds `NO_PLACE` and has nothing
+/// to remove): its place goes with the acquisition (`d`).
+const ROW_ACQUIRE_IN_LINE: &str = concat!(
+    row_acquire!(),
+    ", d AS (DELETE FROM dlock_waiters WHERE id = ? AND EXISTS (SELECT 1 FROM i)) \
+     SELECT id, token, acquired_at FROM i"
+);
 
 /// `row_release`. The notification goes to the channel of the first live place in the
 /// key's line (`lines.rs`), if that waiter's `Locker` listens: one process is woken, the
@@ -50,21 +64,10 @@ pub const ROW_RELEASE: &str =
            WHERE f.channel IS NOT NULL) \
      SELECT (SELECT count(*) FROM d) AS one, (SELECT count(*) FROM n) AS woken";
 
-/// `lease_acquire`.
-///
-/// One statement. If its snapshot shows the key's row, `u` takes it over when free or
-/// expired: an UPDATE re-checks the row's newest version after any wait, so the token it
-/// bumps is the latest. If the snapshot shows no row, `t` bumps the key's counter in
-/// dlock_tokens (an upsert also acts on the newest version, and locks it) and `i` inserts
-/// the row with that token. A row deleted by `purge` after the snapshot makes `u` find
-/// nothing and `t` not run: the attempt fails and is retried with a fresh snapshot, never
-/// with a token read before the purge saved the row's last one. Neither runs while a live
-/// place of the key's line is ahead of the caller's (`lines.rs`); a waiter's acquisition
-/// removes its own place (`d`). The new times are clock_timestamp(), not now() (the
-/// statement's start): `u` may wait for another transaction's update of the row, `t` for
-/// the counter's row lock. An expiry a little later than the caller's own count (from
-/// before it sent the statement) is on the safe side.
-pub const LEASE_ACQUIRE: &str = "WITH l AS ( \
+/// The CTEs of `LEASE_ACQUIRE` and `LEASE_ACQUIRE_IN_LINE` (which add the final SELECT).
+macro_rules! lease_acquire {
+    () => {
+        "WITH l AS ( \
        SELECT NOT EXISTS (SELECT 1 FROM dlock_waiters \
                           WHERE lock_key = ? AND id < ? AND expires_at > now()) AS turn), \
      u AS ( \
@@ -81,12 +84,39 @@ pub const LEASE_ACQUIRE: &str = "WITH l AS ( \
      i AS ( \
        INSERT INTO dlock_leases (lock_key, owner, holder, token, acquired_at, expires_at) \
        SELECT ?, ?, ?, t.token, clock_timestamp(), clock_timestamp() + ? * interval '1 microsecond' FROM t \
-       ON CONFLICT (lock_key) DO NOTHING \
-       RETURNING token, acquired_at), \
-     d AS (DELETE FROM dlock_waiters WHERE id = ? \
+       ON CONFLICT (lock_key) DO NOTHING  \
+       RETURNING token, acquired_at) "
+    };
+}
+
+/// `lease_acquire`.
+///
+/// One statement. If its snapshot shows the key's row, `u` takes it over when free or
+/// expired: an UPDATE re-checks the row's newest version after any wait, so the token it
+/// bumps is the latest. If the snapshot shows no row, `t` bumps the key's counter in
+/// dlock_tokens (an upsert also acts on the newest version, and locks it) and `i` inserts
+/// the row with that token. A row deleted by `purge` after the snapshot makes `u` find
+/// nothing and `t` not run: the attempt fails and is retried with a fresh snapshot, never
+/// with a token read before the purge saved the row's last one. Neither runs while a live
+/// place of the key's line is ahead of the caller's (`lines.rs`); a waiter's acquisition
+/// removes its own place (`LEASE_ACQUIRE_IN_LINE`). The new times are clock_timestamp(), not now() (the
+/// statement's start): `u` may wait for another transaction's update of the row, `t` for
+/// the counter's row lock. An expiry a little later than the caller's own count (from
+/// before it sent the statement) is on the safe side.
+pub const LEASE_ACQUIRE: &str = concat!(
+    lease_acquire!(),
+    "SELECT 0::int8 AS id, token, acquired_at FROM u \
+     UNION ALL SELECT 0::int8 AS id, token, acquired_at FROM i"
+);
+
+/// `lease_acquire` for a waiter with a place: its place goes with the acquisition (`d`).
+const LEASE_ACQUIRE_IN_LINE: &str = concat!(
+    lease_acquire!(),
+    ", d AS (DELETE FROM dlock_waiters WHERE id = ? \
            AND EXISTS (SELECT 1 FROM u UNION ALL SELECT 1 FROM i)) \
      SELECT 0::int8 AS id, token, acquired_at FROM u \
-     UNION ALL SELECT 0::int8 AS id, token, acquired_at FROM i";
+     UNION ALL SELECT 0::int8 AS id, token, acquired_at FROM i"
+);
 
 /// `lease_release`, with the notification `ROW_RELEASE` sends.
 pub const LEASE_RELEASE: &str =
@@ -120,19 +150,26 @@ impl Locks for PgConnection {
         _retry: bool,
         place: i64,
     ) -> QueryResult<Option<Acquired>> {
-        stmt(ROW_ACQUIRE)
-            .bind::<Text, _>(key)
-            .bind::<Text, _>(key)
-            .bind::<Text, _>(key)
-            .bind::<BigInt, _>(place)
-            .bind::<Text, _>(key)
-            .bind::<Text, _>(owner)
-            .bind::<Text, _>(holder)
-            .bind::<Nullable<BigInt>, _>(stale_us)
-            .bind::<BigInt, _>(place)
-            .get_result::<AcquiredRow>(self)
-            .optional()
-            .map(|r| r.map(Into::into))
+        let q = |text| {
+            stmt(text)
+                .bind::<Text, _>(key)
+                .bind::<Text, _>(key)
+                .bind::<Text, _>(key)
+                .bind::<BigInt, _>(place)
+                .bind::<Text, _>(key)
+                .bind::<Text, _>(owner)
+                .bind::<Text, _>(holder)
+                .bind::<Nullable<BigInt>, _>(stale_us)
+        };
+        if place == NO_PLACE {
+            q(ROW_ACQUIRE).get_result::<AcquiredRow>(self)
+        } else {
+            q(ROW_ACQUIRE_IN_LINE)
+                .bind::<BigInt, _>(place)
+                .get_result::<AcquiredRow>(self)
+        }
+        .optional()
+        .map(|r| r.map(Into::into))
     }
 
     fn row_delete_stale(&mut self, key: &str) -> QueryResult<bool> {
@@ -163,23 +200,30 @@ impl Locks for PgConnection {
         _retry: bool,
         place: i64,
     ) -> QueryResult<Option<Acquired>> {
-        stmt(LEASE_ACQUIRE)
-            .bind::<Text, _>(key)
-            .bind::<BigInt, _>(place)
-            .bind::<Text, _>(owner)
-            .bind::<Text, _>(holder)
-            .bind::<BigInt, _>(ttl_us)
-            .bind::<Text, _>(key)
-            .bind::<Text, _>(key)
-            .bind::<Text, _>(key)
-            .bind::<Text, _>(key)
-            .bind::<Text, _>(owner)
-            .bind::<Text, _>(holder)
-            .bind::<BigInt, _>(ttl_us)
-            .bind::<BigInt, _>(place)
-            .get_result::<AcquiredRow>(self)
-            .optional()
-            .map(|r| r.map(Into::into))
+        let q = |text| {
+            stmt(text)
+                .bind::<Text, _>(key)
+                .bind::<BigInt, _>(place)
+                .bind::<Text, _>(owner)
+                .bind::<Text, _>(holder)
+                .bind::<BigInt, _>(ttl_us)
+                .bind::<Text, _>(key)
+                .bind::<Text, _>(key)
+                .bind::<Text, _>(key)
+                .bind::<Text, _>(key)
+                .bind::<Text, _>(owner)
+                .bind::<Text, _>(holder)
+                .bind::<BigInt, _>(ttl_us)
+        };
+        if place == NO_PLACE {
+            q(LEASE_ACQUIRE).get_result::<AcquiredRow>(self)
+        } else {
+            q(LEASE_ACQUIRE_IN_LINE)
+                .bind::<BigInt, _>(place)
+                .get_result::<AcquiredRow>(self)
+        }
+        .optional()
+        .map(|r| r.map(Into::into))
     }
 
     fn lease_renew(

@@ -280,7 +280,7 @@ fn main() {
     let mut m = String::new();
     writeln!(
         m,
-        "# Waiting across processes\n\nProduced by `cargo run --release --all-features --example wait_report -- --out docs/waiting.md` on {} (UTC), {} cores; the configuration a user gets from `Locker::builder(connect(url)?).build()` (on PostgreSQL that includes the listener). 8 waiters on one key, each lock released at once, for {} s per figure. Fairness is the fewest acquisitions of one waiter over the most.\n",
+        "## Waiting across processes\n\nProduced by `cargo run --release --all-features --example wait_report -- --out docs/waiting.md` on {} (UTC), {} cores; the configuration a user gets from `Locker::builder(connect(url)?).build()` (on PostgreSQL that includes the listener). 8 waiters on one key, each lock released at once, for {} s per figure. Fairness is the fewest acquisitions of one waiter over the most.\n",
         chrono::Utc::now().format("%Y-%m-%d %H:%M"),
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         WINDOW.as_secs()

@@ -140,12 +140,26 @@ fn lock(control: &Mutex<Control>) -> std::sync::MutexGuard<'_, Control> {
 }
 
 fn connect(url: &str, channel: &str) -> Result<RawListener, String> {
-    let mut conn = RawListener::connect(url)?;
+    let mut conn = RawListener::connect(&with_connect_timeout(url))?;
     debug_assert!(channel
         .bytes()
         .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'));
     conn.execute(&format!("LISTEN {channel}; LISTEN {SHARED_CHANNEL}"))?;
     Ok(conn)
+}
+
+/// `url` with libpq's `connect_timeout` (10 s) unless it names one: without it a server that
+/// accepts the connection and never answers would keep the thread (and its socket) in
+/// `PQconnectdb` for good (found by the adversary: a thread per dropped `Locker`).
+fn with_connect_timeout(url: &str) -> String {
+    if url.contains("connect_timeout") {
+        url.to_owned()
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let sep = if url.contains('?') { '&' } else { '?' };
+        format!("{url}{sep}connect_timeout=10")
+    } else {
+        format!("{url} connect_timeout=10") // key=value connection string
+    }
 }
 
 /// Connects, with `connecting` set meanwhile; `None` if the listener was stopped first.

@@ -48,6 +48,13 @@ impl RawListener {
         if unsafe { pq_sys::PQstatus(conn.as_ptr()) } != ConnStatusType::CONNECTION_OK {
             return Err(listener.error()); // dropped: PQfinish frees it
         }
+        // libpq prints the server's notices and the reason a connection ended (`FATAL:
+        // terminating connection …`) on stderr unless told otherwise: to the log instead.
+        // SAFETY: the connection is live; `notice` is a plain function that stays valid for
+        // the program's life and uses its message only during the call.
+        unsafe {
+            pq_sys::PQsetNoticeProcessor(conn.as_ptr(), Some(notice), std::ptr::null_mut());
+        }
         Ok(listener)
     }
 
@@ -157,6 +164,16 @@ impl RawListener {
             heard.push(Notified { channel, payload });
         }
     }
+}
+
+/// libpq's notice processor for the listener's connection: the message to the log.
+unsafe extern "C" fn notice(_arg: *mut std::ffi::c_void, message: *const std::ffi::c_char) {
+    if message.is_null() {
+        return;
+    }
+    // SAFETY: libpq passes a NUL-terminated message, valid during the call.
+    let message = unsafe { CStr::from_ptr(message) }.to_string_lossy();
+    log::debug!("release listener: {}", message.trim());
 }
 
 impl Drop for RawListener {

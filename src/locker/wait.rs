@@ -61,7 +61,15 @@ impl<C: LockConnection> Locker<C> {
         let queues = &self.inner.shared.queues;
         if let Deadline::Once = deadline {
             return Ok(self
-                .attempt(raw, key, queues.contended(key), deadline, None, &mut None)?
+                .attempt(
+                    raw,
+                    key,
+                    queues.contended(key),
+                    deadline,
+                    false,
+                    None,
+                    &mut None,
+                )?
                 .map(|t| self.guard(raw, key, t)));
         }
         // A cancellation wakes this key's local waiters; each then sees the flag.
@@ -102,11 +110,16 @@ impl<C: LockConnection> Locker<C> {
         // This thread's place in the key's line in the database (strategies with a line),
         // taken once the key was found held; given up when dropped without the lock.
         let mut place: Option<Place<'_, C>> = None;
+        // The first attempt only tries (a free key is taken in one statement); the wait in
+        // the server's lock queue, and what it needs set up first (a statement timeout, a
+        // check of the client, the session id for a cancellation), is for a key found held.
+        let mut tried = false;
         loop {
             if cancel.is_some_and(Cancel::is_cancelled) {
                 return Ok(None);
             }
-            match self.attempt(raw, key, retry, deadline, cancel, &mut place) {
+            let server_wait = std::mem::replace(&mut tried, true);
+            match self.attempt(raw, key, retry, deadline, server_wait, cancel, &mut place) {
                 Ok(Some(taken)) => {
                     if let Some(since) = outage {
                         log::warn!(
@@ -127,6 +140,10 @@ impl<C: LockConnection> Locker<C> {
                         );
                     }
                     reached = true;
+                    if !server_wait && !raw.lines() {
+                        retry = true;
+                        continue; // now the wait in the server's queue, at once
+                    }
                 }
                 Err(e) if self.lost_the_database(&e, reached) => {
                     reached = true;
@@ -159,14 +176,17 @@ impl<C: LockConnection> Locker<C> {
         }
     }
 
-    /// One attempt. A cancelled one returns `Ok(None)`, and never a lock: one granted at the
-    /// moment of cancelling is released again.
+    /// One attempt; with `server_wait`, one that waits in the server's lock queue as long
+    /// as the deadline allows (strategies that have one). A cancelled one returns `Ok(None)`,
+    /// and never a lock: one granted at the moment of cancelling is released again.
+    #[allow(clippy::too_many_arguments)]
     fn attempt<'a>(
         &'a self,
         raw: &dyn RawLock<C>,
         key: &'a str,
         retry: bool,
         deadline: Deadline,
+        server_wait: bool,
         cancel: Option<&Cancel>,
         place: &mut Option<Place<'a, C>>,
     ) -> Result<Option<Taken>> {
@@ -183,7 +203,11 @@ impl<C: LockConnection> Locker<C> {
         // back to the pool and on to another lock, whose session no late cancellation may
         // end (found by the adversary: a shared `Cancel` ended sessions that had moved on,
         // and a second guard was granted the same key).
-        let wait = deadline.server_wait();
+        let wait = if server_wait {
+            deadline.server_wait()
+        } else {
+            Wait::No
+        };
         let live = Arc::new(Mutex::new(true));
         let registration = match cancel {
             Some(c) if wait != Wait::No => {

@@ -18,7 +18,7 @@ use super::pg_socket::RawListener;
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -39,13 +39,13 @@ struct Control {
 }
 
 /// The listening thread, started by the first wait (`start`): a `Locker` that never waits
-/// opens no listening connection. Dropping this stops the thread and waits for it to end,
-/// unless it is in the middle of connecting: then it is left to end by itself once the
-/// attempt returns.
+/// opens no listening connection. Dropping this stops the thread and waits for it to end; a
+/// thread in the middle of connecting is waited for up to `CONNECTING_PATIENCE`, and left
+/// to end by itself after that (a server that never answers cannot hang the drop).
 pub(crate) struct Listener {
     url: String,
     wake_fn: Mutex<Option<Wake>>,
-    control: Arc<Mutex<Control>>,
+    control: Arc<(Mutex<Control>, Condvar)>,
     /// Written to wake the thread from its wait (to stop); the thread reads the other end.
     wake: UnixStream,
     woken: Mutex<Option<UnixStream>>,
@@ -77,7 +77,7 @@ impl Listener {
         Ok(Listener {
             url,
             wake_fn: Mutex::new(Some(Box::new(wake))),
-            control: Arc::new(Mutex::new(Control::default())),
+            control: Arc::new((Mutex::new(Control::default()), Condvar::new())),
             wake: waker,
             woken: Mutex::new(Some(woken)),
             thread: Mutex::new(None),
@@ -119,8 +119,15 @@ impl Listener {
 impl Drop for Listener {
     fn drop(&mut self) {
         let connecting = {
-            let mut c = lock(&self.control);
+            let (m, changed) = &*self.control;
+            let mut c = lock(m);
             c.stop = true;
+            // A process that exits while libpq connects on this thread can crash in libpq's
+            // or OpenSSL's exit-time cleanup (seen: an abort in GSSAPI, a SIGSEGV in
+            // OpenSSL): a connection attempt under way usually ends within milliseconds.
+            let (c, _) = changed
+                .wait_timeout_while(c, CONNECTING_PATIENCE, |c| c.connecting)
+                .unwrap_or_else(|p| p.into_inner());
             c.connecting
         };
         // Ends the thread's wait (a full socket buffer means it has a wake-up pending anyway).
@@ -134,6 +141,9 @@ impl Drop for Listener {
         }
     }
 }
+
+/// How long dropping a `Listener` waits for a connection attempt under way to end.
+const CONNECTING_PATIENCE: Duration = Duration::from_secs(2);
 
 fn lock(control: &Mutex<Control>) -> std::sync::MutexGuard<'_, Control> {
     control.lock().unwrap_or_else(|p| p.into_inner())
@@ -166,31 +176,33 @@ fn with_connect_timeout(url: &str) -> String {
 fn connect_unless_stopped(
     url: &str,
     channel: &str,
-    control: &Mutex<Control>,
+    control: &(Mutex<Control>, Condvar),
 ) -> Option<Result<RawListener, String>> {
+    let (m, changed) = control;
     {
-        let mut c = lock(control);
+        let mut c = lock(m);
         if c.stop {
             return None;
         }
         c.connecting = true;
     }
     let attempt = connect(url, channel);
-    lock(control).connecting = false;
+    lock(m).connecting = false;
+    changed.notify_all();
     Some(attempt)
 }
 
 fn run(
     url: &str,
     channel: &str,
-    control: &Mutex<Control>,
+    control: &(Mutex<Control>, Condvar),
     mut woken: UnixStream,
     wake: &dyn Fn(Option<&str>),
 ) {
     let mut conn: Option<RawListener> = None;
     let mut retry = Duration::from_millis(100);
     loop {
-        if lock(control).stop {
+        if lock(&control.0).stop {
             return;
         }
         // How long to wait: for a notification as long as it takes; before reconnecting,

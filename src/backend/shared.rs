@@ -47,6 +47,23 @@ pub(crate) struct One {
     pub(crate) one: i64,
 }
 
+/// What the line's renewals and looks answer (`Lines::line_renew`, `line_look`): whether the
+/// caller's place is there and live (`mine`, 0 or 1), and how many live places are ahead.
+#[derive(diesel::QueryableByName)]
+pub(crate) struct Mine {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    pub(crate) mine: i64,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    pub(crate) ahead: i64,
+}
+
+impl Mine {
+    /// The places ahead, if the caller's place is there.
+    pub(crate) fn ahead(self) -> Option<i64> {
+        (self.mine == 1).then_some(self.ahead)
+    }
+}
+
 /// Whether a query for a `One` found a row.
 pub(crate) fn exists(q: diesel::QueryResult<Option<One>>) -> diesel::QueryResult<bool> {
     q.map(|r| r.is_some())

@@ -100,7 +100,7 @@ impl<'a, C: LockConnection> Place<'a, C> {
                 self.key,
                 self.id
             );
-            // Dropped by the caller: what is left of it is given up then.
+            // Given up by the caller (`leave`), which joins again.
             return Ok(false);
         };
         self.ahead_at_first_look.get_or_insert(ahead);
@@ -141,6 +141,20 @@ impl<'a, C: LockConnection> Place<'a, C> {
     /// The acquisition that went with this place removed it.
     pub(super) fn used(mut self) {
         self.used = true;
+    }
+
+    /// Gives the place up on `conn`, the connection at hand (`Drop` would take another one
+    /// from the pool, which on a pool of one would wait for this one).
+    pub(super) fn leave(mut self, conn: &mut C) {
+        self.used = true;
+        if let Err(e) = conn.sql().line_leave(self.key, self.id) {
+            log::debug!(
+                "lock {:?}: giving up place {} in line failed ({e}); it lapses within {:?}",
+                self.key,
+                self.id,
+                self.ttl
+            );
+        }
     }
 }
 

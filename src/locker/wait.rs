@@ -282,7 +282,9 @@ impl<C: LockConnection> Locker<C> {
     ) -> Result<Option<Taken>> {
         if let Some(p) = place.as_mut() {
             if !p.refresh(&mut **conn)? {
-                *place = None;
+                if let Some(p) = place.take() {
+                    p.leave(&mut **conn);
+                }
             }
         }
         let joined = match place.as_ref() {

@@ -2,6 +2,7 @@
 //! waiters poll their own place (`line_renew`, an update by primary key and an indexed count).
 
 use crate::backend::sealed::{LineStat, Lines};
+use crate::backend::shared::Mine;
 use crate::backend::stmt::stmt;
 use diesel::mysql::MysqlConnection;
 use diesel::sql_types::{BigInt, Nullable, Text};
@@ -61,15 +62,8 @@ impl Lines for MysqlConnection {
     }
 
     fn line_look(&mut self, key: &str, id: i64) -> QueryResult<Option<i64>> {
-        #[derive(QueryableByName)]
-        struct Look {
-            #[diesel(sql_type = BigInt)]
-            mine: i64,
-            #[diesel(sql_type = BigInt)]
-            ahead: i64,
-        }
         // A consistent (non-locking) read of the key's places up to this one.
-        let r = stmt(
+        stmt(
             "SELECT CAST(COALESCE(SUM(id = ? AND expires_at > UTC_TIMESTAMP(6)), 0) AS SIGNED) \
                       AS mine, \
                     CAST(COALESCE(SUM(id < ? AND expires_at > UTC_TIMESTAMP(6)), 0) AS SIGNED) \
@@ -80,8 +74,8 @@ impl Lines for MysqlConnection {
         .bind::<BigInt, _>(id)
         .bind::<Text, _>(key)
         .bind::<BigInt, _>(id)
-        .get_result::<Look>(self)?;
-        Ok((r.mine == 1).then_some(r.ahead))
+        .get_result::<Mine>(self)
+        .map(Mine::ahead)
     }
 
     fn line_leave(&mut self, _key: &str, id: i64) -> QueryResult<()> {

@@ -1,6 +1,7 @@
 //! PostgreSQL's statements of the line of waiters (`dlock_waiters`).
 
 use crate::backend::sealed::{LineStat, Lines};
+use crate::backend::shared::Mine;
 use crate::backend::stmt::stmt;
 use diesel::pg::PgConnection;
 use diesel::sql_types::{BigInt, Nullable, Text};
@@ -10,14 +11,6 @@ use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 struct Id {
     #[diesel(sql_type = BigInt)]
     id: i64,
-}
-
-#[derive(QueryableByName)]
-struct Renewed {
-    #[diesel(sql_type = BigInt)]
-    mine: i64,
-    #[diesel(sql_type = BigInt)]
-    ahead: i64,
 }
 
 impl Lines for PgConnection {
@@ -47,7 +40,7 @@ impl Lines for PgConnection {
     }
 
     fn line_renew(&mut self, key: &str, id: i64, ttl_us: i64) -> QueryResult<Option<i64>> {
-        let r = stmt(
+        stmt(
             "WITH u AS (UPDATE dlock_waiters \
                         SET expires_at = clock_timestamp() + ? * interval '1 microsecond' \
                         WHERE id = ? AND expires_at > now() RETURNING id) \
@@ -59,12 +52,12 @@ impl Lines for PgConnection {
         .bind::<BigInt, _>(id)
         .bind::<Text, _>(key)
         .bind::<BigInt, _>(id)
-        .get_result::<Renewed>(self)?;
-        Ok((r.mine == 1).then_some(r.ahead))
+        .get_result::<Mine>(self)
+        .map(Mine::ahead)
     }
 
     fn line_look(&mut self, key: &str, id: i64) -> QueryResult<Option<i64>> {
-        let r = stmt(
+        stmt(
             "SELECT count(*) FILTER (WHERE id = ? AND expires_at > now()) AS mine, \
                     count(*) FILTER (WHERE id < ? AND expires_at > now()) AS ahead \
              FROM dlock_waiters WHERE lock_key = ? AND id <= ?",
@@ -73,8 +66,8 @@ impl Lines for PgConnection {
         .bind::<BigInt, _>(id)
         .bind::<Text, _>(key)
         .bind::<BigInt, _>(id)
-        .get_result::<Renewed>(self)?;
-        Ok((r.mine == 1).then_some(r.ahead))
+        .get_result::<Mine>(self)
+        .map(Mine::ahead)
     }
 
     fn line_leave(&mut self, key: &str, id: i64) -> QueryResult<()> {

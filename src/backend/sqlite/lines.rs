@@ -2,6 +2,7 @@
 //! waiters poll their own place (`line_renew`).
 
 use crate::backend::sealed::{LineStat, Lines};
+use crate::backend::shared::Mine;
 use crate::backend::stmt::stmt;
 use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel::sqlite::SqliteConnection;
@@ -61,15 +62,8 @@ impl Lines for SqliteConnection {
     }
 
     fn line_look(&mut self, key: &str, id: i64) -> QueryResult<Option<i64>> {
-        #[derive(QueryableByName)]
-        struct Look {
-            #[diesel(sql_type = BigInt)]
-            mine: i64,
-            #[diesel(sql_type = BigInt)]
-            ahead: i64,
-        }
         // A read: in WAL mode it never waits for the writer.
-        let r = stmt(
+        stmt(
             "SELECT COALESCE(SUM(id = ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')), 0) \
                       AS mine, \
                     COALESCE(SUM(id < ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')), 0) \
@@ -80,8 +74,8 @@ impl Lines for SqliteConnection {
         .bind::<BigInt, _>(id)
         .bind::<Text, _>(key)
         .bind::<BigInt, _>(id)
-        .get_result::<Look>(self)?;
-        Ok((r.mine == 1).then_some(r.ahead))
+        .get_result::<Mine>(self)
+        .map(Mine::ahead)
     }
 
     fn line_leave(&mut self, _key: &str, id: i64) -> QueryResult<()> {

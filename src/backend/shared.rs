@@ -35,6 +35,10 @@ pub(crate) const ROW_HELD: &str = "SELECT id FROM dlock_rows WHERE id = ?";
 pub const LEASE_RELEASE: &str = "UPDATE dlock_leases SET holder = NULL, expires_at = NULL \
      WHERE lock_key = ? AND holder = ?";
 
+/// `line_leave` on MySQL and SQLite (PostgreSQL's also notifies the next place), and the
+/// removal of a waiter's place after its acquisition there: by the place's number.
+pub(crate) const LEAVE_PLACE: &str = "DELETE FROM dlock_waiters WHERE id = ?";
+
 /// `schema_current`, on every backend: diesel records each applied migration by version.
 pub(crate) const SCHEMA_CURRENT: &str =
     "SELECT version FROM __diesel_schema_migrations WHERE version = ?";
@@ -259,6 +263,15 @@ macro_rules! statements {
                 .get_result::<Id>(self)
                 .optional()
                 .map(|r| r.is_some())
+        }
+    };
+    (@line_leave) => {
+        fn line_leave(&mut self, _key: &str, id: i64) -> diesel::QueryResult<()> {
+            use diesel::RunQueryDsl as _;
+            $crate::backend::stmt::stmt($crate::backend::shared::LEAVE_PLACE)
+                .bind::<diesel::sql_types::BigInt, _>(id)
+                .execute(self)
+                .map(drop)
         }
     };
     (@lease_release) => {

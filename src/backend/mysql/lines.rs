@@ -19,6 +19,8 @@ pub(super) const AHEAD: &str = "SELECT COUNT(*) AS n FROM dlock_waiters \
      WHERE lock_key = ? AND id < ? AND expires_at > UTC_TIMESTAMP(6)";
 
 impl Lines for MysqlConnection {
+    crate::backend::shared::statements!(line_leave);
+
     fn line_join(
         &mut self,
         key: &str,
@@ -76,13 +78,6 @@ impl Lines for MysqlConnection {
         .bind::<BigInt, _>(id)
         .get_result::<Mine>(self)
         .map(Mine::ahead)
-    }
-
-    fn line_leave(&mut self, _key: &str, id: i64) -> QueryResult<()> {
-        stmt("DELETE FROM dlock_waiters WHERE id = ?")
-            .bind::<BigInt, _>(id)
-            .execute(self)
-            .map(drop)
     }
 
     fn line_stats(&mut self, key: Option<&str>) -> QueryResult<Vec<LineStat>> {

@@ -89,7 +89,7 @@ fn leave_place(conn: &mut MysqlConnection, place: i64) {
     if place == crate::backend::NO_PLACE {
         return;
     }
-    if let Err(e) = stmt("DELETE FROM dlock_waiters WHERE id = ?")
+    if let Err(e) = stmt(shared::LEAVE_PLACE)
         .bind::<BigInt, _>(place)
         .execute(conn)
     {

@@ -17,6 +17,8 @@ struct Count {
 }
 
 impl Lines for SqliteConnection {
+    crate::backend::shared::statements!(line_leave);
+
     fn line_join(
         &mut self,
         key: &str,
@@ -76,13 +78,6 @@ impl Lines for SqliteConnection {
         .bind::<BigInt, _>(id)
         .get_result::<Mine>(self)
         .map(Mine::ahead)
-    }
-
-    fn line_leave(&mut self, _key: &str, id: i64) -> QueryResult<()> {
-        stmt("DELETE FROM dlock_waiters WHERE id = ?")
-            .bind::<BigInt, _>(id)
-            .execute(self)
-            .map(drop)
     }
 
     fn line_stats(&mut self, key: Option<&str>) -> QueryResult<Vec<LineStat>> {

@@ -199,7 +199,7 @@ fn in_line(
     conn.immediate_transaction(|c| {
         let acquired = acquire(c)?;
         if acquired.is_some() {
-            stmt("DELETE FROM dlock_waiters WHERE id = ?")
+            stmt(shared::LEAVE_PLACE)
                 .bind::<BigInt, _>(place)
                 .execute(c)?;
         }

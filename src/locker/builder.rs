@@ -236,7 +236,8 @@ impl<C: LockConnection> LockerBuilder<C> {
     /// Checks the configuration and builds the `Locker`.
     ///
     /// For [`AnyConnection`](crate::AnyConnection) pools this takes one connection from the
-    /// pool to learn the backend. On MySQL it takes one to check that the pool's sessions
+    /// pool to learn the backend (and, on PostgreSQL, whether [`connect`](crate::connect)
+    /// built the pool: see [`listen_url`](Self::listen_url)). On MySQL it takes one to check that the pool's sessions
     /// commit each statement (`autocommit = 1`, as [`connect`](crate::connect) sets it):
     /// with autocommit off, every lock would stay uncommitted on its pooled connection. On
     /// SQLite it checks that the connections run in WAL mode with a busy timeout, as
@@ -250,7 +251,7 @@ impl<C: LockConnection> LockerBuilder<C> {
     /// autocommit off, or a SQLite pool without WAL or a busy timeout;
     /// [`Error::Unsupported`] for a strategy the backend cannot honour; [`Error::Pool`] if a
     /// connection was needed and none could be had; [`Error::Thread`] if the listener's
-    /// thread (with [`listen_url`](Self::listen_url)) could not be started.
+    /// wake-up socket could not be made (its thread starts with the first wait).
     ///
     /// # Examples
     /// ```
@@ -291,9 +292,21 @@ impl<C: LockConnection> LockerBuilder<C> {
                 "listen_url must reach PostgreSQL directly (or through session pooling), not through a transaction pooler".into(),
             ));
         }
-        let backend = match static_backend::<C>() {
-            Some(b) => b,
-            None => self.pool.get()?.sql().backend(),
+        // A pool of a fixed connection type says its backend; an `AnyConnection` pool (what
+        // `connect` builds) is asked on one of its connections, which on PostgreSQL also
+        // says which `connect` pool it is (`application_name`: the URL to listen on).
+        #[cfg_attr(not(feature = "postgres"), allow(unused_variables))]
+        let (backend, application_name) = match static_backend::<C>() {
+            Some(b) => (b, None),
+            None => {
+                let mut conn = self.pool.get()?;
+                let backend = conn.sql().backend();
+                let name = match backend {
+                    Backend::Postgres => conn.sql().application_name()?,
+                    _ => None,
+                };
+                (backend, name)
+            }
         };
         let setup = Setup {
             pool: self.pool.clone(),
@@ -320,12 +333,9 @@ impl<C: LockConnection> LockerBuilder<C> {
         #[cfg(feature = "postgres")]
         let listener = match self.listen_url {
             Some(url) if backend == Backend::Postgres && raw.lines() => Some(url),
-            None if backend == Backend::Postgres && raw.lines() => self
-                .pool
-                .get()?
-                .sql()
-                .application_name()?
-                .and_then(|name| crate::backend::listen_urls::of(&name)),
+            None if raw.lines() => application_name
+                .as_deref()
+                .and_then(crate::backend::listen_urls::of),
             _ => None,
         };
         #[cfg(feature = "postgres")]

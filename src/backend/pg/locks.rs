@@ -55,7 +55,8 @@ const ROW_ACQUIRE_IN_LINE: &str = concat!(
 /// `row_release`. The notification goes to the channel of the first live place in the
 /// key's line (`lines.rs`), if that waiter's `Locker` listens: one process is woken, the
 /// one whose turn it is. It is sent at commit, so it never arrives before the row is gone.
-/// `woken` counts the notifications sent (0 or 1).
+/// `woken` (0 or 1) is selected only so that `n` runs (a SELECT in WITH runs only as far as
+/// it is read); the library reads `one`.
 pub const ROW_RELEASE: &str =
     "WITH d AS (DELETE FROM dlock_rows WHERE id = ? RETURNING lock_key), \
      n AS (SELECT pg_notify(f.channel, f.lock_key) FROM ( \
@@ -128,16 +129,6 @@ pub const LEASE_RELEASE: &str =
            WHERE f.channel IS NOT NULL) \
      SELECT (SELECT count(*) FROM u) AS one, (SELECT count(*) FROM n) AS woken";
 
-/// What a release statement answers: whether it released, and how many waiters it woke.
-#[derive(diesel::QueryableByName)]
-struct Released {
-    #[diesel(sql_type = BigInt)]
-    one: i64,
-    #[diesel(sql_type = BigInt)]
-    #[allow(dead_code)] // read by the benches' wake count (raw.rs), not by the library
-    woken: i64,
-}
-
 impl Locks for PgConnection {
     shared::statements!(row_forget, row_held);
 
@@ -187,7 +178,7 @@ impl Locks for PgConnection {
     fn row_release(&mut self, id: i64) -> QueryResult<bool> {
         stmt(ROW_RELEASE)
             .bind::<BigInt, _>(id)
-            .get_result::<Released>(self)
+            .get_result::<One>(self)
             .map(|r| r.one == 1)
     }
 
@@ -252,7 +243,7 @@ impl Locks for PgConnection {
         stmt(LEASE_RELEASE)
             .bind::<Text, _>(key)
             .bind::<Text, _>(holder)
-            .get_result::<Released>(self)
+            .get_result::<One>(self)
             .map(|r| r.one == 1)
     }
 

@@ -19,6 +19,7 @@ pub mod kids;
 pub mod netns;
 pub mod occupancy;
 pub mod private_server;
+pub mod replica_pg;
 
 use diesel::r2d2::{ConnectionManager, Pool};
 use diesel_lock::{LockConnection, Locker, Strategy};

@@ -17,7 +17,7 @@
 
 use super::private_server::PrivatePg;
 use diesel::sql_types::{Nullable, Text};
-use diesel::{Connection, PgConnection, QueryableByName, RunQueryDsl};
+use diesel::{Connection, OptionalExtension, PgConnection, QueryableByName, RunQueryDsl};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use std::time::{Duration, Instant};
@@ -53,12 +53,13 @@ struct V {
 }
 
 /// The first row's column `v` of `sql` (a query selecting one text column named `v`), on a
-/// new connection to `url`.
+/// new connection to `url`; `None` for no row or NULL.
 pub fn query_text(url: &str, sql: &str) -> Result<Option<String>, String> {
     let mut c = PgConnection::establish(url).map_err(|e| format!("connect to {url}: {e}"))?;
     diesel::sql_query(sql)
         .get_result::<V>(&mut c)
-        .map(|r| r.v)
+        .optional()
+        .map(|r| r.and_then(|r| r.v))
         .map_err(|e| format!("{sql}: {e}"))
 }
 
@@ -281,12 +282,13 @@ impl ReplicaPg {
     /// writes. Returns how long that took.
     pub fn promote(&mut self) -> Duration {
         let t = Instant::now();
-        let done = query_text(
-            &self.standby.url(),
-            "SELECT pg_promote(true, 30)::text AS v",
-        )
-        .unwrap();
-        assert_eq!(done.as_deref(), Some("true"), "pg_promote did not finish");
+        // Without waiting: a session waiting in `pg_promote(true)` holds a snapshot, which
+        // the replay of a cleanup record still ahead may wait for, up to
+        // max_standby_streaming_delay (30 s), while the promotion waits for that replay
+        // (seen: "server did not promote within 30 seconds", the startup process waiting
+        // on RecoveryConflictSnapshot).
+        let asked = query_text(&self.standby.url(), "SELECT pg_promote(false)::text AS v");
+        assert_eq!(asked, Ok(Some("true".to_owned())), "pg_promote");
         self.promoted = true;
         let url = self.multi_host_url();
         poll_until("the promoted standby accepts writes", DEADLINE, || {
@@ -336,6 +338,11 @@ impl ReplicaPg {
         self.wait_replayed_past(&checkpoint, true);
         self.promote();
         t.elapsed()
+    }
+
+    /// The standby's server log.
+    pub fn standby_log(&self) -> String {
+        std::fs::read_to_string(self.standby.dir().join("server.log")).unwrap_or_default()
     }
 
     pub fn mode(&self) -> Replication {

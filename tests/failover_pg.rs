@@ -438,8 +438,12 @@ fn listened_then_looked(url: &str) -> Result<bool, String> {
 
 /// A waiter blocked in `lock()` (a `connect` pool: its `Locker` listens) while the primary
 /// crashes and the standby is promoted gets the lock on the new primary as soon as the
-/// holder releases it there: its listener reconnected and heard the release (without it,
-/// the waiter would look again only 5 to 10 s later).
+/// holder releases it there: its listener reconnected (a LISTEN session on the new primary,
+/// waited for) and heard the release. A listening waiter looks only every 5 to 10 s: with
+/// its place's channel cleared before the release, it got the lock 4987 ms after it and
+/// this test failed. (A waiter whose listener is down polls quickly instead, by design: a
+/// listener stuck on the dead primary is caught by the wait for its LISTEN, not by the
+/// timing.)
 fn listener_follows_the_promotion(s: Strategy) {
     if !available("pg") {
         return;

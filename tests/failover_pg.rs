@@ -479,10 +479,14 @@ fn listener_follows_the_promotion(s: Strategy) {
         "SELECT count(*)::text AS v FROM dlock_waiters WHERE lock_key = '{key}' \
          AND channel IS NOT NULL AND expires_at > now()"
     );
-    poll_until("the waiter listens on the primary", Duration::from_secs(20), || {
-        let u = r.primary_url();
-        Ok(query_text(&u, &place)?.as_deref() == Some("1") && listened_then_looked(&u)?)
-    });
+    poll_until(
+        "the waiter listens on the primary",
+        Duration::from_secs(20),
+        || {
+            let u = r.primary_url();
+            Ok(query_text(&u, &place)?.as_deref() == Some("1") && listened_then_looked(&u)?)
+        },
+    );
     r.crash_primary();
     r.promote();
     let new = r.url();
@@ -514,7 +518,10 @@ fn listener_follows_the_promotion(s: Strategy) {
         "{name}: the waiter got token {token} (the holder's {held_token}) {:.0} ms after the release",
         waited.as_secs_f64() * 1000.0
     );
-    assert!(token > held_token, "{name}: token {token} after {held_token}");
+    assert!(
+        token > held_token,
+        "{name}: token {token} after {held_token}"
+    );
     assert!(
         waiter_release.is_ok(),
         "{name}: the waiter's release said {waiter_release:?}"

@@ -206,9 +206,12 @@ impl ReplicaPg {
 
     /// Waits until the standby has replayed all WAL the primary has written so far.
     pub fn wait_replayed(&self) {
-        let lsn = query_text(&self.primary.url(), "SELECT pg_current_wal_lsn()::text AS v")
-            .unwrap()
-            .expect("an LSN");
+        let lsn = query_text(
+            &self.primary.url(),
+            "SELECT pg_current_wal_lsn()::text AS v",
+        )
+        .unwrap()
+        .expect("an LSN");
         self.wait_replayed_past(&lsn, false);
     }
 
@@ -253,9 +256,12 @@ impl ReplicaPg {
 
     /// The primary's current WAL position.
     pub fn primary_lsn(&self) -> String {
-        query_text(&self.primary.url(), "SELECT pg_current_wal_lsn()::text AS v")
-            .unwrap()
-            .expect("an LSN")
+        query_text(
+            &self.primary.url(),
+            "SELECT pg_current_wal_lsn()::text AS v",
+        )
+        .unwrap()
+        .expect("an LSN")
     }
 
     /// Lets the stopped walsender go on (SIGCONT).

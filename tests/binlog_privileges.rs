@@ -22,7 +22,7 @@ use common::private_server::{self, PrivateMaria};
 use diesel::connection::SimpleConnection;
 use diesel::sql_types::BigInt;
 use diesel::{Connection, MysqlConnection, QueryableByName, RunQueryDsl};
-use diesel_lock::{Cancel, Locker, Strategy};
+use diesel_lock::{Cancel, Error, Locker, Strategy};
 use std::time::{Duration, Instant};
 
 /// Everything the library needs, on its database only (see the README):
@@ -55,7 +55,11 @@ fn server() -> Option<PrivateMaria> {
     let started = Instant::now();
     let m = PrivateMaria::start_configured(
         &[],
-        &["--log-bin=mysql-bin", "--server-id=7", "--binlog-format=MIXED"],
+        &[
+            "--log-bin=mysql-bin",
+            "--server-id=7",
+            "--binlog-format=MIXED",
+        ],
     );
     let mut admin = MysqlConnection::establish(&m.admin_url()).unwrap();
     admin
@@ -63,7 +67,10 @@ fn server() -> Option<PrivateMaria> {
             "CREATE USER 'app'@'%' IDENTIFIED BY 'app'; GRANT {GRANTS} ON dlock.* TO 'app'@'%';"
         ))
         .unwrap();
-    assert_eq!(value(&mut admin, "SELECT CAST(@@log_bin AS SIGNED) AS v"), 1);
+    assert_eq!(
+        value(&mut admin, "SELECT CAST(@@log_bin AS SIGNED) AS v"),
+        1
+    );
     eprintln!("server with a binary log up in {:?}", started.elapsed());
     Some(m)
 }
@@ -110,34 +117,76 @@ fn exclusive(l: &Locker<MysqlConnection>, other: &Locker<MysqlConnection>, key: 
     strictly_increasing(key, &tokens);
 }
 
-/// Two readers at once, then a writer (where the strategy has one), then two permits of two.
-fn shared_modes(l: &Locker<MysqlConnection>, key: &str, writers: bool) {
+/// Whether `l` has the mode `try_mode` asks for (else `Error::Unsupported`).
+fn has_mode(
+    try_mode: diesel_lock::Result<Option<diesel_lock::LockGuard<MysqlConnection>>>,
+) -> bool {
+    match try_mode {
+        Err(Error::Unsupported { .. }) => false,
+        Ok(Some(g)) => {
+            g.release().unwrap();
+            true
+        }
+        other => panic!("probing a mode: {other:?}"),
+    }
+}
+
+/// Two readers at once, then a writer, twice; two permits of two, twice; each where the
+/// strategy has them. Returns the modes it ran ("read", "write", "permit").
+fn shared_modes(l: &Locker<MysqlConnection>, key: &str) -> Vec<&'static str> {
+    let rw = format!("{key}-rw");
+    let sem = format!("{key}-sem");
+    let readers = has_mode(l.try_read(&rw));
+    let writers = has_mode(l.try_write(&rw));
+    let permits = has_mode(l.try_permit(&sem, 2));
     let mut tokens = Vec::new();
     for _ in 0..2 {
-        let a = l.read(&format!("{key}-rw")).unwrap();
-        let b = l.read(&format!("{key}-rw")).unwrap();
-        a.check().unwrap();
-        b.check().unwrap();
-        tokens.extend([a.token(), b.token()]);
-        drop((a, b));
+        if readers {
+            let a = l.read(&rw).unwrap();
+            let b = l.read(&rw).unwrap();
+            a.check().unwrap();
+            b.check().unwrap();
+            if writers {
+                assert!(
+                    l.try_write(&rw).unwrap().is_none(),
+                    "{rw}: a writer beside readers"
+                );
+            }
+            tokens.extend([a.token(), b.token()]);
+            drop((a, b));
+        }
         if writers {
-            let w = l.write(&format!("{key}-rw")).unwrap();
-            assert!(l.try_read(&format!("{key}-rw")).unwrap().is_none());
+            let w = l.write(&rw).unwrap();
+            if readers {
+                assert!(
+                    l.try_read(&rw).unwrap().is_none(),
+                    "{rw}: a reader beside a writer"
+                );
+            }
             tokens.push(w.token());
             w.release().unwrap();
         }
     }
-    strictly_increasing(&format!("{key}-rw"), &tokens);
+    strictly_increasing(&rw, &tokens);
     let mut tokens = Vec::new();
     for _ in 0..2 {
-        let a = l.permit(&format!("{key}-sem"), 2).unwrap();
-        let b = l.permit(&format!("{key}-sem"), 2).unwrap();
-        assert!(l.try_permit(&format!("{key}-sem"), 2).unwrap().is_none());
-        tokens.extend([a.token(), b.token()]);
-        a.release().unwrap();
-        b.release().unwrap();
+        if permits {
+            let a = l.permit(&sem, 2).unwrap();
+            let b = l.permit(&sem, 2).unwrap();
+            assert!(
+                l.try_permit(&sem, 2).unwrap().is_none(),
+                "{sem}: a third of two"
+            );
+            tokens.extend([a.token(), b.token()]);
+            a.release().unwrap();
+            b.release().unwrap();
+        }
     }
-    strictly_increasing(&format!("{key}-sem"), &tokens);
+    strictly_increasing(&sem, &tokens);
+    [(readers, "read"), (writers, "write"), (permits, "permit")]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect()
 }
 
 /// A wait in the server's lock queue (GET_LOCK, SELECT … FOR UPDATE) ended by `cancel`: the
@@ -171,7 +220,11 @@ fn cancelled_server_wait(m: &PrivateMaria, s: Strategy) {
         "{}: a cancelled wait as app: {got:?}",
         s.name()
     );
-    assert!(ended < Duration::from_secs(5), "{}: took {ended:?}", s.name());
+    assert!(
+        ended < Duration::from_secs(5),
+        "{}: took {ended:?}",
+        s.name()
+    );
     // The session was ended in the server, not only given up by the client.
     let started = Instant::now();
     while value(&mut admin, waiting) != 0 {
@@ -182,7 +235,10 @@ fn cancelled_server_wait(m: &PrivateMaria, s: Strategy) {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-    eprintln!("{}: the cancelled wait ended {ended:?} after cancel", s.name());
+    eprintln!(
+        "{}: the cancelled wait ended {ended:?} after cancel",
+        s.name()
+    );
     held.check().unwrap();
     held.release().unwrap();
     let again = waiter
@@ -218,12 +274,15 @@ fn an_ordinary_user_migrates_and_locks_with_a_binary_log() {
         let t = Instant::now();
         let (a, b) = (locker(&url, s, 4), locker(&url, s, 4));
         exclusive(&a, &b, &format!("ex-{}", s.name()));
-        match s {
-            Strategy::Lease { .. } => shared_modes(&a, "lease", true),
-            Strategy::ForUpdate | Strategy::Advisory => shared_modes(&a, s.name(), false),
-            _ => {}
-        }
-        eprintln!("{}: every mode as app in {:?}", s.name(), t.elapsed());
+        let modes = shared_modes(&a, s.name());
+        let expected: &[&str] = match s {
+            Strategy::Row { .. } => &[],
+            Strategy::Lease { .. } => &["read", "write", "permit"],
+            Strategy::ForUpdate => &["read", "write", "permit"],
+            _ => &["permit"],
+        };
+        assert_eq!(modes, expected, "{}: the modes it has", s.name());
+        eprintln!("{}: lock, {modes:?} as app in {:?}", s.name(), t.elapsed());
     }
     cancelled_server_wait(&m, Strategy::ForUpdate);
     cancelled_server_wait(&m, Strategy::Advisory);

@@ -142,12 +142,14 @@ pub mod pg {
         let n = if notify {
             sql(lib::ROW_RELEASE)
                 .bind::<BigInt, _>(id)
+                .bind::<Text, _>(HOLDER)
                 .get_result::<One>(c)
                 .expect("row release")
                 .one as usize
         } else {
             sql(shared::ROW_RELEASE)
                 .bind::<BigInt, _>(id)
+                .bind::<Text, _>(HOLDER)
                 .execute(c)
                 .expect("row release")
         };
@@ -424,6 +426,10 @@ pub mod mysql {
             Strategy::Row { .. } => (
                 Box::new(move || {
                     let mut c = pool.get().unwrap();
+                    sql(lib::ROW_BUMP)
+                        .bind::<Text, _>(&k)
+                        .execute(&mut c)
+                        .unwrap();
                     let n = sql(lib::ROW_INSERT)
                         .bind::<Text, _>(&k)
                         .bind::<Text, _>(OWNER)
@@ -439,11 +445,12 @@ pub mod mysql {
                     drop(c);
                     let n = sql(lib::ROW_RELEASE)
                         .bind::<BigInt, _>(a.id)
+                        .bind::<Text, _>(HOLDER)
                         .execute(&mut pool.get().unwrap())
                         .unwrap();
                     assert_eq!(n, 1);
                 }),
-                "INSERT IGNORE (trigger stamps the token); SELECT by LAST_INSERT_ID(); DELETE by id",
+                "counter upsert; INSERT IGNORE with its token; SELECT by LAST_INSERT_ID(); DELETE by id and holder",
             ),
             Strategy::Lease { .. } => (
                 Box::new(move || {
@@ -552,11 +559,12 @@ pub mod sqlite {
                         .unwrap();
                     let n = sql(lib::ROW_RELEASE)
                         .bind::<BigInt, _>(a.id)
+                        .bind::<Text, _>(HOLDER)
                         .execute(&mut pool.get().unwrap())
                         .unwrap();
                     assert_eq!(n, 1);
                 }),
-                "INSERT … ON CONFLICT DO NOTHING RETURNING (token trigger); DELETE by id",
+                "INSERT … ON CONFLICT DO NOTHING RETURNING (token trigger); DELETE by id and holder",
             ),
             Strategy::Lease { .. } => (
                 Box::new(move || {

@@ -88,7 +88,7 @@ impl Backend {
 ///
 /// ```compile_fail
 /// fn delete_someones_row<C: diesel_lock::LockConnection>(c: &mut C) {
-///     let _ = c.row_release(7); // error: no method named `row_release`
+///     let _ = c.row_release(7, "h"); // error: no method named `row_release`
 /// }
 /// ```
 ///
@@ -306,9 +306,13 @@ pub(crate) mod sealed {
         fn row_forget(&mut self, key: &str, holder: &str) -> QueryResult<bool>;
         /// Deletes the key's row if it is past its own `stale_at`; true if one was deleted.
         fn row_delete_stale(&mut self, key: &str) -> QueryResult<bool>;
-        /// Deletes the row by id; false if it was no longer there.
-        fn row_release(&mut self, id: i64) -> QueryResult<bool>;
-        fn row_held(&mut self, id: i64) -> QueryResult<bool>;
+        /// Deletes the row `id` if `holder` still holds it (its holder id; `""` matches a
+        /// row from before holder ids, which has none); false if it was no longer there. An
+        /// id alone is not enough: after a failover to a standby that lagged, the same id can
+        /// be handed out again to another holder.
+        fn row_release(&mut self, id: i64, holder: &str) -> QueryResult<bool>;
+        /// Whether the row `id` is still there and still `holder`'s, as `row_release` matches.
+        fn row_held(&mut self, id: i64, holder: &str) -> QueryResult<bool>;
 
         fn lease_acquire(
             &mut self,
@@ -492,7 +496,7 @@ pub(crate) mod sealed {
         pub info: LockInfo,
         /// `Row`: the row's id. Lease: unused (0).
         pub id: i64,
-        /// Lease: the holder id. Row: `None`.
+        /// The holder id (`""` for a `Row` row from before holder ids); `None` for a free lease.
         pub holder: Option<String>,
     }
 }
@@ -509,7 +513,7 @@ pub(crate) fn force_release_in<C: sealed::Dialect>(
 ) -> QueryResult<Vec<LockInfo>> {
     let mut removed = Vec::new();
     for held in conn.admin_rows(Some(key))? {
-        if conn.row_release(held.id)? {
+        if conn.row_release(held.id, held.holder.as_deref().unwrap_or(""))? {
             removed.push(held.info);
         }
     }

@@ -24,11 +24,14 @@ pub(crate) const ROW_FORGET: &str = "DELETE FROM dlock_rows WHERE lock_key = ? A
 
 /// `row_release` on MySQL and SQLite (PostgreSQL's also sends `pg_notify`). On PostgreSQL
 /// the benches run it as the release without a notification, to measure what that costs.
-pub const ROW_RELEASE: &str = "DELETE FROM dlock_rows WHERE id = ?";
+/// Matched by id and holder id (see `Locks::row_release`).
+pub const ROW_RELEASE: &str = "DELETE FROM dlock_rows WHERE id = ? AND COALESCE(holder, '') = ?";
 
 /// `row_held`, on every backend. It reads the id itself, a BIGINT on every backend, so that
 /// one text serves all three (a literal `1` would need a cast of its own on each).
-pub(crate) const ROW_HELD: &str = "SELECT id FROM dlock_rows WHERE id = ?";
+/// Matched by id and holder id, as `ROW_RELEASE`.
+pub(crate) const ROW_HELD: &str =
+    "SELECT id FROM dlock_rows WHERE id = ? AND COALESCE(holder, '') = ?";
 
 /// `lease_release` on MySQL and SQLite (PostgreSQL's also sends `pg_notify`). On PostgreSQL
 /// the benches run it as the release without a notification, to measure what that costs.
@@ -241,16 +244,17 @@ macro_rules! statements {
         }
     };
     (@row_release) => {
-        fn row_release(&mut self, id: i64) -> diesel::QueryResult<bool> {
+        fn row_release(&mut self, id: i64, holder: &str) -> diesel::QueryResult<bool> {
             use diesel::RunQueryDsl as _;
             $crate::backend::stmt::stmt($crate::backend::shared::ROW_RELEASE)
                 .bind::<diesel::sql_types::BigInt, _>(id)
+                .bind::<diesel::sql_types::Text, _>(holder)
                 .execute(self)
                 .map(|n| n == 1)
         }
     };
     (@row_held) => {
-        fn row_held(&mut self, id: i64) -> diesel::QueryResult<bool> {
+        fn row_held(&mut self, id: i64, holder: &str) -> diesel::QueryResult<bool> {
             use diesel::{OptionalExtension as _, RunQueryDsl as _};
             #[derive(diesel::QueryableByName)]
             struct Id {
@@ -260,6 +264,7 @@ macro_rules! statements {
             }
             $crate::backend::stmt::stmt($crate::backend::shared::ROW_HELD)
                 .bind::<diesel::sql_types::BigInt, _>(id)
+                .bind::<diesel::sql_types::Text, _>(holder)
                 .get_result::<Id>(self)
                 .optional()
                 .map(|r| r.is_some())

@@ -1,4 +1,4 @@
-//! `Strategy::Row`: the lock is a row on a unique key; release deletes it by id.
+//! `Strategy::Row`: the lock is a row on a unique key; release deletes it by id and holder id.
 
 use super::{check_duration, contention_is_busy, micros, with_conn, Hold, Pool, RawLock, Setup};
 use super::{Conn, Taken};
@@ -146,7 +146,7 @@ impl<C: LockConnection> RowLock<C> {
         self.forget_orphans(conn, key)?;
         let holder = crate::random::holder_id();
         if let Some(a) = self.insert(conn, key, &holder, retry)? {
-            return Ok(Some(self.taken(a)));
+            return Ok(Some(self.taken(a, &holder)));
         }
         // The holder's row goes stale only past the limit its *holder* set (never, without
         // one), whatever this Locker's own `stale_after` says. One conditional DELETE removes
@@ -159,16 +159,17 @@ impl<C: LockConnection> RowLock<C> {
             );
             return Ok(self
                 .insert(conn, key, &holder, false)?
-                .map(|a| self.taken(a)));
+                .map(|a| self.taken(a, &holder)));
         }
         Ok(None)
     }
 
-    fn taken(&self, a: Acquired) -> Taken {
+    fn taken(&self, a: Acquired, holder: &str) -> Taken {
         Taken {
             hold: Box::new(RowHold {
                 pool: self.pool.clone(),
                 id: a.id,
+                holder: holder.to_owned(),
             }),
             token: a.token,
             acquired_at: a.acquired_at,
@@ -176,18 +177,20 @@ impl<C: LockConnection> RowLock<C> {
     }
 }
 
-/// A held row, known by its id.
+/// A held row, known by its id and its holder id: both must match, since an id can be
+/// handed out again after a failover to a standby that had not seen the row.
 struct RowHold<C: LockConnection> {
     pool: Pool<C>,
     id: i64,
+    holder: String,
 }
 
 impl<C: LockConnection> Hold for RowHold<C> {
     fn release(self: Box<Self>, _key: &str) -> Result<bool> {
-        with_conn(&self.pool, |c| c.sql().row_release(self.id))
+        with_conn(&self.pool, |c| c.sql().row_release(self.id, &self.holder))
     }
 
     fn held(&self, _key: &str) -> Result<bool> {
-        with_conn(&self.pool, |c| c.sql().row_held(self.id))
+        with_conn(&self.pool, |c| c.sql().row_held(self.id, &self.holder))
     }
 }

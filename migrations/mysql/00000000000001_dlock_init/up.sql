@@ -17,14 +17,9 @@ CREATE TABLE IF NOT EXISTS dlock_rows (
     UNIQUE KEY dlock_rows_key (lock_key)
 ) ENGINE = InnoDB;
 
--- The token is stamped by the database inside the INSERT: the counter row stays locked
--- until the inserting statement commits, so tokens follow insertion order.
-CREATE TRIGGER IF NOT EXISTS dlock_rows_token BEFORE INSERT ON dlock_rows FOR EACH ROW
-BEGIN
-    INSERT INTO dlock_tokens (lock_key, token) VALUES (NEW.lock_key, 1)
-        ON DUPLICATE KEY UPDATE token = token + 1;
-    SET NEW.token = (SELECT token FROM dlock_tokens WHERE lock_key = NEW.lock_key);
-END;
+-- The token is drawn by the acquiring statements from dlock_tokens (src/backend/mysql/locks.rs).
+-- Versions before 0.2 created a trigger here, which needs SUPER on a server with a binary
+-- log; a database created then keeps it, and the statements work with or without it.
 
 -- Strategy::Lease: one row per key, kept forever; holder/expires_at are NULL when free.
 CREATE TABLE IF NOT EXISTS dlock_leases (

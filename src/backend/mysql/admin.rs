@@ -31,14 +31,14 @@ impl Admin for MysqlConnection {
     fn admin_rows(&mut self, key: Option<&str>) -> QueryResult<Vec<Held>> {
         let rows = match key {
             None => stmt(
-                "SELECT id, CAST(NULL AS CHAR) AS holder, CAST(lock_key AS CHAR) AS lock_key, \
+                "SELECT id, COALESCE(holder, '') AS holder, CAST(lock_key AS CHAR) AS lock_key, \
                         owner, token, acquired_at, CAST(NULL AS DATETIME(6)) AS expires_at, \
                         UTC_TIMESTAMP(6) AS observed_at \
                  FROM dlock_rows ORDER BY lock_key",
             )
             .load(self),
             Some(key) => stmt(
-                "SELECT id, CAST(NULL AS CHAR) AS holder, CAST(lock_key AS CHAR) AS lock_key, \
+                "SELECT id, COALESCE(holder, '') AS holder, CAST(lock_key AS CHAR) AS lock_key, \
                         owner, token, acquired_at, CAST(NULL AS DATETIME(6)) AS expires_at, \
                         UTC_TIMESTAMP(6) AS observed_at \
                  FROM dlock_rows WHERE lock_key = ?",

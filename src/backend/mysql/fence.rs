@@ -62,25 +62,54 @@ pub(super) fn raise(conn: &mut MysqlConnection, token: i64) -> QueryResult<()> {
 
 /// `fence_prepare(None)`: makes this session know the server's current life, starting it if
 /// nobody has. A new life's offset puts every token of it above the bound every token of the
-/// last life stayed under (read, and raised, by this session's own durable commit first).
+/// last life stayed under (read, and raised, by this session's own durable commit first) and
+/// above the server's clock floor (`mysql_floor!`).
+///
+/// A life belongs to the server that started it (`server`, its `@@server_id`, which
+/// replication requires to differ between a primary and its replicas). The MEMORY table's
+/// row reaches replicas like any other row, so a promoted replica finds the old primary's
+/// life there; it starts a life of its own instead, above its clock, since its copy of the
+/// bound may lag behind tokens the old primary handed out.
 pub(super) fn join(conn: &mut MysqlConnection) -> QueryResult<()> {
     let high = raise_from(conn, 0)?;
     let off = |c: &mut MysqlConnection| {
-        stmt("SELECT off AS value FROM dlock_fence_live WHERE id = 1")
+        stmt("SELECT off AS value FROM dlock_fence_live WHERE id = 1 AND server = @@server_id")
             .get_result::<Value>(c)
             .optional()
             .map(|v| v.and_then(|v| v.value))
     };
     if off(conn)?.is_none() {
-        // The least the source gives from now on: every value after it is larger.
-        let least = stmt("SELECT CAST(UUID_SHORT() & 72057594037927935 AS SIGNED) AS value")
-            .get_result::<Value>(conn)?
-            .value
-            .unwrap_or(0);
-        // `high - STEP` is the bound before this session's raise: at least the last
-        // life's. Of several sessions starting the life at once, the first insert wins.
-        stmt("INSERT IGNORE INTO dlock_fence_live (id, off) VALUES (1, ?)")
-            .bind::<BigInt, _>(high - STEP + 1 - least)
+        // Another server's life (or one from before lives had a server): not ours. A row of
+        // this server's that another session put in meanwhile stays.
+        stmt(
+            "DELETE FROM dlock_fence_live WHERE id = 1 \
+             AND (server IS NULL OR server <> @@server_id)",
+        )
+        .execute(conn)?;
+        // The least the source gives from now on (every value after it is larger), and the
+        // clock floor, read in one statement.
+        #[derive(QueryableByName)]
+        struct Start {
+            #[diesel(sql_type = BigInt)]
+            least: i64,
+            #[diesel(sql_type = BigInt)]
+            floor: i64,
+        }
+        let start = stmt(concat!(
+            "SELECT CAST(UUID_SHORT() & 72057594037927935 AS SIGNED) AS least, CAST(",
+            mysql_floor!(),
+            " AS SIGNED) AS floor"
+        ))
+        .get_result::<Start>(conn)?;
+        // `high - STEP` is the bound before this session's raise: at least the last life's
+        // on this server. Above the floor too, with the bound raised to match.
+        let first = (high - STEP + 1).max(start.floor);
+        if first > high - STEP + 1 {
+            raise_from(conn, first)?;
+        }
+        // Of several sessions starting the life at once, the first insert wins.
+        stmt("INSERT IGNORE INTO dlock_fence_live (id, off, server) VALUES (1, ?, @@server_id)")
+            .bind::<BigInt, _>(first - start.least)
             .execute(conn)?;
     }
     let off = off(conn)?.ok_or_else(missing)?;

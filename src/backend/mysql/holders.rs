@@ -107,9 +107,13 @@ impl HolderSteps for MysqlConnection {
 
     fn insert(&mut self, ask: &HolderAsk<'_>) -> QueryResult<Acquired> {
         // The header row is ours until the commit: the token read back is the one drawn.
-        stmt("UPDATE dlock_shared_keys SET token = token + 1 WHERE lock_key = ?")
-            .bind::<Text, _>(ask.key)
-            .execute(self)?;
+        stmt(concat!(
+            "UPDATE dlock_shared_keys SET token = GREATEST(token + 1, ",
+            mysql_floor!(),
+            ") WHERE lock_key = ?"
+        ))
+        .bind::<Text, _>(ask.key)
+        .execute(self)?;
         stmt(
             "INSERT INTO dlock_shared_leases \
                     (lock_key, holder, owner, mode, token, acquired_at, expires_at) \

@@ -14,20 +14,42 @@ use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 // the others are written where they run. The releases are in `shared.rs` (the same on
 // SQLite).
 
-/// `row_acquire`, the insert. The BEFORE INSERT trigger bumps the key's counter (locking its
-/// row until the statement commits) and stamps the token, so tokens follow insertion order.
+/// `row_acquire`, first: the key's counter goes up (never below the clock floor,
+/// `mysql_floor!`), and the new value is left in this session's `LAST_INSERT_ID()`.
+///
+/// No trigger draws the token (creating one needs SUPER on a server with a binary log).
+/// Instead the counter is bumped before the INSERT and the read-back checks that nobody
+/// bumped it since: a later holder has always bumped after an earlier one inserted, so the
+/// newest bump seen at the read-back is the row's own only if no holder came between the
+/// bump and the INSERT, and a row whose bump is not the newest is given back (the caller
+/// tries again). So a key's holders get increasing tokens, in the order they held it.
+pub const ROW_BUMP: &str = concat!(
+    "INSERT INTO dlock_tokens (lock_key, token) VALUES (?, LAST_INSERT_ID(",
+    mysql_floor!(),
+    ")) ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(GREATEST(token + 1, ",
+    mysql_floor!(),
+    "))"
+);
+
+/// `row_acquire`, the insert, with the token `ROW_BUMP` drew. (On a database created before
+/// version 0.2 the old BEFORE INSERT trigger, if there, bumps the counter once more and
+/// stamps that value: the read-back's check holds the same.)
 pub const ROW_INSERT: &str =
     "INSERT IGNORE INTO dlock_rows (lock_key, owner, holder, token, acquired_at, stale_at) \
-     VALUES (?, ?, ?, 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)";
+     VALUES (?, ?, ?, LAST_INSERT_ID(), UTC_TIMESTAMP(6), \
+             UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)";
 
 /// `row_acquire`, after an insert: the row's id, token and time.
 /// The row just inserted, and how many live places of the key's line are ahead of the
 /// caller's (its place, or none for a newcomer): more than none means the INSERT took the
 /// key ahead of the line (a place joined between the caller's look and its INSERT, or a
 /// newcomer, which does not look first), and the row is deleted again.
+/// `latest` is the key's counter now: if it is not the row's token, another acquirer bumped
+/// it after this one did (see `ROW_BUMP`), and the row is given back too.
 pub const ROW_READ_BACK: &str = "SELECT r.id, r.token, r.acquired_at, \
        (SELECT COUNT(*) FROM dlock_waiters w WHERE w.lock_key = r.lock_key AND w.id < ? \
-          AND w.expires_at > UTC_TIMESTAMP(6)) AS ahead \
+          AND w.expires_at > UTC_TIMESTAMP(6)) AS ahead, \
+       (SELECT t.token FROM dlock_tokens t WHERE t.lock_key = r.lock_key) AS latest \
      FROM dlock_rows r WHERE r.id = LAST_INSERT_ID()";
 
 /// `lease_acquire`, the upsert.
@@ -37,13 +59,17 @@ pub const ROW_READ_BACK: &str = "SELECT r.id, r.token, r.acquired_at, \
 /// old row. Every condition reads only `expires_at`, which is assigned last, so both orders
 /// decide alike. (A free lease has expires_at NULL: release clears it together with the
 /// holder.)
-pub const LEASE_UPSERT: &str =
+/// The token never goes below the server's clock floor (`mysql_floor!`).
+pub const LEASE_UPSERT: &str = concat!(
     "INSERT INTO dlock_leases (lock_key, owner, holder, token, acquired_at, expires_at) \
-     VALUES (?, ?, ?, COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0) + 1, \
-             UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
+     VALUES (?, ?, ?, GREATEST(COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0) + 1, ",
+    mysql_floor!(),
+    "), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
      ON DUPLICATE KEY UPDATE \
        token = IF(expires_at IS NULL OR expires_at <= UTC_TIMESTAMP(6), \
-                  token + 1, token), \
+                  GREATEST(token + 1, ",
+    mysql_floor!(),
+    "), token), \
        owner = IF(expires_at IS NULL OR expires_at <= UTC_TIMESTAMP(6), \
                   VALUES(owner), owner), \
        holder = IF(expires_at IS NULL OR expires_at <= UTC_TIMESTAMP(6), \
@@ -51,13 +77,14 @@ pub const LEASE_UPSERT: &str =
        acquired_at = IF(expires_at IS NULL OR expires_at <= UTC_TIMESTAMP(6), \
                         VALUES(acquired_at), acquired_at), \
        expires_at = IF(expires_at IS NULL OR expires_at <= UTC_TIMESTAMP(6), \
-                       VALUES(expires_at), expires_at)";
+                       VALUES(expires_at), expires_at)"
+);
 
 /// `lease_acquire`, after the upsert: the token and time, if the lease is ours.
 /// The lease just taken, and the live places ahead of the caller's, as `ROW_READ_BACK`.
 pub const LEASE_READ_BACK: &str = "SELECT CAST(0 AS SIGNED) AS id, l.token, l.acquired_at, \
        (SELECT COUNT(*) FROM dlock_waiters w WHERE w.lock_key = l.lock_key AND w.id < ? \
-          AND w.expires_at > UTC_TIMESTAMP(6)) AS ahead \
+          AND w.expires_at > UTC_TIMESTAMP(6)) AS ahead, l.token AS latest \
      FROM dlock_leases l WHERE l.lock_key = ? AND l.holder = ?";
 
 /// What the read-backs answer.
@@ -71,6 +98,9 @@ struct ReadBack {
     acquired_at: chrono::NaiveDateTime,
     #[diesel(sql_type = BigInt)]
     ahead: i64,
+    /// The key's counter (`ROW_READ_BACK`; a lease's own token for `LEASE_READ_BACK`).
+    #[diesel(sql_type = Nullable<BigInt>)]
+    latest: Option<i64>,
 }
 
 impl ReadBack {
@@ -136,6 +166,7 @@ impl Locks for MysqlConnection {
         {
             return Ok(None);
         }
+        stmt(ROW_BUMP).bind::<Text, _>(key).execute(self)?;
         let inserted = stmt(ROW_INSERT)
             .bind::<Text, _>(key)
             .bind::<Text, _>(owner)
@@ -153,10 +184,12 @@ impl Locks for MysqlConnection {
         else {
             return Ok(None);
         };
-        if row.ahead > 0 {
-            // Taken ahead of the line: given back at once, and the caller waits its turn.
+        if row.ahead > 0 || row.latest != Some(row.token) {
+            // Taken ahead of the line (the caller waits its turn), or another acquirer's
+            // bump came after this one's (see ROW_BUMP): given back at once.
             stmt(shared::ROW_RELEASE)
                 .bind::<BigInt, _>(row.id)
+                .bind::<Text, _>(holder)
                 .execute(self)?;
             return Ok(None);
         }

@@ -5,6 +5,22 @@
 //! statements are in `locks.rs` (`Row`, `Lease`), `sessions.rs` (`ForUpdate`, `Advisory`)
 //! and `admin.rs` (admin reads, force release, purge, optimistic versions).
 
+/// The floor of every token handed out on this server, as SQL: the server's clock in
+/// microseconds since 1970 (UTC; about 1.8e15 in 2026). MySQL has no counter of promotions
+/// like PostgreSQL's timeline, so the clock stands in for one: per-key counters (`Row`,
+/// `Lease`, their holders) take the next token as `GREATEST(last + 1, floor)`, and each life
+/// of the session strategies' token source starts above it (`fence.rs`). A key's tokens
+/// still increase by the counter alone, whatever the clock does; and a token handed out
+/// after a failover exceeds the old primary's tokens, even those a lagging replica never
+/// received, as long as the new primary's clock is not behind the old one's by more than
+/// the time between the old primary's last acquisition and the new one's first (a key is
+/// not taken more than once per microsecond, so its counter never runs ahead of the clock).
+macro_rules! mysql_floor {
+    () => {
+        "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))"
+    };
+}
+
 mod admin;
 mod fence;
 mod for_share;

@@ -19,13 +19,13 @@ impl Admin for PgConnection {
     fn admin_rows(&mut self, key: Option<&str>) -> QueryResult<Vec<Held>> {
         let rows = match key {
             None => stmt(
-                "SELECT id, NULL::text AS holder, lock_key, owner, token, acquired_at, \
+                "SELECT id, COALESCE(holder, '') AS holder, lock_key, owner, token, acquired_at, \
                         NULL::timestamptz AS expires_at, now() AS observed_at \
                  FROM dlock_rows ORDER BY lock_key",
             )
             .load(self),
             Some(key) => stmt(
-                "SELECT id, NULL::text AS holder, lock_key, owner, token, acquired_at, \
+                "SELECT id, COALESCE(holder, '') AS holder, lock_key, owner, token, acquired_at, \
                         NULL::timestamptz AS expires_at, now() AS observed_at \
                  FROM dlock_rows WHERE lock_key = ?",
             )

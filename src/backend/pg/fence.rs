@@ -39,16 +39,18 @@ pub(super) fn draw(conn: &mut PgConnection) -> QueryResult<Drawn> {
     })
 }
 
-// The statements that write the bound (`s`, first in each) wait for its flush even when
-// the session's own `synchronous_commit` is `off`: `local` flushes this server's WAL, and
-// stricter settings are kept.
+// The statements that write the bound (`s`, first in each) commit with
+// `synchronous_commit = on` when the session's own is `off` or `local`: they wait for this
+// server's WAL flush and, where the server names synchronous standbys, for those too, so a
+// promoted synchronous standby never misses a bound. Stricter settings (`remote_write`,
+// `remote_apply`) are kept.
 
 /// Raises the bound to `token + STEP` (at least), durably, and the live copy with it, in one
 /// transaction: a reader that sees the new copy sees a committed, hence flushed, bound.
 pub(super) fn raise(conn: &mut PgConnection, token: i64) -> QueryResult<()> {
     stmt(
-        "WITH s AS (SELECT CASE WHEN current_setting('synchronous_commit') = 'off' \
-                    THEN set_config('synchronous_commit', 'local', true) END AS s), \
+        "WITH s AS (SELECT CASE WHEN current_setting('synchronous_commit') IN ('off', 'local') \
+                    THEN set_config('synchronous_commit', 'on', true) END AS s), \
          h AS (UPDATE dlock_fence SET high = GREATEST(high, ?) + ? WHERE id = 1 RETURNING high) \
          UPDATE dlock_fence_live l SET high = GREATEST(l.high, h.high) FROM h, s WHERE l.id = 1",
     )
@@ -60,17 +62,24 @@ pub(super) fn raise(conn: &mut PgConnection, token: i64) -> QueryResult<()> {
 
 /// Starts the server's current life if nobody has: the live row, with `off` such that every
 /// value the sequence gives from now on, plus `off`, exceeds the bound every token of the
-/// last life stayed under, and a raised bound. The bound's row lock serialises starters
-/// (and raisers); a second starter finds the row and changes nothing but the bound.
+/// last life stayed under and the server's epoch (`pg_epoch!`), and a raised bound. The
+/// bound's row lock serialises starters (and raisers); a second starter finds the row and
+/// changes nothing but the bound.
+///
+/// A life ends with a crash and with a promotion: the live row is UNLOGGED, so crash
+/// recovery empties it and a standby never has it. A promoted standby whose copy of the
+/// bound lagged still starts above every token of the old timeline: its epoch is above them.
 pub(super) fn start_life(conn: &mut PgConnection) -> QueryResult<()> {
-    stmt(
-        "WITH s AS (SELECT CASE WHEN current_setting('synchronous_commit') = 'off' \
-                    THEN set_config('synchronous_commit', 'local', true) END AS s), \
-         h AS (UPDATE dlock_fence SET high = high + ? WHERE id = 1 RETURNING high - ? AS old, high), \
+    stmt(concat!(
+        "WITH s AS (SELECT CASE WHEN current_setting('synchronous_commit') IN ('off', 'local') \
+                    THEN set_config('synchronous_commit', 'on', true) END AS s), \
+         h AS (UPDATE dlock_fence SET high = GREATEST(high, ",
+        pg_epoch!(),
+        ") + ? WHERE id = 1 RETURNING high - ? AS old, high), \
          v AS (SELECT nextval('dlock_fence_seq') AS v) \
          INSERT INTO dlock_fence_live (id, off, high) SELECT 1, h.old + 1 - v.v, h.high FROM h, v, s \
          ON CONFLICT (id) DO NOTHING",
-    )
+    ))
     .bind::<BigInt, _>(STEP)
     .bind::<BigInt, _>(STEP)
     .execute(conn)

@@ -105,15 +105,17 @@ impl HolderSteps for PgConnection {
     }
 
     fn insert(&mut self, ask: &HolderAsk<'_>) -> QueryResult<Acquired> {
-        stmt(
-            "WITH t AS (UPDATE dlock_shared_keys SET token = token + 1 \
-                        WHERE lock_key = ? RETURNING token) \
+        // The key's counter never goes below the server's epoch (`pg_epoch!`).
+        stmt(concat!(
+            "WITH t AS (UPDATE dlock_shared_keys SET token = GREATEST(token + 1, ",
+            pg_epoch!(),
+            " + 1) WHERE lock_key = ? RETURNING token) \
              INSERT INTO dlock_shared_leases \
                     (lock_key, holder, owner, mode, token, acquired_at, expires_at) \
              SELECT ?, ?, ?, ?, t.token, statement_timestamp(), \
                     statement_timestamp() + ? * interval '1 microsecond' FROM t \
              RETURNING 0::int8 AS id, token, acquired_at",
-        )
+        ))
         .bind::<Text, _>(ask.key)
         .bind::<Text, _>(ask.key)
         .bind::<Text, _>(ask.holder)

@@ -16,18 +16,19 @@ use diesel::{OptionalExtension, QueryResult, RunQueryDsl};
 /// The CTEs of `ROW_ACQUIRE` and `ROW_ACQUIRE_IN_LINE` (which add the final SELECT).
 macro_rules! row_acquire {
     () => {
-        "WITH t AS ( \
+        concat!("WITH t AS ( \
            INSERT INTO dlock_tokens AS t (lock_key, token) \
-           SELECT ?, 1 WHERE NOT EXISTS (SELECT 1 FROM dlock_rows WHERE lock_key = ?) \
+           SELECT ?, ", pg_epoch!(), " + 1 \
+           WHERE NOT EXISTS (SELECT 1 FROM dlock_rows WHERE lock_key = ?) \
              AND NOT EXISTS (SELECT 1 FROM dlock_waiters \
                              WHERE lock_key = ? AND id < ? AND expires_at > now()) \
-           ON CONFLICT (lock_key) DO UPDATE SET token = t.token + 1 \
+           ON CONFLICT (lock_key) DO UPDATE SET token = GREATEST(t.token + 1, ", pg_epoch!(), " + 1) \
            RETURNING token), \
          i AS ( \
            INSERT INTO dlock_rows (lock_key, owner, holder, token, acquired_at, stale_at) \
            SELECT ?, ?, ?, t.token, clock_timestamp(), clock_timestamp() + ? * interval '1 microsecond' FROM t \
            ON CONFLICT (lock_key) DO NOTHING \
-           RETURNING id, token, acquired_at) "
+           RETURNING id, token, acquired_at) ")
     };
 }
 
@@ -36,7 +37,8 @@ macro_rules! row_acquire {
 /// The token counter's row lock serialises every transaction that can insert the key's
 /// row, so tokens are handed out in the order the rows are inserted and a later holder
 /// always has a larger token (an id from a sequence would not: nextval runs before the
-/// unique check, so a slow inserter can win with an older id). While the row is visibly
+/// unique check, so a slow inserter can win with an older id). The counter never goes
+/// below the server's epoch (`pg_epoch!`), so tokens keep increasing across a promotion. While the row is visibly
 /// held, or a live place of the key's line is ahead of the caller's (`lines.rs`), the
 /// counter is not touched at all. A waiter's acquisition removes its own place
 /// (`ROW_ACQUIRE_IN_LINE`). The
@@ -52,13 +54,14 @@ const ROW_ACQUIRE_IN_LINE: &str = concat!(
      SELECT id, token, acquired_at FROM i"
 );
 
-/// `row_release`. The notification goes to the channel of the first live place in the
+/// `row_release`, by id and holder id (`Locks::row_release`). The notification goes to the channel of the first live place in the
 /// key's line (`lines.rs`), if that waiter's `Locker` listens: one process is woken, the
 /// one whose turn it is. It is sent at commit, so it never arrives before the row is gone.
 /// `woken` (0 or 1) is selected only so that `n` runs (a SELECT in WITH runs only as far as
 /// it is read); the library reads `one`.
 pub const ROW_RELEASE: &str =
-    "WITH d AS (DELETE FROM dlock_rows WHERE id = ? RETURNING lock_key), \
+    "WITH d AS (DELETE FROM dlock_rows WHERE id = ? AND COALESCE(holder, '') = ? \
+                RETURNING lock_key), \
      n AS (SELECT pg_notify(f.channel, f.lock_key) FROM ( \
              SELECT w.channel, w.lock_key FROM dlock_waiters w JOIN d ON w.lock_key = d.lock_key \
              WHERE w.expires_at > now() ORDER BY w.id LIMIT 1) f \
@@ -68,25 +71,26 @@ pub const ROW_RELEASE: &str =
 /// The CTEs of `LEASE_ACQUIRE` and `LEASE_ACQUIRE_IN_LINE` (which add the final SELECT).
 macro_rules! lease_acquire {
     () => {
-        "WITH l AS ( \
+        concat!("WITH l AS ( \
        SELECT NOT EXISTS (SELECT 1 FROM dlock_waiters \
                           WHERE lock_key = ? AND id < ? AND expires_at > now()) AS turn), \
      u AS ( \
-       UPDATE dlock_leases SET owner = ?, holder = ?, token = token + 1, \
+       UPDATE dlock_leases SET owner = ?, holder = ?, \
+         token = GREATEST(token + 1, ", pg_epoch!(), " + 1), \
          acquired_at = clock_timestamp(), expires_at = clock_timestamp() + ? * interval '1 microsecond' \
        WHERE lock_key = ? AND (holder IS NULL OR expires_at <= now()) AND (SELECT turn FROM l) \
        RETURNING token, acquired_at), \
      t AS ( \
        INSERT INTO dlock_tokens AS t (lock_key, token) \
-       SELECT ?, 1 WHERE NOT EXISTS (SELECT 1 FROM dlock_leases WHERE lock_key = ?) \
+       SELECT ?, ", pg_epoch!(), " + 1 WHERE NOT EXISTS (SELECT 1 FROM dlock_leases WHERE lock_key = ?) \
          AND (SELECT turn FROM l) \
-       ON CONFLICT (lock_key) DO UPDATE SET token = t.token + 1 \
+       ON CONFLICT (lock_key) DO UPDATE SET token = GREATEST(t.token + 1, ", pg_epoch!(), " + 1) \
        RETURNING token), \
      i AS ( \
        INSERT INTO dlock_leases (lock_key, owner, holder, token, acquired_at, expires_at) \
        SELECT ?, ?, ?, t.token, clock_timestamp(), clock_timestamp() + ? * interval '1 microsecond' FROM t \
        ON CONFLICT (lock_key) DO NOTHING  \
-       RETURNING token, acquired_at) "
+       RETURNING token, acquired_at) ")
     };
 }
 
@@ -175,9 +179,10 @@ impl Locks for PgConnection {
         .map(|n| n > 0)
     }
 
-    fn row_release(&mut self, id: i64) -> QueryResult<bool> {
+    fn row_release(&mut self, id: i64, holder: &str) -> QueryResult<bool> {
         stmt(ROW_RELEASE)
             .bind::<BigInt, _>(id)
+            .bind::<Text, _>(holder)
             .get_result::<One>(self)
             .map(|r| r.one == 1)
     }

@@ -19,14 +19,14 @@ impl Admin for SqliteConnection {
     fn admin_rows(&mut self, key: Option<&str>) -> QueryResult<Vec<Held>> {
         let rows = match key {
             None => stmt(
-                "SELECT id, NULL AS holder, lock_key, owner, token, acquired_at, \
+                "SELECT id, COALESCE(holder, '') AS holder, lock_key, owner, token, acquired_at, \
                         NULL AS expires_at, \
                         strftime('%Y-%m-%d %H:%M:%f', 'now') AS observed_at \
                  FROM dlock_rows ORDER BY lock_key",
             )
             .load(self),
             Some(key) => stmt(
-                "SELECT id, NULL AS holder, lock_key, owner, token, acquired_at, \
+                "SELECT id, COALESCE(holder, '') AS holder, lock_key, owner, token, acquired_at, \
                         NULL AS expires_at, \
                         strftime('%Y-%m-%d %H:%M:%f', 'now') AS observed_at \
                  FROM dlock_rows WHERE lock_key = ?",

@@ -43,6 +43,9 @@ use std::time::{Duration, Instant};
 /// `DLOCK_TEST_GRANTS` replaces the list, to try another (e.g. one privilege fewer).
 const GRANTS: &str = "SELECT, INSERT, UPDATE, DELETE, CREATE, ALTER";
 
+/// Enough for a user that takes locks but never runs `migrate()` (another user did).
+const RUN_GRANTS: &str = "SELECT, INSERT, UPDATE, DELETE";
+
 /// The Row trigger of migration 1 (`migrations/mysql/00000000000001_dlock_init/up.sql`) as it
 /// was until the tokens carried the server's epoch (main at 6b14d75), copied verbatim but for its last `;`: a
 /// database migrated by such a version has it.
@@ -201,21 +204,24 @@ fn shared_modes(l: &Locker<MysqlConnection>, key: &str) -> Vec<&'static str> {
 
 /// A wait in the server's lock queue (GET_LOCK, SELECT … FOR UPDATE) ended by `cancel`: the
 /// `Locker` kills the waiting session from another of its connections, as `app`.
-fn cancelled_server_wait(m: &PrivateMaria, s: Strategy) {
+fn cancelled_server_wait(m: &PrivateMaria, user: &str, s: Strategy) {
     let key = format!("cancel-{}", s.name());
-    let holder = locker(&app_url(m), s, 2);
+    let url = m.url_as(user, user);
+    let holder = locker(&url, s, 2);
     let held = holder.lock(&key).unwrap();
-    let waiter = locker(&app_url(m), s, 2);
+    let waiter = locker(&url, s, 2);
     let cancel = Cancel::new();
     let thread = {
         let (waiter, cancel, key) = (waiter.clone(), cancel.clone(), key.clone());
         std::thread::spawn(move || waiter.try_lock_cancellable(&key, None, &cancel))
     };
-    // The admin sees app's waiting session (app itself needs no PROCESS for anything).
+    // The admin sees the user's waiting session (the user needs no PROCESS for anything).
     let mut admin = MysqlConnection::establish(&m.admin_url()).unwrap();
-    let waiting = "SELECT COUNT(*) AS v FROM information_schema.PROCESSLIST \
-                   WHERE USER = 'app' AND TIME_MS > 50 \
-                     AND (INFO LIKE '%GET_LOCK%' OR INFO LIKE '%FOR UPDATE%')";
+    let waiting = &format!(
+        "SELECT COUNT(*) AS v FROM information_schema.PROCESSLIST \
+         WHERE USER = '{user}' AND TIME_MS > 50 \
+           AND (INFO LIKE '%GET_LOCK%' OR INFO LIKE '%FOR UPDATE%')"
+    );
     let started = Instant::now();
     while value(&mut admin, waiting) == 0 {
         assert!(started.elapsed() < Duration::from_secs(20), "never waited");
@@ -227,7 +233,7 @@ fn cancelled_server_wait(m: &PrivateMaria, s: Strategy) {
     let ended = cancelled.elapsed();
     assert!(
         got.as_ref().is_ok_and(|g| g.is_none()),
-        "{}: a cancelled wait as app: {got:?}",
+        "{}: a cancelled wait as {user}: {got:?}",
         s.name()
     );
     assert!(
@@ -258,17 +264,10 @@ fn cancelled_server_wait(m: &PrivateMaria, s: Strategy) {
     again.release().unwrap();
 }
 
-/// As `app`: `migrate()`, then every strategy, mode and a cancelled server-side wait.
-#[test]
-fn an_ordinary_user_migrates_and_locks_with_a_binary_log() {
-    let Some(m) = server() else { return };
-    let url = app_url(&m);
-    let started = Instant::now();
-    let l = locker(&url, Strategy::Row { stale_after: None }, 4);
-    if let Err(e) = l.migrate() {
-        panic!("migrate() as an ordinary user with a binary log: {e} ({e:?})");
-    }
-    eprintln!("migrate() as app: {:?}", started.elapsed());
+/// As `user` (password: its name), on the server `m` (migrated): every strategy with every
+/// mode it has, and a cancelled wait in the server's lock queue for the session strategies.
+fn every_strategy(m: &PrivateMaria, user: &str) {
+    let url = m.url_as(user, user);
     let lease = Strategy::Lease {
         ttl: Duration::from_secs(30),
     };
@@ -292,10 +291,28 @@ fn an_ordinary_user_migrates_and_locks_with_a_binary_log() {
             _ => &["permit"],
         };
         assert_eq!(modes, expected, "{}: the modes it has", s.name());
-        eprintln!("{}: lock, {modes:?} as app in {:?}", s.name(), t.elapsed());
+        eprintln!(
+            "{}: lock, {modes:?} as {user} in {:?}",
+            s.name(),
+            t.elapsed()
+        );
     }
-    cancelled_server_wait(&m, Strategy::ForUpdate);
-    cancelled_server_wait(&m, Strategy::Advisory);
+    cancelled_server_wait(m, user, Strategy::ForUpdate);
+    cancelled_server_wait(m, user, Strategy::Advisory);
+}
+
+/// As `app`: `migrate()`, then every strategy, mode and a cancelled server-side wait.
+#[test]
+fn an_ordinary_user_migrates_and_locks_with_a_binary_log() {
+    let Some(m) = server() else { return };
+    let url = app_url(&m);
+    let started = Instant::now();
+    let l = locker(&url, Strategy::Row { stale_after: None }, 4);
+    if let Err(e) = l.migrate() {
+        panic!("migrate() as an ordinary user with a binary log: {e} ({e:?})");
+    }
+    eprintln!("migrate() as app: {:?}", started.elapsed());
+    every_strategy(&m, "app");
     // And `migrate()` again (nothing pending) works too.
     l.migrate().unwrap();
 }
@@ -388,4 +405,21 @@ fn the_server_refuses_a_trigger_to_a_user_without_super() {
             .contains("You do not have the SUPER privilege and binary logging is enabled"),
         "{err}"
     );
+}
+
+/// A user that never migrates (an admin did): SELECT, INSERT, UPDATE, DELETE are enough for
+/// every strategy, mode and cancelled wait.
+#[test]
+fn a_user_without_ddl_privileges_locks_once_migrated() {
+    let Some(m) = server() else { return };
+    locker(&m.admin_url(), Strategy::ForUpdate, 2)
+        .migrate()
+        .unwrap();
+    MysqlConnection::establish(&m.admin_url())
+        .unwrap()
+        .batch_execute(&format!(
+            "CREATE USER 'run'@'%' IDENTIFIED BY 'run'; GRANT {RUN_GRANTS} ON dlock.* TO 'run'@'%';"
+        ))
+        .unwrap();
+    every_strategy(&m, "run");
 }

@@ -19,6 +19,8 @@ pub mod kids;
 pub mod netns;
 pub mod occupancy;
 pub mod private_server;
+#[cfg(feature = "mysql")]
+pub mod replica_maria;
 
 use diesel::r2d2::{ConnectionManager, Pool};
 use diesel_lock::{LockConnection, Locker, Strategy};

@@ -435,6 +435,7 @@ pub mod mysql {
                         .bind::<Text, _>(OWNER)
                         .bind::<Text, _>(HOLDER)
                         .bind::<diesel::sql_types::Nullable<BigInt>, _>(None::<i64>)
+                        .bind::<Text, _>(&k)
                         .execute(&mut c)
                         .unwrap();
                     assert_eq!(n, 1);
@@ -450,7 +451,7 @@ pub mod mysql {
                         .unwrap();
                     assert_eq!(n, 1);
                 }),
-                "counter upsert; INSERT IGNORE with its token; SELECT by LAST_INSERT_ID(); DELETE by id and holder",
+                "counter upsert; INSERT IGNORE … SELECT while the counter is ours; SELECT by LAST_INSERT_ID(); DELETE by id and holder",
             ),
             Strategy::Lease { .. } => (
                 Box::new(move || {

@@ -19,6 +19,9 @@ pub mod kids;
 pub mod netns;
 pub mod occupancy;
 pub mod private_server;
+#[cfg(feature = "mysql")]
+pub mod replica_maria;
+#[cfg(feature = "postgres")]
 pub mod replica_pg;
 
 use diesel::r2d2::{ConnectionManager, Pool};

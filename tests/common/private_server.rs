@@ -451,7 +451,7 @@ impl PrivatePg {
 }
 
 /// A MariaDB server of the test's own: user `dlock` (password `dlock`, every privilege,
-/// from any host) and database `dlock`.
+/// from any host), user `dlock_admin` (the same, with GRANT OPTION) and database `dlock`.
 #[cfg(feature = "mysql")]
 pub struct PrivateMaria {
     inst: Instance,
@@ -493,7 +493,9 @@ impl PrivateMaria {
             inst.path("init.sql"),
             "CREATE DATABASE IF NOT EXISTS dlock;\n\
              CREATE USER IF NOT EXISTS 'dlock'@'%' IDENTIFIED BY 'dlock';\n\
-             GRANT ALL ON *.* TO 'dlock'@'%';\n",
+             GRANT ALL ON *.* TO 'dlock'@'%';\n\
+             CREATE USER IF NOT EXISTS 'dlock_admin'@'%' IDENTIFIED BY 'dlock';\n\
+             GRANT ALL ON *.* TO 'dlock_admin'@'%' WITH GRANT OPTION;\n",
         )
         .expect("write init.sql");
         chown_to(inst.user, inst.dir.path());
@@ -545,6 +547,20 @@ impl PrivateMaria {
 
     pub fn port(&self) -> u16 {
         self.inst.port
+    }
+
+    /// The URL over 127.0.0.1 of `dlock_admin` (password `dlock`): every privilege, with
+    /// GRANT OPTION, for creating users of fewer privileges and setting up replication.
+    pub fn admin_url(&self) -> String {
+        self.url_as("dlock_admin", "dlock")
+    }
+
+    /// The URL over 127.0.0.1 for another user of the server (made by the test).
+    pub fn url_as(&self, user: &str, password: &str) -> String {
+        format!(
+            "mysql://{user}:{password}@127.0.0.1:{}/dlock",
+            self.inst.port
+        )
     }
 
     /// The temp directory holding the data directory, the socket and `server.log`.

@@ -18,11 +18,10 @@ use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 /// `mysql_floor!`), and the new value is left in this session's `LAST_INSERT_ID()`.
 ///
 /// No trigger draws the token (creating one needs SUPER on a server with a binary log).
-/// Instead the counter is bumped before the INSERT and the read-back checks that nobody
-/// bumped it since: a later holder has always bumped after an earlier one inserted, so the
-/// newest bump seen at the read-back is the row's own only if no holder came between the
-/// bump and the INSERT, and a row whose bump is not the newest is given back (the caller
-/// tries again). So a key's holders get increasing tokens, in the order they held it.
+/// Instead the counter is bumped before the INSERT, and the INSERT (`ROW_INSERT`) inserts
+/// only while the counter is still this bump, holding the counter's row lock until it
+/// commits: another acquirer's bump waits for it, so every later holder's bump, and token,
+/// comes after this row's. Of acquirers racing for a free key, the last to bump wins.
 pub const ROW_BUMP: &str = concat!(
     "INSERT INTO dlock_tokens (lock_key, token) VALUES (?, LAST_INSERT_ID(",
     mysql_floor!(),
@@ -31,25 +30,23 @@ pub const ROW_BUMP: &str = concat!(
     "))"
 );
 
-/// `row_acquire`, the insert, with the token `ROW_BUMP` drew. (On a database created before
-/// version 0.2 the old BEFORE INSERT trigger, if there, bumps the counter once more and
-/// stamps that value: the read-back's check holds the same.)
+/// `row_acquire`, the insert, with the token `ROW_BUMP` drew, if nobody bumped the key's
+/// counter since (a locking read: see `ROW_BUMP`). On a database created before version
+/// 0.2, the old BEFORE INSERT trigger, if there, bumps the counter once more in the same
+/// transaction and stamps that value, which is as good.
 pub const ROW_INSERT: &str =
     "INSERT IGNORE INTO dlock_rows (lock_key, owner, holder, token, acquired_at, stale_at) \
-     VALUES (?, ?, ?, LAST_INSERT_ID(), UTC_TIMESTAMP(6), \
-             UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)";
+     SELECT ?, ?, ?, t.token, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+     FROM dlock_tokens t WHERE t.lock_key = ? AND t.token = LAST_INSERT_ID() FOR UPDATE";
 
 /// `row_acquire`, after an insert: the row's id, token and time.
 /// The row just inserted, and how many live places of the key's line are ahead of the
 /// caller's (its place, or none for a newcomer): more than none means the INSERT took the
 /// key ahead of the line (a place joined between the caller's look and its INSERT, or a
 /// newcomer, which does not look first), and the row is deleted again.
-/// `latest` is the key's counter now: if it is not the row's token, another acquirer bumped
-/// it after this one did (see `ROW_BUMP`), and the row is given back too.
 pub const ROW_READ_BACK: &str = "SELECT r.id, r.token, r.acquired_at, \
        (SELECT COUNT(*) FROM dlock_waiters w WHERE w.lock_key = r.lock_key AND w.id < ? \
-          AND w.expires_at > UTC_TIMESTAMP(6)) AS ahead, \
-       (SELECT t.token FROM dlock_tokens t WHERE t.lock_key = r.lock_key) AS latest \
+          AND w.expires_at > UTC_TIMESTAMP(6)) AS ahead \
      FROM dlock_rows r WHERE r.id = LAST_INSERT_ID()";
 
 /// `lease_acquire`, the upsert.
@@ -84,7 +81,7 @@ pub const LEASE_UPSERT: &str = concat!(
 /// The lease just taken, and the live places ahead of the caller's, as `ROW_READ_BACK`.
 pub const LEASE_READ_BACK: &str = "SELECT CAST(0 AS SIGNED) AS id, l.token, l.acquired_at, \
        (SELECT COUNT(*) FROM dlock_waiters w WHERE w.lock_key = l.lock_key AND w.id < ? \
-          AND w.expires_at > UTC_TIMESTAMP(6)) AS ahead, l.token AS latest \
+          AND w.expires_at > UTC_TIMESTAMP(6)) AS ahead \
      FROM dlock_leases l WHERE l.lock_key = ? AND l.holder = ?";
 
 /// What the read-backs answer.
@@ -98,9 +95,6 @@ struct ReadBack {
     acquired_at: chrono::NaiveDateTime,
     #[diesel(sql_type = BigInt)]
     ahead: i64,
-    /// The key's counter (`ROW_READ_BACK`; a lease's own token for `LEASE_READ_BACK`).
-    #[diesel(sql_type = Nullable<BigInt>)]
-    latest: Option<i64>,
 }
 
 impl ReadBack {
@@ -172,6 +166,7 @@ impl Locks for MysqlConnection {
             .bind::<Text, _>(owner)
             .bind::<Text, _>(holder)
             .bind::<Nullable<BigInt>, _>(stale_us)
+            .bind::<Text, _>(key)
             .execute(self)?;
         if inserted != 1 {
             return Ok(None);
@@ -184,9 +179,8 @@ impl Locks for MysqlConnection {
         else {
             return Ok(None);
         };
-        if row.ahead > 0 || row.latest != Some(row.token) {
-            // Taken ahead of the line (the caller waits its turn), or another acquirer's
-            // bump came after this one's (see ROW_BUMP): given back at once.
+        if row.ahead > 0 {
+            // Taken ahead of the line: given back at once, and the caller waits its turn.
             stmt(shared::ROW_RELEASE)
                 .bind::<BigInt, _>(row.id)
                 .bind::<Text, _>(holder)

@@ -18,7 +18,7 @@ CREATE TABLE IF NOT EXISTS dlock_rows (
 ) ENGINE = InnoDB;
 
 -- The token is drawn by the acquiring statements from dlock_tokens (src/backend/mysql/locks.rs).
--- Versions before 0.2 created a trigger here, which needs SUPER on a server with a binary
+-- Versions before migration 11 created a trigger here, which needs SUPER on a server with a binary
 -- log; migration 11 drops it from a database created then.
 
 -- Strategy::Lease: one row per key, kept forever; holder/expires_at are NULL when free.

@@ -1,4 +1,4 @@
--- Versions before 0.2 stamped Row tokens with a trigger (migration 1 made it). The acquiring
+-- Versions before this migration stamped Row tokens with a trigger (migration 1 made it). The acquiring
 -- statements now draw the token themselves; where the trigger is still there they let it
 -- stamp the token (src/backend/mysql/locks.rs). It is dropped here where this user may: on a
 -- server with a binary log, DROP TRIGGER (even IF EXISTS) needs SUPER or

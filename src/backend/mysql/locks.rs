@@ -31,15 +31,15 @@ pub const ROW_BUMP: &str = concat!(
 );
 
 /// `row_acquire`, the insert, with the token `ROW_BUMP` drew, if nobody bumped the key's
-/// counter since (a locking read: see `ROW_BUMP`). Where the Row trigger of versions before
-/// 0.2 is still there (migration 11 drops it only where the user may), the server refuses
-/// this statement, and `ROW_INSERT_STAMPED` runs instead.
+/// counter since (a locking read: see `ROW_BUMP`). Where the Row trigger of older versions
+/// is still there (migration 11 drops it only where the user may), the server refuses this
+/// statement, and `ROW_INSERT_STAMPED` runs instead.
 pub const ROW_INSERT: &str =
     "INSERT IGNORE INTO dlock_rows (lock_key, owner, holder, token, acquired_at, stale_at) \
      SELECT ?, ?, ?, t.token, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
      FROM dlock_tokens t WHERE t.lock_key = ? AND t.token = LAST_INSERT_ID() FOR UPDATE";
 
-/// `row_acquire`'s insert on a database that still has the Row trigger of versions before 0.2:
+/// `row_acquire`'s insert on a database that still has the Row trigger of older versions:
 /// the trigger bumps the key's counter (holding its row lock until the statement commits) and
 /// stamps the row with it, so tokens follow the order of the inserts, as they did then.
 const ROW_INSERT_STAMPED: &str =

@@ -386,7 +386,7 @@ mod tests {
 }
 
 /// The URLs of the PostgreSQL pools `connect` built, so that a `Locker` over one of them
-/// can open its own listening connection (`pg_listen.rs`) without being told the URL: a
+/// can open its own listening connection (`pg/listen.rs`) without being told the URL: a
 /// pool does not say which URL it connects to. Each pool's URL gets
 /// `fallback_application_name=diesel-lock-N` (libpq uses it only where neither the URL nor
 /// `PGAPPNAME` names an application), and `LockerBuilder::build` asks a connection its

@@ -343,7 +343,7 @@ impl<C: LockConnection> LockerBuilder<C> {
             Some(url) => {
                 let woken = shared.clone();
                 Some(
-                    crate::backend::pg_listen::Listener::new(url, move |key| match key {
+                    crate::backend::pg::listen::Listener::new(url, move |key| match key {
                         Some(key) => woken.queues.wake_remote(key),
                         None => woken.queues.wake_all(),
                     })

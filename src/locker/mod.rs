@@ -93,7 +93,7 @@ pub(crate) struct Inner<C: LockConnection> {
     /// PostgreSQL with `listen_url`: the thread that hears other processes' releases.
     /// Dropped (and joined) with the last clone of the `Locker`.
     #[cfg(feature = "postgres")]
-    listener: Option<crate::backend::pg_listen::Listener>,
+    listener: Option<crate::backend::pg::listen::Listener>,
 }
 
 impl<C: LockConnection> Clone for Locker<C> {

@@ -8,13 +8,13 @@
 //! one whose turn it is. Releases of a `Lease` `Locker`'s readers, writers and permits,
 //! which have no line, still notify a channel every listener hears (`SHARED_CHANNEL`).
 //!
-//! The connection is a libpq connection of its own (`pg_socket.rs`), not a diesel one:
+//! The connection is a libpq connection of its own (`socket.rs`), not a diesel one:
 //! diesel can only poll for notifications, while this thread sleeps in `poll(2)` until the
 //! socket, or its wake-up socket (the `Listener` being dropped), has something to read. A
 //! lost connection is re-established; as notifications may have been missed meanwhile,
 //! every waiter is then woken to look.
 
-use super::pg_socket::RawListener;
+use super::socket::RawListener;
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;

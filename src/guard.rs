@@ -1,9 +1,9 @@
 //! `LockGuard`: what a held lock looks like to its user; releases in `release` or `Drop`.
 
 use crate::backend::LockConnection;
-use crate::locker::Shared;
-use crate::loss::{ensure_watcher, HoldCell, LockStatus, Loss, LossWatch};
-use crate::strategy::Taken;
+use crate::hold::{ensure_watcher, HoldCell, Taken};
+use crate::locker::shared::Shared;
+use crate::loss::{LockStatus, Loss, LossWatch};
 use crate::{Error, Result};
 use chrono::{DateTime, Utc};
 use std::marker::PhantomData;

@@ -132,6 +132,7 @@ mod backoff;
 mod election;
 mod error;
 mod guard;
+mod hold;
 mod instrument;
 mod key;
 mod lock_info;

@@ -4,13 +4,17 @@
 
 mod builder;
 mod cancel;
+mod deadline;
 mod line;
 mod metered;
 mod modes;
 mod multi;
 mod queue;
 mod reentrant;
+pub(crate) mod shared;
 mod wait;
+
+use shared::Shared;
 
 pub use builder::LockerBuilder;
 pub use cancel::Cancel;
@@ -21,12 +25,11 @@ use crate::guard::LockGuard;
 use crate::strategy::{Modes, RawLock, Strategy};
 use crate::Result;
 use diesel::r2d2::ConnectionManager;
-use queue::Queues;
 use r2d2::Pool;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use wait::Deadline;
+use deadline::Deadline;
 
 /// Takes locks on string keys, keeping them in the database behind `pool`.
 ///
@@ -112,18 +115,6 @@ impl<C: LockConnection> std::fmt::Debug for Locker<C> {
             .field("backend", &self.inner.backend)
             .finish_non_exhaustive()
     }
-}
-
-/// The part of a `Locker` its guards keep: its owner name, and its line of waiters, which a
-/// release wakes. (Not the pool, the heartbeat or the listener: a guard that outlives its
-/// `Locker` keeps only what its own strategy's hold needs.)
-pub(crate) struct Shared {
-    pub(crate) owner: String,
-    pub(crate) queues: Queues,
-    /// The metrics' labels (strategy, backend); nothing without the `metrics` feature.
-    pub(crate) meter: crate::instrument::Meter,
-    /// `LockerBuilder::reentrant`: the keys held, by thread.
-    pub(crate) nests: Option<Arc<reentrant::Nests>>,
 }
 
 impl<C: LockConnection> Locker<C> {

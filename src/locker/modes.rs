@@ -2,7 +2,7 @@
 //! (`read`, `write`), and semaphore permits (`permit`). Each is a raw lock of its own
 //! (`strategy::Modes`), waited for by the same code as `lock`.
 
-use super::wait::Deadline;
+use super::deadline::Deadline;
 use super::{Cancel, Locker};
 use crate::backend::LockConnection;
 use crate::guard::LockGuard;

@@ -3,7 +3,7 @@
 //! release wakes the next at once.
 
 use super::cancel::Cancel;
-use super::wait::Deadline;
+use super::deadline::Deadline;
 use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};

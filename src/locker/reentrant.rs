@@ -2,7 +2,7 @@
 //! `Locker` and locks it again gets a nested guard, with no database round trip; the lock is
 //! released when the last of the nested guards goes.
 
-use crate::strategy::{Hold, Taken};
+use crate::hold::{Hold, Taken};
 use crate::Result;
 use chrono::{DateTime, Utc};
 use std::collections::HashMap;

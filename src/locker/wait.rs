@@ -3,6 +3,7 @@
 //! (`RawLock::try_acquire`).
 
 use super::cancel::Cancel;
+use super::deadline::Deadline;
 use super::line::{place_ttl, Place};
 use super::Locker;
 use crate::backend::{LockConnection, Sql, Wait};
@@ -14,40 +15,6 @@ use crate::{key, Error, Result};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-/// When to give up waiting.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Deadline {
-    /// One attempt, no waiting for the lock.
-    Once,
-    At(Instant),
-    Never,
-}
-
-impl Deadline {
-    pub(crate) fn remaining(self) -> Option<Duration> {
-        match self {
-            Deadline::Once => Some(Duration::ZERO),
-            Deadline::At(t) => Some(t.saturating_duration_since(Instant::now())),
-            Deadline::Never => None,
-        }
-    }
-
-    pub(crate) fn after(timeout: Duration) -> Deadline {
-        Instant::now()
-            .checked_add(timeout)
-            .map_or(Deadline::Never, Deadline::At)
-    }
-
-    /// How long an attempt may wait on the server.
-    fn server_wait(self) -> Wait {
-        match self.remaining() {
-            None => Wait::Forever,
-            Some(d) if d.is_zero() => Wait::No,
-            Some(d) => Wait::For(d),
-        }
-    }
-}
 
 impl<C: LockConnection> Locker<C> {
     pub(super) fn acquire_unmetered(

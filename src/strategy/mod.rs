@@ -11,11 +11,9 @@
 //! in `Strategy::name`), and its statements in each backend folder.
 
 use crate::backend::{Backend, LockConnection, Sql, Wait};
-use crate::loss::Loss;
+pub(crate) use crate::hold::{Hold, Taken};
 use crate::{Error, Result};
-use chrono::{DateTime, Utc};
 use diesel::r2d2::ConnectionManager;
-use std::sync::Arc;
 use std::time::Duration;
 
 mod advisory;
@@ -455,36 +453,6 @@ impl<C: LockConnection> std::ops::DerefMut for Conn<C> {
     fn deref_mut(&mut self) -> &mut C {
         self.conn.as_mut().expect("the connection was taken")
     }
-}
-
-/// What a guard keeps of its lock: enough to release it and to ask whether it is still held.
-pub(crate) trait Hold: Send + Sync {
-    /// Releases; false if the lock was no longer ours.
-    fn release(self: Box<Self>, key: &str) -> Result<bool>;
-    /// Asks the database whether the lock is still ours.
-    fn held(&self, key: &str) -> Result<bool>;
-    /// The loss status that this hold marks by itself (a lease's: the heartbeat and the
-    /// local deadline), if any; the guard makes one otherwise.
-    fn loss(&self) -> Option<Arc<Loss>> {
-        None
-    }
-    /// How often the guard's loss watcher asks [`held`](Self::held), for a strategy that
-    /// nothing else tells of a loss; `None` if it needs no asking.
-    fn probe_every(&self) -> Option<Duration> {
-        Some(PROBE_EVERY)
-    }
-}
-
-/// How often a loss watcher asks the database about a lock nothing else watches (`Row`,
-/// `ForUpdate`, `Advisory`): the pace [`Strategy::check_every`] gives the session
-/// strategies. One query each time (on the guard's own connection for a session strategy).
-pub(crate) const PROBE_EVERY: Duration = Duration::from_secs(1);
-
-/// A successful acquisition.
-pub(crate) struct Taken {
-    pub(crate) hold: Box<dyn Hold>,
-    pub(crate) token: i64,
-    pub(crate) acquired_at: DateTime<Utc>,
 }
 
 /// Refuses a duration option outside 1 ms to 100 years. Past a few thousand years the

@@ -8,6 +8,7 @@
 //! late writes by term.
 
 use crate::backend::LockConnection;
+use crate::sync::Unpoison;
 use crate::{Cancel, Error, LockGuard, LockStatus, Locker, LossWatch, Result, Strategy};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -48,7 +49,7 @@ struct Shared {
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock().unpoisoned()
     }
 
     fn tell(st: &mut State, event: Leadership) {
@@ -248,12 +249,7 @@ impl<C: LockConnection> Election<C> {
             if left.is_zero() || st.resigned {
                 return None;
             }
-            st = self
-                .shared
-                .changed
-                .wait_timeout(st, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            st = self.shared.changed.wait_timeout(st, left).unpoisoned().0;
         }
     }
 
@@ -363,7 +359,7 @@ fn campaign<C: LockConnection>(locker: &Locker<C>, key: &str, shared: &Arc<Share
                         shared
                             .changed
                             .wait_timeout(st, Duration::from_secs(1))
-                            .unwrap_or_else(|p| p.into_inner()),
+                            .unpoisoned(),
                     );
                 }
                 continue;
@@ -401,7 +397,7 @@ fn lead<C: LockConnection>(guard: LockGuard<C>, key: &str, shared: &Arc<Shared>)
             if st.resigned {
                 break false;
             }
-            st = shared.changed.wait(st).unwrap_or_else(|p| p.into_inner());
+            st = shared.changed.wait(st).unpoisoned();
         }
     };
     {

@@ -3,6 +3,7 @@
 //! A leaf below the strategies and the guard: it knows `Loss`, and neither of them.
 
 use crate::loss::{LockStatus, Loss};
+use crate::sync::Unpoison;
 use crate::Result;
 use chrono::{DateTime, Utc};
 use std::sync::{Arc, RwLock};
@@ -51,7 +52,7 @@ pub(crate) fn ensure_watcher(loss: &Arc<Loss>, cell: &Arc<HoldCell>, key: &str) 
     }
     let every = cell
         .read()
-        .unwrap_or_else(|p| p.into_inner())
+        .unpoisoned()
         .as_ref()
         .and_then(|h| h.probe_every());
     let (loss2, cell, k) = (loss.clone(), cell.clone(), key.to_owned());
@@ -80,7 +81,7 @@ fn watch(loss: &Loss, cell: &HoldCell, key: &str, every: Option<Duration>) {
             }
         }
         let held = {
-            let hold = cell.read().unwrap_or_else(|p| p.into_inner());
+            let hold = cell.read().unpoisoned();
             let Some(hold) = hold.as_ref() else {
                 continue; // released: the next wait says so
             };

@@ -141,6 +141,7 @@ mod loss;
 pub mod optimistic;
 mod random;
 mod strategy;
+mod sync;
 
 #[cfg(feature = "sqlite")]
 pub use backend::SqliteTuning;

@@ -17,6 +17,7 @@
 //! if the release found the lock no longer ours.
 
 use crate::instrument::Meter;
+use crate::sync::Unpoison;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -81,7 +82,7 @@ impl Loss {
 
     /// The state with the deadline applied. A leaf lock: nothing is called while it is held.
     fn state(&self) -> MutexGuard<'_, State> {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = self.state.lock().unpoisoned();
         if st.status == LockStatus::Held
             && !st.releasing
             && st.until.is_some_and(|u| Instant::now() >= u)
@@ -171,15 +172,12 @@ impl Loss {
             st = match wake {
                 Some(w) => {
                     let left = w.saturating_duration_since(now);
-                    let (g, _) = self
-                        .changed
-                        .wait_timeout(st, left)
-                        .unwrap_or_else(|p| p.into_inner());
+                    let (g, _) = self.changed.wait_timeout(st, left).unpoisoned();
                     drop(g);
                     self.state()
                 }
                 None => {
-                    let g = self.changed.wait(st).unwrap_or_else(|p| p.into_inner());
+                    let g = self.changed.wait(st).unpoisoned();
                     drop(g);
                     self.state()
                 }

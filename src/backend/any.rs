@@ -3,6 +3,7 @@
 
 use super::sealed::{Dialect, Seal, Sealed};
 use super::Backend;
+use crate::sync::Unpoison;
 use crate::{Error, Result};
 use diesel::r2d2::{ConnectionManager, CustomizeConnection, Pool};
 use diesel::Connection;
@@ -309,7 +310,7 @@ struct QuietErrors {
 impl QuietErrors {
     /// True for the first error in 10 s (which then starts the next 10 s).
     fn time_to_warn(&self) -> bool {
-        let mut last = self.last_warned.lock().unwrap_or_else(|p| p.into_inner());
+        let mut last = self.last_warned.lock().unpoisoned();
         if last.is_some_and(|t| t.elapsed() < Duration::from_secs(10)) {
             return false;
         }
@@ -394,6 +395,7 @@ mod tests {
 /// gets no listener unless given `listen_url`; its waiters poll.
 #[cfg(feature = "postgres")]
 pub(crate) mod listen_urls {
+    use crate::sync::Unpoison;
     use std::sync::Mutex;
 
     const PREFIX: &str = "diesel-lock-";
@@ -405,7 +407,7 @@ pub(crate) mod listen_urls {
         if url.contains("fallback_application_name=") {
             return url;
         }
-        let mut urls = URLS.lock().unwrap_or_else(|p| p.into_inner());
+        let mut urls = URLS.lock().unpoisoned();
         let n = match urls.iter().position(|u| *u == url) {
             Some(n) => n,
             None => {
@@ -420,9 +422,6 @@ pub(crate) mod listen_urls {
     /// The URL of the pool whose connections carry `application_name`, if `connect` built it.
     pub(crate) fn of(application_name: &str) -> Option<String> {
         let n: usize = application_name.strip_prefix(PREFIX)?.parse().ok()?;
-        URLS.lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(n)
-            .cloned()
+        URLS.lock().unpoisoned().get(n).cloned()
     }
 }

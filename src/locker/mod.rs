@@ -24,12 +24,12 @@ use crate::backend::{Backend, LockConnection, Sql};
 use crate::guard::LockGuard;
 use crate::strategy::{Modes, RawLock, Strategy};
 use crate::Result;
+use deadline::Deadline;
 use diesel::r2d2::ConnectionManager;
 use r2d2::Pool;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use deadline::Deadline;
 
 /// Takes locks on string keys, keeping them in the database behind `pool`.
 ///

@@ -11,6 +11,7 @@ use crate::backoff::{self, Backoff};
 use crate::guard::LockGuard;
 use crate::strategy::session::discard;
 use crate::strategy::{Conn, Pooled, RawLock, Taken};
+use crate::sync::Unpoison;
 use crate::{key, Error, Result};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -184,7 +185,7 @@ impl<C: LockConnection> Locker<C> {
                         Some(c.on_cancel(Arc::new(move || {
                             // Taking a connection may block: not while holding `live`.
                             if let Some(end) = interrupt() {
-                                let live = live.lock().unwrap_or_else(|p| p.into_inner());
+                                let live = live.lock().unpoisoned();
                                 if *live {
                                     end();
                                 }
@@ -204,7 +205,7 @@ impl<C: LockConnection> Locker<C> {
             raw.try_acquire(&mut conn, key, retry, wait)
         };
         // From here on no cancellation ends this session (waits for one ending it now).
-        *live.lock().unwrap_or_else(|p| p.into_inner()) = false;
+        *live.lock().unpoisoned() = false;
         let interruptible = registration.is_some();
         drop(registration);
         let cancelled = cancel.is_some_and(Cancel::is_cancelled);

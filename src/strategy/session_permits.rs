@@ -14,6 +14,7 @@ use super::session::{self, discard, rollback, Session};
 use super::{Conn, Hold, RawLock, Taken};
 use crate::backend::fence::no_token;
 use crate::backend::{Flavor, ForUpdateLocked, LockConnection, Sql, Wait};
+use crate::sync::Unpoison;
 use crate::{Error, Result};
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -55,7 +56,7 @@ impl<C: LockConnection> SlotLock<C> {
     /// Makes the key a semaphore of `permits` (and its slot rows), once per `Locker`.
     fn setup(&self, conn: &mut C, key: &str) -> Result<()> {
         let known = (key.to_owned(), self.permits);
-        let mut set = self.core.known.lock().unwrap_or_else(|p| p.into_inner());
+        let mut set = self.core.known.lock().unpoisoned();
         if set.contains(&known) {
             return Ok(());
         }

@@ -15,6 +15,7 @@
 //! every waiter is then woken to look.
 
 use super::socket::RawListener;
+use crate::sync::Unpoison;
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
@@ -88,16 +89,13 @@ impl Listener {
     /// Starts the thread, once. Until its `LISTEN` has taken effect nothing is heard, and
     /// waiters look every `max_backoff`; it wakes every waiter once it listens.
     pub(crate) fn start(&self) -> std::io::Result<()> {
-        let mut thread = self.thread.lock().unwrap_or_else(|p| p.into_inner());
+        let mut thread = self.thread.lock().unpoisoned();
         if thread.is_some() {
             return Ok(());
         }
         let (Some(wake), Some(woken)) = (
-            self.wake_fn
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take(),
-            self.woken.lock().unwrap_or_else(|p| p.into_inner()).take(),
+            self.wake_fn.lock().unpoisoned().take(),
+            self.woken.lock().unpoisoned().take(),
         ) else {
             return Ok(()); // a start that failed before: waiters poll
         };
@@ -127,12 +125,12 @@ impl Drop for Listener {
             // OpenSSL): a connection attempt under way usually ends within milliseconds.
             let (c, _) = changed
                 .wait_timeout_while(c, CONNECTING_PATIENCE, |c| c.connecting)
-                .unwrap_or_else(|p| p.into_inner());
+                .unpoisoned();
             c.connecting
         };
         // Ends the thread's wait (a full socket buffer means it has a wake-up pending anyway).
         let _ = (&self.wake).write(&[1]);
-        let thread = self.thread.get_mut().unwrap_or_else(|p| p.into_inner());
+        let thread = self.thread.get_mut().unpoisoned();
         let Some(t) = thread.take() else { return };
         if connecting {
             log::debug!("release listener: still connecting; not waiting for it to end");
@@ -146,7 +144,7 @@ impl Drop for Listener {
 const CONNECTING_PATIENCE: Duration = Duration::from_secs(2);
 
 fn lock(control: &Mutex<Control>) -> std::sync::MutexGuard<'_, Control> {
-    control.lock().unwrap_or_else(|p| p.into_inner())
+    control.lock().unpoisoned()
 }
 
 fn connect(url: &str, channel: &str) -> Result<RawListener, String> {

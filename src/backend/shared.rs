@@ -40,6 +40,7 @@ pub const LEASE_RELEASE: &str = "UPDATE dlock_leases SET holder = NULL, expires_
 
 /// `line_leave` on MySQL and SQLite (PostgreSQL's also notifies the next place), and the
 /// removal of a waiter's place after its acquisition there: by the place's number.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) const LEAVE_PLACE: &str = "DELETE FROM dlock_waiters WHERE id = ?";
 
 /// `schema_current`, on every backend: diesel records each applied migration by version.

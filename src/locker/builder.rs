@@ -315,7 +315,6 @@ impl<C: LockConnection> LockerBuilder<C> {
             heartbeat: self.heartbeat,
             max_backoff: self.max_backoff,
         };
-        let modes = strategy::build_modes(self.strategy, &setup)?;
         let raw = strategy::build(self.strategy, setup)?;
         if backend != Backend::Postgres {
             if let Some(why) = self.pool.get()?.sql().misconfigured()? {
@@ -357,7 +356,6 @@ impl<C: LockConnection> LockerBuilder<C> {
                 pool: self.pool,
                 strategy: self.strategy,
                 raw,
-                modes,
                 shared,
                 backend,
                 max_backoff: self.max_backoff,

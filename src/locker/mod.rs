@@ -22,7 +22,7 @@ pub use multi::MultiGuard;
 
 use crate::backend::{Backend, LockConnection, Sql};
 use crate::guard::LockGuard;
-use crate::strategy::{Modes, RawLock, Strategy};
+use crate::strategy::{RawLock, Strategy};
 use crate::Result;
 use deadline::Deadline;
 use diesel::r2d2::ConnectionManager;
@@ -82,10 +82,9 @@ pub struct Locker<C: LockConnection> {
 pub(crate) struct Inner<C: LockConnection> {
     pool: Pool<ConnectionManager<C>>,
     strategy: Strategy,
-    /// What the strategy does with a key (built once from `strategy`).
-    raw: Box<dyn RawLock<C>>,
-    /// Its readers, writers and semaphore permits.
-    modes: Modes<C>,
+    /// What the strategy does with a key (built once from `strategy`), and the raw locks of
+    /// its other modes (`RawLock::mode`).
+    raw: Arc<dyn RawLock<C>>,
     /// What guards share with the `Locker`.
     shared: Arc<Shared>,
     backend: Backend,

@@ -16,21 +16,17 @@ use crate::{Error, Result};
 use diesel::r2d2::ConnectionManager;
 use std::time::Duration;
 
+// A strategy is a folder: its `RawLock` and `Hold`, and the raw locks of the modes it has.
+// `session` and `session_permits` are what the session strategies share.
 mod advisory;
-mod advisory_shared;
 mod advisory_xact;
 mod for_update;
-mod for_update_shared;
-pub(crate) mod heartbeat;
-mod holders;
 mod lease;
-mod modes;
 mod row;
 pub(crate) mod session;
 mod session_permits;
-mod validity;
 
-pub(crate) use modes::{build_modes, Mode, Modes};
+use std::sync::Arc;
 pub(crate) use session::Pooled;
 
 /// How a lock is kept in the database. All strategies give the same
@@ -336,19 +332,19 @@ pub(crate) struct Setup<C: LockConnection> {
     pub(crate) max_backoff: Duration,
 }
 
-/// Turns the public `Strategy` into its raw lock, checking its options and that the backend
-/// can honour it. With `build_modes`, the only `match` on the strategy outside
-/// `Strategy::name` and its durations.
+/// Turns the public `Strategy` into its raw lock (which builds the raw locks of its other
+/// modes, `RawLock::mode`), checking its options and that the backend can honour it. The
+/// only `match` on the strategy outside `Strategy::name` and its durations.
 pub(crate) fn build<C: LockConnection>(
     strategy: Strategy,
     setup: Setup<C>,
-) -> Result<Box<dyn RawLock<C>>> {
+) -> Result<Arc<dyn RawLock<C>>> {
     Ok(match strategy {
-        Strategy::Row { stale_after } => Box::new(row::RowLock::new(setup, stale_after)?),
-        Strategy::Lease { ttl } => Box::new(lease::LeaseLock::new(setup, ttl)?),
-        Strategy::ForUpdate => Box::new(for_update::ForUpdateLock::new(setup, strategy)?),
-        Strategy::Advisory => Box::new(advisory::AdvisoryLock::new(setup, strategy)?),
-        Strategy::AdvisoryXact => Box::new(advisory_xact::AdvisoryXactLock::new(setup, strategy)?),
+        Strategy::Row { stale_after } => Arc::new(row::RowLock::new(setup, stale_after)?),
+        Strategy::Lease { ttl } => Arc::new(lease::LeaseLock::new(setup, ttl)?),
+        Strategy::ForUpdate => Arc::new(for_update::ForUpdateLock::new(setup, strategy)?),
+        Strategy::Advisory => Arc::new(advisory::AdvisoryLock::new(setup, strategy)?),
+        Strategy::AdvisoryXact => Arc::new(advisory_xact::AdvisoryXactLock::new(setup, strategy)?),
     })
 }
 
@@ -392,12 +388,38 @@ pub(crate) trait RawLock<C: LockConnection>: Send + Sync + 'static {
         true
     }
 
+    /// The raw lock of `mode`, a kind of lock beside the strategy's own exclusive one (see
+    /// [`Mode`]), built with the strategy; `Ok(None)` where the strategy, or the backend it
+    /// runs on, has no such kind (the `Locker` then reports `Error::Unsupported`).
+    fn mode(&self, _mode: Mode) -> Result<Option<ModeLock<C>>> {
+        Ok(None)
+    }
+
     /// Whether waiters line up in the database (`dlock_waiters`, `locker/line.rs`): true
     /// for `Row` and `Lease`, whose waiters would otherwise poll in no order. The
     /// strategies that wait in the server's own lock queue have no need of one.
     fn lines(&self) -> bool {
         false
     }
+}
+
+/// The kinds of lock beside a strategy's own exclusive one (`Locker::read`, `write`,
+/// `permit`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// One of many readers of a reader-writer lock.
+    Read,
+    /// The writer of a reader-writer lock.
+    Write,
+    /// One of at most this many holders of a semaphore (at least one: the `Locker` checks).
+    Permits(u32),
+}
+
+/// What [`RawLock::mode`] answers: the strategy's own exclusive lock (a writer that is the
+/// same lock as `lock`), or a raw lock of the mode's own.
+pub(crate) enum ModeLock<C: LockConnection> {
+    Own,
+    Other(Arc<dyn RawLock<C>>),
 }
 
 /// Ends another thread's server-side wait; see [`RawLock::interrupter`]. It runs in two

@@ -10,9 +10,9 @@
 //! increasing tokens, and a cancelled wait in the server's lock queue (ended by `KILL
 //! CONNECTION` of its own session, which a user may do without any privilege).
 //!
-//! A database migrated by an older version keeps its Row trigger (`OLD_ROW_TRIGGER`, from
-//! migration 1 as it was): the admin creates it by hand after `migrate()`, and Row locks taken
-//! by the ordinary user still have strictly increasing tokens.
+//! A database migrated by an older version has a Row trigger (`OLD_ROW_TRIGGER`, from
+//! migration 1 as it was): the admin creates it by hand, the ordinary user's `migrate()`
+//! works beside it, and Row locks taken by that user have strictly increasing tokens.
 //!
 //! Each test runs a private server of its own (`PrivateMaria`), never a shared one.
 #![cfg(feature = "mysql")]
@@ -317,24 +317,50 @@ fn an_ordinary_user_migrates_and_locks_with_a_binary_log() {
     l.migrate().unwrap();
 }
 
-/// An existing database, migrated when migration 1 made the Row trigger, keeps its trigger:
-/// Row locks taken by `app` still have strictly increasing tokens, from several threads.
+/// An existing database, migrated when migration 1 made the Row trigger (migrations 1 to 10,
+/// by an admin, since creating the trigger needed SUPER): `app`'s `migrate()` works, leaves
+/// the trigger (dropping it needs SUPER here too), and Row locks taken by `app` have strictly
+/// increasing tokens, from several threads, all above every token the trigger stamped.
+/// (Where the user may drop it, migration 11 does: tests/migrations.rs.)
 #[test]
-fn a_database_with_the_old_row_trigger_keeps_working() {
+fn a_database_with_the_old_row_trigger_is_migrated_by_an_ordinary_user() {
     let Some(m) = server() else { return };
-    // The admin migrates (an old version's migration 1 needed SUPER here) and makes the
-    // trigger as that version did.
+    // The old database: the admin migrates, makes the trigger as migration 1 did, and takes
+    // Row locks through it; the migrations from 11 on are then "not applied yet".
     let admin = locker(&m.admin_url(), Strategy::Row { stale_after: None }, 2);
     admin.migrate().unwrap();
     let mut c = MysqlConnection::establish(&m.admin_url()).unwrap();
     c.batch_execute(OLD_ROW_TRIGGER).unwrap();
-    assert_eq!(
+    let trigger = |c: &mut MysqlConnection| {
         value(
-            &mut c,
+            c,
             "SELECT COUNT(*) AS v FROM information_schema.TRIGGERS \
-             WHERE TRIGGER_SCHEMA = 'dlock' AND TRIGGER_NAME = 'dlock_rows_token'"
-        ),
-        1
+             WHERE TRIGGER_SCHEMA = 'dlock' AND TRIGGER_NAME = 'dlock_rows_token'",
+        )
+    };
+    assert_eq!(trigger(&mut c), 1);
+    c.batch_execute(
+        "INSERT INTO dlock_tokens (lock_key, token) VALUES ('old-trigger-threads', 5); \
+         INSERT INTO dlock_rows (lock_key, owner, holder, token, acquired_at) \
+           VALUES ('old-trigger-threads', 'old', 'old-holder', 0, UTC_TIMESTAMP(6)); \
+         DELETE FROM dlock_rows WHERE lock_key = 'old-trigger-threads'; \
+         DELETE FROM __diesel_schema_migrations WHERE version >= '00000000000011'",
+    )
+    .unwrap();
+    let stamped = value(
+        &mut c,
+        "SELECT token AS v FROM dlock_tokens WHERE lock_key = 'old-trigger-threads'",
+    );
+    assert_eq!(stamped, 6, "the old trigger stamped the row");
+    let url = app_url(&m);
+    locker(&url, Strategy::Row { stale_after: None }, 2)
+        .migrate()
+        .expect("app migrates a database that has the old trigger, with a binary log");
+    // With a binary log, dropping it needs SUPER too: it stays, and stamps Row tokens.
+    assert_eq!(
+        trigger(&mut c),
+        1,
+        "the trigger is dropped only where the user may"
     );
     let url = app_url(&m);
     for s in [
@@ -369,6 +395,10 @@ fn a_database_with_the_old_row_trigger_keeps_working() {
         }
         let all = tokens.lock().unwrap().clone();
         strictly_increasing("old-trigger-threads, in hand-over order", &all);
+        assert!(
+            all[0] > stamped,
+            "tokens after the upgrade exceed the trigger's"
+        );
         eprintln!(
             "{} with the old trigger: tokens {:?} … {:?}",
             s.name(),
@@ -422,4 +452,35 @@ fn a_user_without_ddl_privileges_locks_once_migrated() {
         ))
         .unwrap();
     every_strategy(&m, "run");
+}
+
+/// Where the user may drop it (a server without a binary log, as the shared test server),
+/// migration 11 drops the old Row trigger; Row tokens then keep increasing past it.
+#[test]
+fn the_old_trigger_is_dropped_where_the_user_may() {
+    let Some(h) = common::mysql_own_db() else {
+        return;
+    };
+    let l = Locker::builder(h.pool.clone())
+        .strategy(Strategy::Row { stale_after: None })
+        .build()
+        .unwrap();
+    l.migrate().unwrap();
+    let mut c = h.pool.get().unwrap();
+    c.batch_execute(OLD_ROW_TRIGGER).unwrap();
+    let before = l.lock("trigger-dropped").unwrap().token();
+    c.batch_execute("DELETE FROM __diesel_schema_migrations WHERE version >= '00000000000011'")
+        .unwrap();
+    l.migrate().unwrap();
+    let triggers = value(
+        &mut c,
+        "SELECT COUNT(*) AS v FROM information_schema.TRIGGERS \
+         WHERE TRIGGER_SCHEMA = DATABASE() AND TRIGGER_NAME = 'dlock_rows_token'",
+    );
+    assert_eq!(triggers, 0, "migration 11 dropped the old trigger");
+    let after: Vec<i64> = (0..5)
+        .map(|_| l.lock("trigger-dropped").unwrap().token())
+        .collect();
+    strictly_increasing("after the trigger", &after);
+    assert!(after[0] > before);
 }

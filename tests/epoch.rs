@@ -11,7 +11,7 @@
 mod common;
 
 use diesel::sql_types::BigInt;
-use diesel::{MysqlConnection, QueryableByName, RunQueryDsl};
+use diesel::{Connection, MysqlConnection, QueryableByName, RunQueryDsl};
 use diesel_lock::{Locker, Strategy};
 use std::time::Duration;
 
@@ -126,4 +126,88 @@ fn a_promoted_replica_that_lagged_hands_out_larger_tokens() {
             "{s:?}: tokens after the promotion {after:?} do not all exceed the highest before, {highest}"
         );
     }
+}
+
+/// A session of an older version, as it drew ForUpdate and Advisory tokens: the life's
+/// offset read once into `@dlock_fence_off`, with no server check.
+fn old_version_draw(c: &mut MysqlConnection) -> i64 {
+    diesel::sql_query(
+        "SELECT CAST(CAST(UUID_SHORT() & 72057594037927935 AS SIGNED) + @dlock_fence_off \
+         AS SIGNED) AS us",
+    )
+    .get_result::<Us>(c)
+    .unwrap()
+    .us
+}
+
+/// A rolling upgrade: processes of the older version started the server's life (its row has
+/// no server) and keep drawing from it while processes of this version start. This version
+/// keeps that life, so tokens from old and new sessions, taken in turn, keep increasing.
+#[test]
+fn a_life_started_by_an_older_version_is_kept() {
+    let Some(h) = common::mysql_own_db() else {
+        return;
+    };
+    let first = h.locker(Strategy::ForUpdate);
+    let key = common::unique_key("epoch-upgrade");
+    first.lock(&key).unwrap().release().unwrap();
+    // The life as an older version leaves it, and one of its sessions.
+    let mut old = h.pool.get().unwrap();
+    diesel::sql_query("UPDATE dlock_fence_live SET server = NULL")
+        .execute(&mut *old)
+        .unwrap();
+    diesel::sql_query("SET @dlock_fence_off = (SELECT off FROM dlock_fence_live WHERE id = 1)")
+        .execute(&mut *old)
+        .unwrap();
+    // New sessions (a new pool) beside it, in turn with the old session.
+    let new = Locker::builder(common::pool::<MysqlConnection>(&h.url, 2))
+        .strategy(Strategy::ForUpdate)
+        .build()
+        .unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..10 {
+        seen.push(old_version_draw(&mut old));
+        let g = new.lock(&key).unwrap();
+        seen.push(g.token());
+        g.release().unwrap();
+    }
+    assert!(
+        seen.windows(2).all(|w| w[0] < w[1]),
+        "old and new sessions, in turn: {seen:?}"
+    );
+}
+
+/// `@@server_id` changed while sessions of the old life run (it is a dynamic setting): new
+/// sessions start a life of their own, and a session that joined before draws no token of
+/// the replaced life: it joins the new one. Tokens keep increasing across the change.
+#[test]
+fn a_change_of_server_id_starts_one_life_for_every_session() {
+    if !common::private_server::available("mysql") {
+        return;
+    }
+    let m = common::private_server::PrivateMaria::start_configured(&[], &["--server-id=1"]);
+    let url = m.url();
+    let locker = |size| {
+        let l = Locker::builder(common::pool::<MysqlConnection>(&url, size))
+            .strategy(Strategy::ForUpdate)
+            .build()
+            .unwrap();
+        l.migrate().unwrap();
+        l
+    };
+    let (a, key) = (locker(1), "epoch-server-id");
+    let mut seen = vec![a.lock(key).unwrap().token()];
+    diesel::sql_query("SET GLOBAL server_id = 2")
+        .execute(&mut MysqlConnection::establish(&url).unwrap())
+        .unwrap();
+    // A new session starts this server's new life; then the old session draws again.
+    let b = locker(1);
+    for _ in 0..5 {
+        seen.push(b.lock(key).unwrap().token());
+        seen.push(a.lock(key).unwrap().token());
+    }
+    assert!(
+        seen.windows(2).all(|w| w[0] < w[1]),
+        "tokens across the change of server id: {seen:?}"
+    );
 }

@@ -21,6 +21,8 @@ pub mod occupancy;
 pub mod private_server;
 #[cfg(feature = "mysql")]
 pub mod replica_maria;
+#[cfg(feature = "postgres")]
+pub mod replica_pg;
 
 use diesel::r2d2::{ConnectionManager, Pool};
 use diesel_lock::{LockConnection, Locker, Strategy};

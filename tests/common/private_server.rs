@@ -330,6 +330,46 @@ impl PrivatePg {
         pg
     }
 
+    /// A server on 127.0.0.1 whose data directory `fill` makes instead of initdb (a
+    /// `pg_basebackup` of another server, say), with `settings` as `start_configured`'s.
+    /// `fill` gets the data directory to create (in a directory the server's user owns) and
+    /// a maker of commands that run a program of PostgreSQL's bin directory as that user.
+    pub fn start_from(
+        fill: impl FnOnce(&Path, &dyn Fn(&str) -> Command),
+        settings: &[(&str, &str)],
+    ) -> PrivatePg {
+        let inst = Instance::new("postgres", &[]);
+        let user = inst.user;
+        fill(&inst.path("data"), &|program: &str| {
+            command_as(user, &format!("{PG_BIN}/{program}"))
+        });
+        let mut pg = PrivatePg {
+            inst,
+            settings: settings
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        };
+        pg.run();
+        pg
+    }
+
+    /// A program of PostgreSQL's bin directory (`pg_ctl`, `pg_controldata`, ...), run as
+    /// the server's user.
+    pub fn program(&self, program: &str) -> Command {
+        command_as(self.inst.user, &format!("{PG_BIN}/{program}"))
+    }
+
+    /// The data directory.
+    pub fn data_dir(&self) -> PathBuf {
+        self.inst.path("data")
+    }
+
+    /// Whether the server runs (it was neither killed nor stopped since its last start).
+    pub fn is_running(&self) -> bool {
+        self.inst.running.is_some()
+    }
+
     fn run(&mut self) {
         assert!(self.inst.running.is_none(), "the server is already running");
         let i = &self.inst;

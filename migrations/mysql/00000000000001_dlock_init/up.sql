@@ -19,7 +19,7 @@ CREATE TABLE IF NOT EXISTS dlock_rows (
 
 -- The token is drawn by the acquiring statements from dlock_tokens (src/backend/mysql/locks.rs).
 -- Versions before 0.2 created a trigger here, which needs SUPER on a server with a binary
--- log; a database created then keeps it, and the statements work with or without it.
+-- log; migration 11 drops it from a database created then.
 
 -- Strategy::Lease: one row per key, kept forever; holder/expires_at are NULL when free.
 CREATE TABLE IF NOT EXISTS dlock_leases (

@@ -10,9 +10,12 @@
 //! The offset of the server's life lives in a MEMORY table, which every restart empties.
 //! A MEMORY table is locked whole for the length of each statement that reads it, so no
 //! statement that may wait for a lock reads it: each session reads the offset once, with
-//! the bound it may hand tokens out to, into its own variables `@dlock_fence_off` and
-//! `@dlock_fence_high` (a restart ends the session, and its variables with it), and the
-//! acquiring statements read those.
+//! the bound it may hand tokens out to and the server the life belongs to, into its own
+//! variables `@dlock_fence_off`, `@dlock_fence_high` and `@dlock_fence_server` (a restart
+//! ends the session, and its variables with it), and the acquiring statements read those.
+//! A draw counts only while `@@GLOBAL.server_id` is still the life's server: a session whose server
+//! changed its id meanwhile (or that joined on another server's life) draws nothing and
+//! joins again, so it never hands out a token of a life another session has replaced.
 //!
 //! The bound is raised by an autocommitted UPDATE, whose COMMIT has flushed the redo log
 //! (with `innodb_flush_log_at_trx_commit = 1`, the default) when it returns. InnoDB lets
@@ -65,7 +68,7 @@ pub(super) fn raise(conn: &mut MysqlConnection, token: i64) -> QueryResult<()> {
 /// last life stayed under (read, and raised, by this session's own durable commit first) and
 /// above the server's clock floor (`mysql_floor!`).
 ///
-/// A life belongs to the server that started it (`server`, its `@@server_id`, which
+/// A life belongs to the server that started it (`server`, its `@@GLOBAL.server_id`, which
 /// replication requires to differ between a primary and its replicas). The MEMORY table's
 /// row reaches replicas like any other row, so a promoted replica finds the old primary's
 /// life there; it starts a life of its own instead, above its clock, since its copy of the
@@ -73,19 +76,24 @@ pub(super) fn raise(conn: &mut MysqlConnection, token: i64) -> QueryResult<()> {
 pub(super) fn join(conn: &mut MysqlConnection) -> QueryResult<()> {
     let high = raise_from(conn, 0)?;
     let off = |c: &mut MysqlConnection| {
-        stmt("SELECT off AS value FROM dlock_fence_live WHERE id = 1 AND server = @@server_id")
+        stmt("SELECT off AS value FROM dlock_fence_live WHERE id = 1 AND server = @@GLOBAL.server_id")
             .get_result::<Value>(c)
             .optional()
             .map(|v| v.and_then(|v| v.value))
     };
     if off(conn)?.is_none() {
-        // Another server's life (or one from before lives had a server): not ours. A row of
-        // this server's that another session put in meanwhile stays.
-        stmt(
-            "DELETE FROM dlock_fence_live WHERE id = 1 \
-             AND (server IS NULL OR server <> @@server_id)",
-        )
-        .execute(conn)?;
+        // A life from before lives had a server was started here by processes of an older
+        // version, which may still be running: this server's, and kept. (A promoted replica
+        // whose old primary ran such processes cannot tell it is not its own: see README,
+        // Upgrading.)
+        stmt("UPDATE dlock_fence_live SET server = @@GLOBAL.server_id WHERE id = 1 AND server IS NULL")
+            .execute(conn)?;
+    }
+    if off(conn)?.is_none() {
+        // Another server's life: not ours. A row of this server's that another session put
+        // in meanwhile stays.
+        stmt("DELETE FROM dlock_fence_live WHERE id = 1 AND server <> @@GLOBAL.server_id")
+            .execute(conn)?;
         // The least the source gives from now on (every value after it is larger), and the
         // clock floor, read in one statement.
         #[derive(QueryableByName)]
@@ -108,15 +116,19 @@ pub(super) fn join(conn: &mut MysqlConnection) -> QueryResult<()> {
             raise_from(conn, first)?;
         }
         // Of several sessions starting the life at once, the first insert wins.
-        stmt("INSERT IGNORE INTO dlock_fence_live (id, off, server) VALUES (1, ?, @@server_id)")
+        stmt("INSERT IGNORE INTO dlock_fence_live (id, off, server) VALUES (1, ?, @@GLOBAL.server_id)")
             .bind::<BigInt, _>(first - start.least)
             .execute(conn)?;
     }
-    let off = off(conn)?.ok_or_else(missing)?;
-    stmt("SET @dlock_fence_off = ?")
-        .bind::<BigInt, _>(off)
-        .execute(conn)
-        .map(drop)
+    // The offset and the server it belongs to, set together: a change of @@GLOBAL.server_id
+    // between a read and the SET cannot pair one life's offset with another's server.
+    stmt(
+        "SET @dlock_fence_off = (SELECT off FROM dlock_fence_live \
+                                 WHERE id = 1 AND server = @@GLOBAL.server_id), \
+             @dlock_fence_server = @@GLOBAL.server_id",
+    )
+    .execute(conn)?;
+    off(conn)?.map(drop).ok_or_else(missing)
 }
 
 /// `fence_draw`: a token for a session that holds its lock already.
@@ -129,7 +141,7 @@ pub(super) fn draw(conn: &mut MysqlConnection) -> QueryResult<Drawn> {
         high: Option<i64>,
     }
     let r = stmt(
-        "SELECT CAST(UUID_SHORT() & 72057594037927935 AS SIGNED) + @dlock_fence_off AS token, \
+        "SELECT CAST(UUID_SHORT() & 72057594037927935 AS SIGNED) + IF(@@GLOBAL.server_id = @dlock_fence_server, @dlock_fence_off, NULL) AS token, \
          CAST(@dlock_fence_high AS SIGNED) AS high",
     )
     .get_result::<Row>(conn)?;

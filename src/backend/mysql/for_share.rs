@@ -19,7 +19,7 @@ macro_rules! share_lock {
     ($lock:literal) => {
         concat!(
             "SELECT \
-             CAST(COALESCE(CAST(UUID_SHORT() & 72057594037927935 AS SIGNED) + @dlock_fence_off, -1) \
+             CAST(COALESCE(CAST(UUID_SHORT() & 72057594037927935 AS SIGNED) + IF(@@GLOBAL.server_id = @dlock_fence_server, @dlock_fence_off, NULL), -1) \
              AS SIGNED) AS token, \
              CAST(@dlock_fence_high AS SIGNED) AS high, \
              CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000000 AS SIGNED) AS acquired_us \
@@ -85,7 +85,7 @@ impl ForShareLocks for MysqlConnection {
     fn permit_slot_lock(&mut self, key: &str, flavor: Flavor) -> QueryResult<ForUpdateLocked> {
         // SKIP LOCKED never waits: the same text for every wait.
         const SLOT: &str = "SELECT \
-             CAST(COALESCE(CAST(UUID_SHORT() & 72057594037927935 AS SIGNED) + @dlock_fence_off, -1) \
+             CAST(COALESCE(CAST(UUID_SHORT() & 72057594037927935 AS SIGNED) + IF(@@GLOBAL.server_id = @dlock_fence_server, @dlock_fence_off, NULL), -1) \
              AS SIGNED) AS token, \
              CAST(@dlock_fence_high AS SIGNED) AS high, \
              CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000000 AS SIGNED) AS acquired_us \

@@ -31,13 +31,27 @@ pub const ROW_BUMP: &str = concat!(
 );
 
 /// `row_acquire`, the insert, with the token `ROW_BUMP` drew, if nobody bumped the key's
-/// counter since (a locking read: see `ROW_BUMP`). On a database created before version
-/// 0.2, the old BEFORE INSERT trigger, if there, bumps the counter once more in the same
-/// transaction and stamps that value, which is as good.
+/// counter since (a locking read: see `ROW_BUMP`). Where the Row trigger of versions before
+/// 0.2 is still there (migration 11 drops it only where the user may), the server refuses
+/// this statement, and `ROW_INSERT_STAMPED` runs instead.
 pub const ROW_INSERT: &str =
     "INSERT IGNORE INTO dlock_rows (lock_key, owner, holder, token, acquired_at, stale_at) \
      SELECT ?, ?, ?, t.token, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
      FROM dlock_tokens t WHERE t.lock_key = ? AND t.token = LAST_INSERT_ID() FOR UPDATE";
+
+/// `row_acquire`'s insert on a database that still has the Row trigger of versions before 0.2:
+/// the trigger bumps the key's counter (holding its row lock until the statement commits) and
+/// stamps the row with it, so tokens follow the order of the inserts, as they did then.
+const ROW_INSERT_STAMPED: &str =
+    "INSERT IGNORE INTO dlock_rows (lock_key, owner, holder, token, acquired_at, stale_at) \
+     VALUES (?, ?, ?, 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)";
+
+/// Whether the server refused a statement for a trigger that writes a table the statement
+/// reads (error 1442): `ROW_INSERT` on a database that still has the old Row trigger.
+fn refused_for_the_old_trigger(e: &diesel::result::Error) -> bool {
+    matches!(e, diesel::result::Error::DatabaseError(_, info)
+        if info.message().contains("already used by statement which invoked this stored function/trigger"))
+}
 
 /// `row_acquire`, after an insert: the row's id, token and time.
 /// The row just inserted, and how many live places of the key's line are ahead of the
@@ -161,13 +175,22 @@ impl Locks for MysqlConnection {
             return Ok(None);
         }
         stmt(ROW_BUMP).bind::<Text, _>(key).execute(self)?;
-        let inserted = stmt(ROW_INSERT)
+        let inserted = match stmt(ROW_INSERT)
             .bind::<Text, _>(key)
             .bind::<Text, _>(owner)
             .bind::<Text, _>(holder)
             .bind::<Nullable<BigInt>, _>(stale_us)
             .bind::<Text, _>(key)
-            .execute(self)?;
+            .execute(self)
+        {
+            Err(e) if refused_for_the_old_trigger(&e) => stmt(ROW_INSERT_STAMPED)
+                .bind::<Text, _>(key)
+                .bind::<Text, _>(owner)
+                .bind::<Text, _>(holder)
+                .bind::<Nullable<BigInt>, _>(stale_us)
+                .execute(self)?,
+            other => other?,
+        };
         if inserted != 1 {
             return Ok(None);
         }

@@ -23,7 +23,7 @@ use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 /// life yet. The time is read by SYSDATE, which (unlike UTC_TIMESTAMP, fixed when the
 /// statement begins) tells when the wait ended.
 pub const FOR_UPDATE_LOCK: &str = "SELECT \
-     CAST(COALESCE(CAST(UUID_SHORT() & 72057594037927935 AS SIGNED) + @dlock_fence_off, -1) AS SIGNED) AS token, \
+     CAST(COALESCE(CAST(UUID_SHORT() & 72057594037927935 AS SIGNED) + IF(@@GLOBAL.server_id = @dlock_fence_server, @dlock_fence_off, NULL), -1) AS SIGNED) AS token, \
      CAST(@dlock_fence_high AS SIGNED) AS high, \
      CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000000 AS SIGNED) AS acquired_us \
      FROM dlock_for_update WHERE lock_key = ? FOR UPDATE";
@@ -42,7 +42,7 @@ const FENCE_DELETE: &str = "DELETE FROM dlock_fences WHERE id = ?";
 /// server's life yet.
 pub const ADVISORY_LOCK: &str = "SELECT \
      CAST(CASE WHEN (@dlock_got := GET_LOCK(?, 31536000)) = 1 \
-          THEN COALESCE(CAST(UUID_SHORT() & 72057594037927935 AS SIGNED) + @dlock_fence_off, -1) \
+          THEN COALESCE(CAST(UUID_SHORT() & 72057594037927935 AS SIGNED) + IF(@@GLOBAL.server_id = @dlock_fence_server, @dlock_fence_off, NULL), -1) \
           WHEN @dlock_got = 0 THEN 0 END AS SIGNED) AS token, \
      CAST(@dlock_fence_high AS SIGNED) AS high, \
      CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000000 AS SIGNED) AS acquired_us";
@@ -141,7 +141,7 @@ const IN_TRANSACTION: i64 = 0;
 
 /// `for_update_lock` with `Wait::No`, or the fraction of a second a bounded wait leaves.
 const FOR_UPDATE_NOWAIT: &str = "SELECT \
-     CAST(COALESCE(CAST(UUID_SHORT() & 72057594037927935 AS SIGNED) + @dlock_fence_off, -1) \
+     CAST(COALESCE(CAST(UUID_SHORT() & 72057594037927935 AS SIGNED) + IF(@@GLOBAL.server_id = @dlock_fence_server, @dlock_fence_off, NULL), -1) \
      AS SIGNED) AS token, \
      CAST(@dlock_fence_high AS SIGNED) AS high, \
      CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000000 AS SIGNED) AS acquired_us \
@@ -260,7 +260,7 @@ impl SessionLocks for MysqlConnection {
             Wait::No => stmt(
                 "SELECT \
                  CAST(CASE WHEN (@dlock_got := GET_LOCK(?, 0)) = 1 \
-                      THEN COALESCE(CAST(UUID_SHORT() & 72057594037927935 AS SIGNED) + @dlock_fence_off, -1) \
+                      THEN COALESCE(CAST(UUID_SHORT() & 72057594037927935 AS SIGNED) + IF(@@GLOBAL.server_id = @dlock_fence_server, @dlock_fence_off, NULL), -1) \
                       WHEN @dlock_got = 0 THEN 0 END AS SIGNED) AS token, \
                  CAST(@dlock_fence_high AS SIGNED) AS high, \
                  CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000000 AS SIGNED) AS acquired_us",
@@ -273,7 +273,7 @@ impl SessionLocks for MysqlConnection {
                 "SELECT \
                  CAST(CASE WHEN (@dlock_got := \
                           GET_LOCK(?, IF(VERSION() LIKE '%MariaDB%', ?, FLOOR(?)))) = 1 \
-                      THEN COALESCE(CAST(UUID_SHORT() & 72057594037927935 AS SIGNED) + @dlock_fence_off, -1) \
+                      THEN COALESCE(CAST(UUID_SHORT() & 72057594037927935 AS SIGNED) + IF(@@GLOBAL.server_id = @dlock_fence_server, @dlock_fence_off, NULL), -1) \
                       WHEN @dlock_got = 0 THEN 0 END AS SIGNED) AS token, \
                  CAST(@dlock_fence_high AS SIGNED) AS high, \
                  CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000000 AS SIGNED) AS acquired_us",

@@ -117,10 +117,9 @@ impl<C: LockConnection> Election<C> {
     /// With `Advisory` or `ForUpdate`, give the `Locker`'s pool at least two connections: a
     /// candidate waits in the server's lock queue on one of them, and resigning (or dropping
     /// the `Election`) ends that wait from another (see [`Cancel`]). With a single connection
-    /// a resignation of a waiting candidate takes the pool's `connection_timeout` (10 s
-    /// measured). A leader whose session the server ended learns it at the guard's next
-    /// probe: `is_leader()` may say true for up to a second (measured: up to 0.6 s) while a
-    /// successor leads; act on the term, which fences the old leader's writes.
+    /// a resignation of a waiting candidate takes the pool's `connection_timeout`. A leader
+    /// whose session the server ended learns it at the guard's next probe: `is_leader()` may
+    /// say true for up to a second while a successor leads; act on the term, which fences the old leader's writes.
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] for a `Row` locker; [`Error::InvalidKey`] for a key that no

@@ -300,8 +300,7 @@ pub fn connect(url: &str) -> Result<Pool<ConnectionManager<AnyConnection>>> {
 
 /// The pool's connection errors, at `warn` at most once per 10 s and at `debug` in between:
 /// r2d2's default handler logs every failed attempt at `error`, a line every few hundred
-/// milliseconds per pool while a database restarts (seen: 30 lines in a 7 s outage from 4
-/// pools). Callers hear of an outage from the calls that fail, and waits log it once.
+/// milliseconds per pool while a database restarts. Callers hear of an outage from the calls that fail, and waits log it once.
 #[derive(Debug, Default)]
 struct QuietErrors {
     last_warned: std::sync::Mutex<Option<std::time::Instant>>,

@@ -104,8 +104,7 @@ impl<C: LockConnection> LockerBuilder<C> {
     /// S/P such waits: the other leases survive while (S/P) × wait < ttl − interval. With the
     /// defaults that is S/P < 8 on PostgreSQL; on MySQL, whose wait is at least 1 s, S/P <
     /// (ttl − interval) / 1 s: with a ttl of 3 s, fewer than 2 stuck keys per connection
-    /// (measured: 4 stuck keys on a pool of 2 lost 10 of 196 others; tested: 8 of 40 on a pool
-    /// of 2 with a ttl of 9 s lose none). Not bounded: a wait for a
+    /// (tests/heartbeat.rs). Not bounded: a wait for a
     /// *table* lock (`LOCK TABLE`, `VACUUM FULL`, an `ALTER TABLE` under way) or for a server
     /// that stopped answering; the guards then learn that their leases are lost once a ttl
     /// has passed without a renewal.

@@ -431,7 +431,7 @@ pub(crate) type Interrupter = Box<dyn Fn() -> Option<Box<dyn FnOnce() + Send>> +
 /// The pooled connection of one attempt. It goes back to the pool only when the waiting code
 /// drops it, after it has made sure that no cancellation can reach its session any more (a
 /// late one would otherwise end the session of whoever took the connection next, perhaps
-/// holding another lock: found by the adversary). A strategy whose guard keeps the connection
+/// holding another lock). A strategy whose guard keeps the connection
 /// takes it out with [`take`](Self::take).
 ///
 /// It also carries what a strategy that waits inside a transaction needs to let a

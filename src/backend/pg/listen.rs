@@ -121,8 +121,8 @@ impl Drop for Listener {
             let mut c = lock(m);
             c.stop = true;
             // A process that exits while libpq connects on this thread can crash in libpq's
-            // or OpenSSL's exit-time cleanup (seen: an abort in GSSAPI, a SIGSEGV in
-            // OpenSSL): a connection attempt under way usually ends within milliseconds.
+            // GSSAPI or OpenSSL exit-time cleanup: a connection attempt under way usually
+            // ends within milliseconds, so the drop waits for it a little.
             let (c, _) = changed
                 .wait_timeout_while(c, CONNECTING_PATIENCE, |c| c.connecting)
                 .unpoisoned();
@@ -158,7 +158,7 @@ fn connect(url: &str, channel: &str) -> Result<RawListener, String> {
 
 /// `url` with libpq's `connect_timeout` (10 s) unless it names one: without it a server that
 /// accepts the connection and never answers would keep the thread (and its socket) in
-/// `PQconnectdb` for good (found by the adversary: a thread per dropped `Locker`).
+/// `PQconnectdb` for good: a thread per dropped `Locker`.
 fn with_connect_timeout(url: &str) -> String {
     if url.contains("connect_timeout") {
         url.to_owned()

@@ -61,9 +61,7 @@ impl<C: LockConnection> LeaseLock<C> {
             // (MariaDB). A first attempt that finds the key held by nobody, or that met
             // contention, tries again (a fresh snapshot sees the row gone) a few times
             // instead of reporting it held. (Waiting callers try again anyway.) Marked rows
-            // are expired, so they never look held (before, a mark held the key for as long
-            // as the purge's second step took: 4-8 of 1,200 try_locks on free keys said
-            // held on a loaded machine).
+            // are expired, so they never look held.
             tries += 1;
             let last = retry || tries == 5;
             match acquired {

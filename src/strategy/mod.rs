@@ -1,14 +1,15 @@
-//! The strategies, one file each, behind one seam: [`RawLock`] (in the spirit of
+//! The strategies, a folder each, behind one seam: [`RawLock`] (in the spirit of
 //! `lock_api::RawMutex`) is what a strategy does with a key (one attempt, and what it needs
 //! from the `Locker`: server-side waits and their interruption, release notifications,
-//! purge), and [`Hold`] is what a guard keeps (release, check). [`build`] turns the public
-//! [`Strategy`] value into its `RawLock` once, checking the strategy's own options, and
-//! `modes.rs` the raw locks of its readers, writers and permits; nothing else matches on the
-//! strategy. Waiting, deadlines, cancellation and the in-process queue
-//! are written once in `locker/`, the guard in `guard.rs`.
+//! purge, and the raw locks of its other modes: readers, writers, permits), and [`Hold`] is
+//! what a guard keeps (release, check). [`build`] turns the public [`Strategy`] value into
+//! its `RawLock` once, checking the strategy's own options; nothing else matches on the
+//! strategy. Waiting, deadlines, cancellation and the in-process queue are written once in
+//! `locker/`, the guard in `guard.rs`.
 //!
-//! A new strategy is a new file here with its `RawLock` and `Hold`, one arm in `build` (and
-//! in `Strategy::name`), and its statements in each backend folder.
+//! A new strategy is a new folder here with its `RawLock` and `Hold`, one arm in `build` (and
+//! in `Strategy::name` and `check_every`), and its statements in each backend folder:
+//! ARCHITECTURE.md lists every place.
 
 use crate::backend::{Backend, LockConnection, Sql, Wait};
 pub(crate) use crate::hold::{Hold, Taken};
@@ -26,8 +27,8 @@ mod row;
 pub(crate) mod session;
 mod session_permits;
 
-use std::sync::Arc;
 pub(crate) use session::Pooled;
+use std::sync::Arc;
 
 /// How a lock is kept in the database. All strategies give the same
 /// [`LockGuard`](crate::LockGuard) and the same guarantees of mutual exclusion and fencing tokens; they

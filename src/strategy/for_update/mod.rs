@@ -5,13 +5,15 @@ pub(super) mod shared;
 
 use super::session::{self, rollback, Session};
 use super::session_permits::{slot_lock, SlotCore, SlotKind};
-use super::{micros, Conn, Hold, Interrupter, Mode, ModeLock, Pool, RawLock, Setup, Strategy, Taken};
-use shared::{ForUpdateReadLock, ForUpdateWriteLock, MARK_FOR};
-use std::sync::Arc;
+use super::{
+    micros, Conn, Hold, Interrupter, Mode, ModeLock, Pool, RawLock, Setup, Strategy, Taken,
+};
 use crate::backend::fence::no_token;
 use crate::backend::{Flavor, ForUpdateLocked, LockConnection, Sql, Wait};
 use crate::Result;
 use diesel::connection::{Connection, TransactionManager};
+use shared::{ForUpdateReadLock, ForUpdateWriteLock, MARK_FOR};
+use std::sync::Arc;
 
 type Tm<C> = <C as Connection>::TransactionManager;
 

@@ -16,10 +16,10 @@
 //! another writer's mark ended.
 
 use super::{row_lock, ForUpdateLock};
-use crate::strategy::session::{self, Session};
-use crate::strategy::{Conn, Hold, Interrupter, Pool, Pooled, RawLock, Taken};
 use crate::backend::for_share::ForShareLocks;
 use crate::backend::{Flavor, LockConnection, Sql, Wait};
+use crate::strategy::session::{self, Session};
+use crate::strategy::{Conn, Hold, Interrupter, Pool, Pooled, RawLock, Taken};
 use crate::Result;
 use diesel::connection::{Connection, TransactionManager};
 use diesel::QueryResult;

@@ -12,10 +12,10 @@
 
 use super::heartbeat::Heartbeat;
 use super::{LeaseHold, Rows};
-use crate::strategy::{check_duration, contention_is_busy, micros, with_pooled};
-use crate::strategy::{Conn, Pool, RawLock, Setup, Taken};
 use crate::backend::holders::{HolderAnswer, HolderAsk, HolderMode};
 use crate::backend::{LockConnection, Sql, Wait};
+use crate::strategy::{check_duration, contention_is_busy, micros, with_pooled};
+use crate::strategy::{Conn, Pool, RawLock, Setup, Taken};
 use crate::{Error, Result};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

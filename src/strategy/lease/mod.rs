@@ -9,12 +9,12 @@ use super::{check_duration, contention_is_busy, micros, with_conn, with_pooled};
 use super::{Conn, Taken};
 use super::{Hold, Mode, ModeLock, Pool, RawLock, Setup};
 use crate::backend::holders::HolderMode;
-use diesel::QueryResult;
-use heartbeat::{Beat, Heartbeat};
-use holders::{HolderCore, HolderLock};
 use crate::backend::{LockConnection, Sql, Wait};
 use crate::backoff::Backoff;
 use crate::{Error, Result};
+use diesel::QueryResult;
+use heartbeat::{Beat, Heartbeat};
+use holders::{HolderCore, HolderLock};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

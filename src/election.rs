@@ -8,6 +8,7 @@
 //! late writes by term.
 
 use crate::backend::LockConnection;
+use crate::sync::Unpoison;
 use crate::{Cancel, Error, LockGuard, LockStatus, Locker, LossWatch, Result, Strategy};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -48,7 +49,7 @@ struct Shared {
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock().unpoisoned()
     }
 
     fn tell(st: &mut State, event: Leadership) {
@@ -116,10 +117,9 @@ impl<C: LockConnection> Election<C> {
     /// With `Advisory` or `ForUpdate`, give the `Locker`'s pool at least two connections: a
     /// candidate waits in the server's lock queue on one of them, and resigning (or dropping
     /// the `Election`) ends that wait from another (see [`Cancel`]). With a single connection
-    /// a resignation of a waiting candidate takes the pool's `connection_timeout` (10 s
-    /// measured). A leader whose session the server ended learns it at the guard's next
-    /// probe: `is_leader()` may say true for up to a second (measured: up to 0.6 s) while a
-    /// successor leads; act on the term, which fences the old leader's writes.
+    /// a resignation of a waiting candidate takes the pool's `connection_timeout`. A leader
+    /// whose session the server ended learns it at the guard's next probe: `is_leader()` may
+    /// say true for up to a second while a successor leads; act on the term, which fences the old leader's writes.
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] for a `Row` locker; [`Error::InvalidKey`] for a key that no
@@ -248,12 +248,7 @@ impl<C: LockConnection> Election<C> {
             if left.is_zero() || st.resigned {
                 return None;
             }
-            st = self
-                .shared
-                .changed
-                .wait_timeout(st, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            st = self.shared.changed.wait_timeout(st, left).unpoisoned().0;
         }
     }
 
@@ -363,7 +358,7 @@ fn campaign<C: LockConnection>(locker: &Locker<C>, key: &str, shared: &Arc<Share
                         shared
                             .changed
                             .wait_timeout(st, Duration::from_secs(1))
-                            .unwrap_or_else(|p| p.into_inner()),
+                            .unpoisoned(),
                     );
                 }
                 continue;
@@ -401,7 +396,7 @@ fn lead<C: LockConnection>(guard: LockGuard<C>, key: &str, shared: &Arc<Shared>)
             if st.resigned {
                 break false;
             }
-            st = shared.changed.wait(st).unwrap_or_else(|p| p.into_inner());
+            st = shared.changed.wait(st).unpoisoned();
         }
     };
     {

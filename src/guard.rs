@@ -1,9 +1,10 @@
 //! `LockGuard`: what a held lock looks like to its user; releases in `release` or `Drop`.
 
 use crate::backend::LockConnection;
-use crate::locker::Shared;
-use crate::loss::{ensure_watcher, HoldCell, LockStatus, Loss, LossWatch};
-use crate::strategy::Taken;
+use crate::hold::{ensure_watcher, HoldCell, Taken};
+use crate::locker::shared::Shared;
+use crate::loss::{LockStatus, Loss, LossWatch};
+use crate::sync::Unpoison;
 use crate::{Error, Result};
 use chrono::{DateTime, Utc};
 use std::marker::PhantomData;
@@ -79,7 +80,7 @@ impl<C: LockConnection> LockGuard<C> {
         // The guard keeps the loss status of the strategy's own hold (a lease's heartbeat
         // marks it); a nested guard made later has its own, which its watcher probes.
         {
-            let mut cell = self.hold.write().unwrap_or_else(|p| p.into_inner());
+            let mut cell = self.hold.write().unpoisoned();
             if let Some(hold) = cell.take() {
                 let taken = f(Taken {
                     hold,
@@ -195,7 +196,7 @@ impl<C: LockConnection> LockGuard<C> {
     /// # Ok(()) }
     /// ```
     pub fn check(&self) -> Result<()> {
-        let held = match &*self.hold.read().unwrap_or_else(|p| p.into_inner()) {
+        let held = match &*self.hold.read().unpoisoned() {
             Some(hold) => hold.held(&self.key)?,
             None => false,
         };
@@ -326,7 +327,7 @@ impl<C: LockConnection> LockGuard<C> {
         // From here on only the release's outcome tells the loss watchers anything: a
         // renewal racing the release's own delete must not report a loss.
         self.loss.begin_release();
-        let taken = self.hold.write().unwrap_or_else(|p| p.into_inner()).take();
+        let taken = self.hold.write().unpoisoned().take();
         let Some(hold) = taken else {
             return Ok(());
         };

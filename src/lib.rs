@@ -132,6 +132,7 @@ mod backoff;
 mod election;
 mod error;
 mod guard;
+mod hold;
 mod instrument;
 mod key;
 mod lock_info;
@@ -140,6 +141,7 @@ mod loss;
 pub mod optimistic;
 mod random;
 mod strategy;
+mod sync;
 
 #[cfg(feature = "sqlite")]
 pub use backend::SqliteTuning;

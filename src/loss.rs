@@ -17,8 +17,8 @@
 //! if the release found the lock no longer ours.
 
 use crate::instrument::Meter;
-use crate::strategy::Hold;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use crate::sync::Unpoison;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// The status of a guard's lock as its [`LossWatch`] sees it.
@@ -82,7 +82,7 @@ impl Loss {
 
     /// The state with the deadline applied. A leaf lock: nothing is called while it is held.
     fn state(&self) -> MutexGuard<'_, State> {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = self.state.lock().unpoisoned();
         if st.status == LockStatus::Held
             && !st.releasing
             && st.until.is_some_and(|u| Instant::now() >= u)
@@ -172,15 +172,12 @@ impl Loss {
             st = match wake {
                 Some(w) => {
                     let left = w.saturating_duration_since(now);
-                    let (g, _) = self
-                        .changed
-                        .wait_timeout(st, left)
-                        .unwrap_or_else(|p| p.into_inner());
+                    let (g, _) = self.changed.wait_timeout(st, left).unpoisoned();
                     drop(g);
                     self.state()
                 }
                 None => {
-                    let g = self.changed.wait(st).unwrap_or_else(|p| p.into_inner());
+                    let g = self.changed.wait(st).unpoisoned();
                     drop(g);
                     self.state()
                 }
@@ -202,68 +199,15 @@ impl Loss {
         }
     }
 
+    /// The callbacks not run yet, taken out to be run (by the watcher, once lost).
+    pub(crate) fn take_callbacks(&self) -> Vec<Callback> {
+        std::mem::take(&mut self.state().callbacks)
+    }
+
     /// True the first time: the caller starts the watcher.
-    fn start_watching(&self) -> bool {
+    pub(crate) fn start_watching(&self) -> bool {
         let mut st = self.state();
         !std::mem::replace(&mut st.watching, true)
-    }
-}
-
-/// What a guard keeps of its strategy's hold, shared with its watcher thread: `None` once
-/// released. A probe reads it; a release takes it (waiting for a probe under way).
-pub(crate) type HoldCell = RwLock<Option<Box<dyn Hold>>>;
-
-/// Starts the guard's watcher thread unless it runs already: it probes the hold every
-/// `probe_every` (if the strategy needs probing: nothing tells it of a loss) and runs the
-/// callbacks once the lock is lost. It ends once the lock is lost or released.
-pub(crate) fn ensure_watcher(loss: &Arc<Loss>, cell: &Arc<HoldCell>, key: &str) {
-    if !loss.start_watching() {
-        return;
-    }
-    let every = cell
-        .read()
-        .unwrap_or_else(|p| p.into_inner())
-        .as_ref()
-        .and_then(|h| h.probe_every());
-    let (loss2, cell, k) = (loss.clone(), cell.clone(), key.to_owned());
-    let spawned = std::thread::Builder::new()
-        .name("dlock-loss-watch".into())
-        .spawn(move || watch(&loss2, &cell, &k, every));
-    if let Err(e) = spawned {
-        log::warn!(
-            "lock {key:?}: could not start the loss watcher ({e}); only check() will tell a loss"
-        );
-    }
-}
-
-fn watch(loss: &Loss, cell: &HoldCell, key: &str, every: Option<Duration>) {
-    loop {
-        match loss.wait_until(every.map(|e| Instant::now() + e)) {
-            LockStatus::Held => {}
-            LockStatus::Released => return,
-            LockStatus::Lost => {
-                log::debug!("lock {key:?}: lost; telling those who asked");
-                let callbacks = std::mem::take(&mut loss.state().callbacks);
-                for f in callbacks {
-                    f();
-                }
-                return;
-            }
-        }
-        let held = {
-            let hold = cell.read().unwrap_or_else(|p| p.into_inner());
-            let Some(hold) = hold.as_ref() else {
-                continue; // released: the next wait says so
-            };
-            hold.held(key)
-        };
-        match held {
-            Ok(true) => {}
-            Ok(false) => loss.mark_lost(),
-            // Not an answer: a row or session lock does not lapse while the database is out
-            // of reach (a session strategy's failing connection counts as lost in `held`).
-            Err(e) => log::debug!("lock {key:?}: the loss watcher could not ask ({e})"),
-        }
     }
 }
 

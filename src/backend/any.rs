@@ -3,6 +3,7 @@
 
 use super::sealed::{Dialect, Seal, Sealed};
 use super::Backend;
+use crate::sync::Unpoison;
 use crate::{Error, Result};
 use diesel::r2d2::{ConnectionManager, CustomizeConnection, Pool};
 use diesel::Connection;
@@ -299,8 +300,7 @@ pub fn connect(url: &str) -> Result<Pool<ConnectionManager<AnyConnection>>> {
 
 /// The pool's connection errors, at `warn` at most once per 10 s and at `debug` in between:
 /// r2d2's default handler logs every failed attempt at `error`, a line every few hundred
-/// milliseconds per pool while a database restarts (seen: 30 lines in a 7 s outage from 4
-/// pools). Callers hear of an outage from the calls that fail, and waits log it once.
+/// milliseconds per pool while a database restarts. Callers hear of an outage from the calls that fail, and waits log it once.
 #[derive(Debug, Default)]
 struct QuietErrors {
     last_warned: std::sync::Mutex<Option<std::time::Instant>>,
@@ -309,7 +309,7 @@ struct QuietErrors {
 impl QuietErrors {
     /// True for the first error in 10 s (which then starts the next 10 s).
     fn time_to_warn(&self) -> bool {
-        let mut last = self.last_warned.lock().unwrap_or_else(|p| p.into_inner());
+        let mut last = self.last_warned.lock().unpoisoned();
         if last.is_some_and(|t| t.elapsed() < Duration::from_secs(10)) {
             return false;
         }
@@ -386,7 +386,7 @@ mod tests {
 }
 
 /// The URLs of the PostgreSQL pools `connect` built, so that a `Locker` over one of them
-/// can open its own listening connection (`pg_listen.rs`) without being told the URL: a
+/// can open its own listening connection (`pg/listen.rs`) without being told the URL: a
 /// pool does not say which URL it connects to. Each pool's URL gets
 /// `fallback_application_name=diesel-lock-N` (libpq uses it only where neither the URL nor
 /// `PGAPPNAME` names an application), and `LockerBuilder::build` asks a connection its
@@ -394,6 +394,7 @@ mod tests {
 /// gets no listener unless given `listen_url`; its waiters poll.
 #[cfg(feature = "postgres")]
 pub(crate) mod listen_urls {
+    use crate::sync::Unpoison;
     use std::sync::Mutex;
 
     const PREFIX: &str = "diesel-lock-";
@@ -405,7 +406,7 @@ pub(crate) mod listen_urls {
         if url.contains("fallback_application_name=") {
             return url;
         }
-        let mut urls = URLS.lock().unwrap_or_else(|p| p.into_inner());
+        let mut urls = URLS.lock().unpoisoned();
         let n = match urls.iter().position(|u| *u == url) {
             Some(n) => n,
             None => {
@@ -420,9 +421,6 @@ pub(crate) mod listen_urls {
     /// The URL of the pool whose connections carry `application_name`, if `connect` built it.
     pub(crate) fn of(application_name: &str) -> Option<String> {
         let n: usize = application_name.strip_prefix(PREFIX)?.parse().ok()?;
-        URLS.lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(n)
-            .cloned()
+        URLS.lock().unpoisoned().get(n).cloned()
     }
 }

@@ -17,11 +17,7 @@ pub(crate) mod interrupt;
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "postgres")]
-mod pg;
-#[cfg(feature = "postgres")]
-pub(crate) mod pg_listen;
-#[cfg(feature = "postgres")]
-mod pg_socket;
+pub(crate) mod pg;
 mod shared;
 #[cfg(feature = "sqlite")]
 mod sqlite;

@@ -104,8 +104,7 @@ impl<C: LockConnection> LockerBuilder<C> {
     /// S/P such waits: the other leases survive while (S/P) × wait < ttl − interval. With the
     /// defaults that is S/P < 8 on PostgreSQL; on MySQL, whose wait is at least 1 s, S/P <
     /// (ttl − interval) / 1 s: with a ttl of 3 s, fewer than 2 stuck keys per connection
-    /// (measured: 4 stuck keys on a pool of 2 lost 10 of 196 others; tested: 8 of 40 on a pool
-    /// of 2 with a ttl of 9 s lose none). Not bounded: a wait for a
+    /// (tests/heartbeat.rs). Not bounded: a wait for a
     /// *table* lock (`LOCK TABLE`, `VACUUM FULL`, an `ALTER TABLE` under way) or for a server
     /// that stopped answering; the guards then learn that their leases are lost once a ttl
     /// has passed without a renewal.
@@ -315,7 +314,6 @@ impl<C: LockConnection> LockerBuilder<C> {
             heartbeat: self.heartbeat,
             max_backoff: self.max_backoff,
         };
-        let modes = strategy::build_modes(self.strategy, &setup)?;
         let raw = strategy::build(self.strategy, setup)?;
         if backend != Backend::Postgres {
             if let Some(why) = self.pool.get()?.sql().misconfigured()? {
@@ -343,7 +341,7 @@ impl<C: LockConnection> LockerBuilder<C> {
             Some(url) => {
                 let woken = shared.clone();
                 Some(
-                    crate::backend::pg_listen::Listener::new(url, move |key| match key {
+                    crate::backend::pg::listen::Listener::new(url, move |key| match key {
                         Some(key) => woken.queues.wake_remote(key),
                         None => woken.queues.wake_all(),
                     })
@@ -357,7 +355,6 @@ impl<C: LockConnection> LockerBuilder<C> {
                 pool: self.pool,
                 strategy: self.strategy,
                 raw,
-                modes,
                 shared,
                 backend,
                 max_backoff: self.max_backoff,

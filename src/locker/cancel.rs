@@ -1,5 +1,6 @@
 //! `Cancel`: ends a wait for a lock from another thread.
 
+use crate::sync::Unpoison;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -97,7 +98,7 @@ impl Cancel {
             .inner
             .hooks
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .unpoisoned()
             .registered
             .values()
             .cloned()
@@ -126,7 +127,7 @@ impl Cancel {
     /// handle is cancelled already.
     pub(crate) fn on_cancel(&self, hook: Hook) -> Registration<'_> {
         let id = {
-            let mut hooks = self.inner.hooks.lock().unwrap_or_else(|p| p.into_inner());
+            let mut hooks = self.inner.hooks.lock().unpoisoned();
             hooks.next += 1;
             let id = hooks.next;
             hooks.registered.insert(id, hook.clone());
@@ -153,7 +154,7 @@ impl Drop for Registration<'_> {
             .inner
             .hooks
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .unpoisoned()
             .registered
             .remove(&self.id);
     }

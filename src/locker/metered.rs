@@ -2,7 +2,7 @@
 //! (`wait.rs`) counts the contended attempts itself; this counts the outcome and the time
 //! waited.
 
-use super::wait::Deadline;
+use super::deadline::Deadline;
 use super::{Cancel, Locker};
 use crate::backend::LockConnection;
 use crate::strategy::RawLock;

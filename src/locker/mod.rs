@@ -4,13 +4,17 @@
 
 mod builder;
 mod cancel;
+mod deadline;
 mod line;
 mod metered;
 mod modes;
 mod multi;
 mod queue;
 mod reentrant;
+pub(crate) mod shared;
 mod wait;
+
+use shared::Shared;
 
 pub use builder::LockerBuilder;
 pub use cancel::Cancel;
@@ -18,15 +22,14 @@ pub use multi::MultiGuard;
 
 use crate::backend::{Backend, LockConnection, Sql};
 use crate::guard::LockGuard;
-use crate::strategy::{Modes, RawLock, Strategy};
+use crate::strategy::{RawLock, Strategy};
 use crate::Result;
+use deadline::Deadline;
 use diesel::r2d2::ConnectionManager;
-use queue::Queues;
 use r2d2::Pool;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use wait::Deadline;
 
 /// Takes locks on string keys, keeping them in the database behind `pool`.
 ///
@@ -79,10 +82,9 @@ pub struct Locker<C: LockConnection> {
 pub(crate) struct Inner<C: LockConnection> {
     pool: Pool<ConnectionManager<C>>,
     strategy: Strategy,
-    /// What the strategy does with a key (built once from `strategy`).
-    raw: Box<dyn RawLock<C>>,
-    /// Its readers, writers and semaphore permits.
-    modes: Modes<C>,
+    /// What the strategy does with a key (built once from `strategy`), and the raw locks of
+    /// its other modes (`RawLock::mode`).
+    raw: Arc<dyn RawLock<C>>,
     /// What guards share with the `Locker`.
     shared: Arc<Shared>,
     backend: Backend,
@@ -93,7 +95,7 @@ pub(crate) struct Inner<C: LockConnection> {
     /// PostgreSQL with `listen_url`: the thread that hears other processes' releases.
     /// Dropped (and joined) with the last clone of the `Locker`.
     #[cfg(feature = "postgres")]
-    listener: Option<crate::backend::pg_listen::Listener>,
+    listener: Option<crate::backend::pg::listen::Listener>,
 }
 
 impl<C: LockConnection> Clone for Locker<C> {
@@ -112,18 +114,6 @@ impl<C: LockConnection> std::fmt::Debug for Locker<C> {
             .field("backend", &self.inner.backend)
             .finish_non_exhaustive()
     }
-}
-
-/// The part of a `Locker` its guards keep: its owner name, and its line of waiters, which a
-/// release wakes. (Not the pool, the heartbeat or the listener: a guard that outlives its
-/// `Locker` keeps only what its own strategy's hold needs.)
-pub(crate) struct Shared {
-    pub(crate) owner: String,
-    pub(crate) queues: Queues,
-    /// The metrics' labels (strategy, backend); nothing without the `metrics` feature.
-    pub(crate) meter: crate::instrument::Meter,
-    /// `LockerBuilder::reentrant`: the keys held, by thread.
-    pub(crate) nests: Option<Arc<reentrant::Nests>>,
 }
 
 impl<C: LockConnection> Locker<C> {

@@ -1,13 +1,14 @@
 //! The kinds of lock beside the strategy's exclusive one: readers and writers
-//! (`read`, `write`), and semaphore permits (`permit`). Each is a raw lock of its own
-//! (`strategy::Modes`), waited for by the same code as `lock`.
+//! (`read`, `write`), and semaphore permits (`permit`). Each is a raw lock that the strategy
+//! built for the mode (`RawLock::mode`), waited for by the same code as `lock`.
 
-use super::wait::Deadline;
+use super::deadline::Deadline;
 use super::{Cancel, Locker};
 use crate::backend::LockConnection;
 use crate::guard::LockGuard;
-use crate::strategy::Mode;
-use crate::Result;
+use crate::strategy::{Mode, ModeLock, RawLock};
+use crate::{Error, Result};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 impl<C: LockConnection> Locker<C> {
@@ -51,7 +52,7 @@ impl<C: LockConnection> Locker<C> {
     /// # Ok(()) }
     /// ```
     pub fn read(&self, key: &str) -> Result<LockGuard<C>> {
-        let raw = self.inner.modes.raw(Mode::Read)?;
+        let raw = self.mode_raw(Mode::Read)?;
         match self.acquire(&*raw, key, Deadline::Never, None)? {
             Some(guard) => Ok(guard),
             None => unreachable!("waiting without a deadline only ends with the lock"),
@@ -77,7 +78,7 @@ impl<C: LockConnection> Locker<C> {
     /// # Ok(()) }
     /// ```
     pub fn try_read(&self, key: &str) -> Result<Option<LockGuard<C>>> {
-        let raw = self.inner.modes.raw(Mode::Read)?;
+        let raw = self.mode_raw(Mode::Read)?;
         self.acquire(&*raw, key, Deadline::Once, None)
     }
 
@@ -98,7 +99,7 @@ impl<C: LockConnection> Locker<C> {
     /// # Ok(()) }
     /// ```
     pub fn try_read_for(&self, key: &str, timeout: Duration) -> Result<Option<LockGuard<C>>> {
-        let raw = self.inner.modes.raw(Mode::Read)?;
+        let raw = self.mode_raw(Mode::Read)?;
         self.acquire(&*raw, key, Deadline::after(timeout), None)
     }
 
@@ -133,7 +134,7 @@ impl<C: LockConnection> Locker<C> {
     /// # Ok(()) }
     /// ```
     pub fn write(&self, key: &str) -> Result<LockGuard<C>> {
-        let raw = self.inner.modes.raw(Mode::Write)?;
+        let raw = self.mode_raw(Mode::Write)?;
         match self.acquire(&*raw, key, Deadline::Never, None)? {
             Some(guard) => Ok(guard),
             None => unreachable!("waiting without a deadline only ends with the lock"),
@@ -159,7 +160,7 @@ impl<C: LockConnection> Locker<C> {
     /// # Ok(()) }
     /// ```
     pub fn try_write(&self, key: &str) -> Result<Option<LockGuard<C>>> {
-        let raw = self.inner.modes.raw(Mode::Write)?;
+        let raw = self.mode_raw(Mode::Write)?;
         self.acquire(&*raw, key, Deadline::Once, None)
     }
 
@@ -180,7 +181,7 @@ impl<C: LockConnection> Locker<C> {
     /// # Ok(()) }
     /// ```
     pub fn try_write_for(&self, key: &str, timeout: Duration) -> Result<Option<LockGuard<C>>> {
-        let raw = self.inner.modes.raw(Mode::Write)?;
+        let raw = self.mode_raw(Mode::Write)?;
         self.acquire(&*raw, key, Deadline::after(timeout), None)
     }
 
@@ -222,7 +223,7 @@ impl<C: LockConnection> Locker<C> {
     /// # Ok(()) }
     /// ```
     pub fn permit(&self, key: &str, permits: u32) -> Result<LockGuard<C>> {
-        let raw = self.inner.modes.raw(Mode::Permits(permits))?;
+        let raw = self.mode_raw(Mode::Permits(permits))?;
         match self.acquire(&*raw, key, Deadline::Never, None)? {
             Some(guard) => Ok(guard),
             None => unreachable!("waiting without a deadline only ends with the lock"),
@@ -247,7 +248,7 @@ impl<C: LockConnection> Locker<C> {
     /// # Ok(()) }
     /// ```
     pub fn try_permit(&self, key: &str, permits: u32) -> Result<Option<LockGuard<C>>> {
-        let raw = self.inner.modes.raw(Mode::Permits(permits))?;
+        let raw = self.mode_raw(Mode::Permits(permits))?;
         self.acquire(&*raw, key, Deadline::Once, None)
     }
 
@@ -275,7 +276,7 @@ impl<C: LockConnection> Locker<C> {
         permits: u32,
         timeout: Duration,
     ) -> Result<Option<LockGuard<C>>> {
-        let raw = self.inner.modes.raw(Mode::Permits(permits))?;
+        let raw = self.mode_raw(Mode::Permits(permits))?;
         self.acquire(&*raw, key, Deadline::after(timeout), None)
     }
 
@@ -304,7 +305,7 @@ impl<C: LockConnection> Locker<C> {
         deadline: Option<Instant>,
         cancel: &Cancel,
     ) -> Result<Option<LockGuard<C>>> {
-        let raw = self.inner.modes.raw(Mode::Read)?;
+        let raw = self.mode_raw(Mode::Read)?;
         let deadline = deadline.map_or(Deadline::Never, Deadline::At);
         self.acquire(&*raw, key, deadline, Some(cancel))
     }
@@ -334,7 +335,7 @@ impl<C: LockConnection> Locker<C> {
         deadline: Option<Instant>,
         cancel: &Cancel,
     ) -> Result<Option<LockGuard<C>>> {
-        let raw = self.inner.modes.raw(Mode::Permits(permits))?;
+        let raw = self.mode_raw(Mode::Permits(permits))?;
         let deadline = deadline.map_or(Deadline::Never, Deadline::At);
         self.acquire(&*raw, key, deadline, Some(cancel))
     }
@@ -363,8 +364,43 @@ impl<C: LockConnection> Locker<C> {
         deadline: Option<Instant>,
         cancel: &Cancel,
     ) -> Result<Option<LockGuard<C>>> {
-        let raw = self.inner.modes.raw(Mode::Write)?;
+        let raw = self.mode_raw(Mode::Write)?;
         let deadline = deadline.map_or(Deadline::Never, Deadline::At);
         self.acquire(&*raw, key, deadline, Some(cancel))
+    }
+}
+
+impl<C: LockConnection> Locker<C> {
+    /// The raw lock of `mode`: the strategy's (`RawLock::mode`), or `Error::Unsupported`.
+    fn mode_raw(&self, mode: Mode) -> Result<Arc<dyn RawLock<C>>> {
+        if let Mode::Permits(0) = mode {
+            return Err(Error::InvalidConfig(
+                "a semaphore needs at least one permit".into(),
+            ));
+        }
+        match self.inner.raw.mode(mode)? {
+            Some(ModeLock::Own) => Ok(self.inner.raw.clone()),
+            Some(ModeLock::Other(raw)) => Ok(raw),
+            None => Err(Error::Unsupported {
+                strategy: unsupported_name(self.inner.strategy.name(), mode),
+                backend: self.inner.backend.name(),
+            }),
+        }
+    }
+}
+
+/// The name `Error::Unsupported` gives a mode the strategy lacks.
+fn unsupported_name(strategy: &'static str, mode: Mode) -> &'static str {
+    match (strategy, mode) {
+        ("row", Mode::Permits(_)) => "row (semaphore)",
+        ("advisory", Mode::Permits(_)) => "advisory (semaphore)",
+        ("for-update", Mode::Permits(_)) => "for-update (semaphore)",
+        ("advisory-xact", Mode::Permits(_)) => "advisory-xact (semaphore)",
+        (_, Mode::Permits(_)) => "semaphore",
+        ("row", _) => "row (shared mode)",
+        ("advisory", _) => "advisory (shared mode)",
+        ("for-update", _) => "for-update (shared mode)",
+        ("advisory-xact", _) => "advisory-xact (shared mode)",
+        _ => "shared mode",
     }
 }

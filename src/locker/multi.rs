@@ -1,6 +1,6 @@
 //! `lock_all`: several keys at once, all or nothing.
 
-use super::wait::Deadline;
+use super::deadline::Deadline;
 use super::Locker;
 use crate::backend::LockConnection;
 use crate::guard::LockGuard;

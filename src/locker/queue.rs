@@ -3,7 +3,8 @@
 //! release wakes the next at once.
 
 use super::cancel::Cancel;
-use super::wait::Deadline;
+use super::deadline::Deadline;
+use crate::sync::Unpoison;
 use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -47,7 +48,7 @@ impl KeyQueue {
 
 impl Queues {
     fn lock(&self) -> MutexGuard<'_, HashMap<String, KeyQueue>> {
-        self.map.lock().unwrap_or_else(|p| p.into_inner())
+        self.map.lock().unpoisoned()
     }
 
     pub(super) fn join(&self, key: &str) -> Ticket<'_> {
@@ -116,7 +117,7 @@ impl Queues {
 
     /// Notes that `key` was found held, or taken by a waiter in line.
     pub(super) fn mark_contended(&self, key: &str) {
-        let mut m = self.contended.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = self.contended.lock().unpoisoned();
         if m.len() >= 1024 {
             m.retain(|_, at| at.elapsed() < CONTENDED_FOR);
         }
@@ -125,7 +126,7 @@ impl Queues {
 
     /// Whether `key` was found contended within the last `CONTENDED_FOR`.
     pub(super) fn contended(&self, key: &str) -> bool {
-        let m = self.contended.lock().unwrap_or_else(|p| p.into_inner());
+        let m = self.contended.lock().unpoisoned();
         m.get(key).is_some_and(|at| at.elapsed() < CONTENDED_FOR)
     }
 
@@ -163,14 +164,9 @@ impl Ticket<'_> {
             }
             queued = true;
             map = match deadline.remaining() {
-                None => self.wake.wait(map).unwrap_or_else(|p| p.into_inner()),
+                None => self.wake.wait(map).unpoisoned(),
                 Some(left) if left.is_zero() => return None,
-                Some(left) => {
-                    self.wake
-                        .wait_timeout(map, left)
-                        .unwrap_or_else(|p| p.into_inner())
-                        .0
-                }
+                Some(left) => self.wake.wait_timeout(map, left).unpoisoned().0,
             };
         }
     }
@@ -193,11 +189,7 @@ impl Ticket<'_> {
             if left.is_zero() {
                 break;
             }
-            map = self
-                .wake
-                .wait_timeout(map, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            map = self.wake.wait_timeout(map, left).unpoisoned().0;
         }
         if let Some(q) = map.get(&self.key) {
             self.seen.set(q.released);

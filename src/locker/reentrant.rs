@@ -2,7 +2,8 @@
 //! `Locker` and locks it again gets a nested guard, with no database round trip; the lock is
 //! released when the last of the nested guards goes.
 
-use crate::strategy::{Hold, Taken};
+use crate::hold::{Hold, Taken};
+use crate::sync::Unpoison;
 use crate::Result;
 use chrono::{DateTime, Utc};
 use std::collections::HashMap;
@@ -32,13 +33,13 @@ struct State {
 
 impl Nest {
     fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock().unpoisoned()
     }
 }
 
 impl Nests {
     fn map(&self) -> MutexGuard<'_, HashMap<String, Arc<Nest>>> {
-        self.map.lock().unwrap_or_else(|p| p.into_inner())
+        self.map.lock().unpoisoned()
     }
 
     /// A nested acquisition: `Some` if this thread holds `key` through this `Locker`.

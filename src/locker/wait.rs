@@ -3,6 +3,7 @@
 //! (`RawLock::try_acquire`).
 
 use super::cancel::Cancel;
+use super::deadline::Deadline;
 use super::line::{place_ttl, Place};
 use super::Locker;
 use crate::backend::{LockConnection, Sql, Wait};
@@ -10,44 +11,11 @@ use crate::backoff::{self, Backoff};
 use crate::guard::LockGuard;
 use crate::strategy::session::discard;
 use crate::strategy::{Conn, Pooled, RawLock, Taken};
+use crate::sync::Unpoison;
 use crate::{key, Error, Result};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-/// When to give up waiting.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Deadline {
-    /// One attempt, no waiting for the lock.
-    Once,
-    At(Instant),
-    Never,
-}
-
-impl Deadline {
-    pub(crate) fn remaining(self) -> Option<Duration> {
-        match self {
-            Deadline::Once => Some(Duration::ZERO),
-            Deadline::At(t) => Some(t.saturating_duration_since(Instant::now())),
-            Deadline::Never => None,
-        }
-    }
-
-    pub(crate) fn after(timeout: Duration) -> Deadline {
-        Instant::now()
-            .checked_add(timeout)
-            .map_or(Deadline::Never, Deadline::At)
-    }
-
-    /// How long an attempt may wait on the server.
-    fn server_wait(self) -> Wait {
-        match self.remaining() {
-            None => Wait::Forever,
-            Some(d) if d.is_zero() => Wait::No,
-            Some(d) => Wait::For(d),
-        }
-    }
-}
 
 impl<C: LockConnection> Locker<C> {
     pub(super) fn acquire_unmetered(
@@ -103,8 +71,8 @@ impl<C: LockConnection> Locker<C> {
         // out until the deadline: the next attempt takes a new connection. Only a pool that
         // could not connect before this `Locker` ever reached the database is an error at
         // once, so that a wrong URL or a database that is down says so instead of waiting;
-        // a `Locker` that has worked before waits out an outage that began before this call
-        // (found by the adversary: such waits failed with Error::Pool).
+        // a `Locker` that has worked before waits out an outage, even one that began before
+        // this call.
         let mut reached = self.inner.schema_current.load(Ordering::Relaxed);
         let mut outage: Option<Instant> = None;
         // This thread's place in the key's line in the database (strategies with a line),
@@ -201,8 +169,7 @@ impl<C: LockConnection> Locker<C> {
         // cancellation then ends the server's wait by ending the session, but only while
         // this attempt is under way (`live`): once it has returned, the connection may go
         // back to the pool and on to another lock, whose session no late cancellation may
-        // end (found by the adversary: a shared `Cancel` ended sessions that had moved on,
-        // and a second guard was granted the same key).
+        // end (that would free a lock its guard still holds, for a second guard to take).
         let wait = if server_wait {
             deadline.server_wait()
         } else {
@@ -217,7 +184,7 @@ impl<C: LockConnection> Locker<C> {
                         Some(c.on_cancel(Arc::new(move || {
                             // Taking a connection may block: not while holding `live`.
                             if let Some(end) = interrupt() {
-                                let live = live.lock().unwrap_or_else(|p| p.into_inner());
+                                let live = live.lock().unpoisoned();
                                 if *live {
                                     end();
                                 }
@@ -237,7 +204,7 @@ impl<C: LockConnection> Locker<C> {
             raw.try_acquire(&mut conn, key, retry, wait)
         };
         // From here on no cancellation ends this session (waits for one ending it now).
-        *live.lock().unwrap_or_else(|p| p.into_inner()) = false;
+        *live.lock().unpoisoned() = false;
         let interruptible = registration.is_some();
         drop(registration);
         let cancelled = cancel.is_some_and(Cancel::is_cancelled);
@@ -370,19 +337,17 @@ impl<C: LockConnection> Locker<C> {
         let pool = &self.inner.pool;
         let patience = match deadline {
             // One attempt does not wait for the lock, but may wait for a connection as the
-            // pool allows (a new one can take longer than a few ms to open: seen once, a
-            // `try_lock` failing with `Error::Pool` on a loaded machine after 20 ms).
+            // pool allows: a new connection can take more than a few ms to open on a loaded
+            // machine.
             Deadline::Once | Deadline::Never => pool.connection_timeout(),
             Deadline::At(_) => {
                 let state = pool.state();
                 if state.idle_connections == 0 && state.connections < pool.max_size() {
                     // The pool opens a connection for us: on a loaded machine that is not
                     // waiting for the lock, and a short deadline still gets a second for it
-                    // (seen: a `try_lock_for(0)` failing with `Error::Pool` after 20 ms while
-                    // PostgreSQL opened one); but no more than the deadline beyond that, so
-                    // that a server that does not answer holds the call up by at most that
-                    // second (found by the adversary: 10 s, the pool's timeout, for a 3 s
-                    // `try_lock_for` while the server was down).
+                    // (opening one can take longer than a short deadline); but no more than
+                    // the deadline beyond that, so that a server that does not answer holds
+                    // the call up by at most that second, not the pool's whole timeout.
                     deadline
                         .remaining()
                         .unwrap_or_default()
@@ -482,7 +447,7 @@ mod tests {
 
     /// A waiter that first queued behind another local waiter also listens once it is first
     /// in line: it waited for a lock held by another process with one poll, not with the
-    /// ever longer backoff of a waiter that hears nothing (seen: 11 polls in 1.5 s).
+    /// ever longer backoff of a waiter that hears nothing.
     #[test]
     fn a_waiter_that_queued_first_listens_too() {
         let Some(url) = url() else { return };

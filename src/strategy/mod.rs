@@ -1,39 +1,34 @@
-//! The strategies, one file each, behind one seam: [`RawLock`] (in the spirit of
+//! The strategies, a folder each, behind one seam: [`RawLock`] (in the spirit of
 //! `lock_api::RawMutex`) is what a strategy does with a key (one attempt, and what it needs
 //! from the `Locker`: server-side waits and their interruption, release notifications,
-//! purge), and [`Hold`] is what a guard keeps (release, check). [`build`] turns the public
-//! [`Strategy`] value into its `RawLock` once, checking the strategy's own options, and
-//! `modes.rs` the raw locks of its readers, writers and permits; nothing else matches on the
-//! strategy. Waiting, deadlines, cancellation and the in-process queue
-//! are written once in `locker/`, the guard in `guard.rs`.
+//! purge, and the raw locks of its other modes: readers, writers, permits), and [`Hold`] is
+//! what a guard keeps (release, check). [`build`] turns the public [`Strategy`] value into
+//! its `RawLock` once, checking the strategy's own options; nothing else matches on the
+//! strategy. Waiting, deadlines, cancellation and the in-process queue are written once in
+//! `locker/`, the guard in `guard.rs`.
 //!
-//! A new strategy is a new file here with its `RawLock` and `Hold`, one arm in `build` (and
-//! in `Strategy::name`), and its statements in each backend folder.
+//! A new strategy is a new folder here with its `RawLock` and `Hold`, one arm in `build` (and
+//! in `Strategy::name` and `check_every`), and its statements in each backend folder:
+//! ARCHITECTURE.md lists every place.
 
 use crate::backend::{Backend, LockConnection, Sql, Wait};
-use crate::loss::Loss;
+pub(crate) use crate::hold::{Hold, Taken};
 use crate::{Error, Result};
-use chrono::{DateTime, Utc};
 use diesel::r2d2::ConnectionManager;
-use std::sync::Arc;
 use std::time::Duration;
 
+// A strategy is a folder: its `RawLock` and `Hold`, and the raw locks of the modes it has.
+// `session` and `session_permits` are what the session strategies share.
 mod advisory;
-mod advisory_shared;
 mod advisory_xact;
 mod for_update;
-mod for_update_shared;
-pub(crate) mod heartbeat;
-mod holders;
 mod lease;
-mod modes;
 mod row;
 pub(crate) mod session;
 mod session_permits;
-mod validity;
 
-pub(crate) use modes::{build_modes, Mode, Modes};
 pub(crate) use session::Pooled;
+use std::sync::Arc;
 
 /// How a lock is kept in the database. All strategies give the same
 /// [`LockGuard`](crate::LockGuard) and the same guarantees of mutual exclusion and fencing tokens; they
@@ -338,19 +333,19 @@ pub(crate) struct Setup<C: LockConnection> {
     pub(crate) max_backoff: Duration,
 }
 
-/// Turns the public `Strategy` into its raw lock, checking its options and that the backend
-/// can honour it. With `build_modes`, the only `match` on the strategy outside
-/// `Strategy::name` and its durations.
+/// Turns the public `Strategy` into its raw lock (which builds the raw locks of its other
+/// modes, `RawLock::mode`), checking its options and that the backend can honour it. The
+/// only `match` on the strategy outside `Strategy::name` and its durations.
 pub(crate) fn build<C: LockConnection>(
     strategy: Strategy,
     setup: Setup<C>,
-) -> Result<Box<dyn RawLock<C>>> {
+) -> Result<Arc<dyn RawLock<C>>> {
     Ok(match strategy {
-        Strategy::Row { stale_after } => Box::new(row::RowLock::new(setup, stale_after)?),
-        Strategy::Lease { ttl } => Box::new(lease::LeaseLock::new(setup, ttl)?),
-        Strategy::ForUpdate => Box::new(for_update::ForUpdateLock::new(setup, strategy)?),
-        Strategy::Advisory => Box::new(advisory::AdvisoryLock::new(setup, strategy)?),
-        Strategy::AdvisoryXact => Box::new(advisory_xact::AdvisoryXactLock::new(setup, strategy)?),
+        Strategy::Row { stale_after } => Arc::new(row::RowLock::new(setup, stale_after)?),
+        Strategy::Lease { ttl } => Arc::new(lease::LeaseLock::new(setup, ttl)?),
+        Strategy::ForUpdate => Arc::new(for_update::ForUpdateLock::new(setup, strategy)?),
+        Strategy::Advisory => Arc::new(advisory::AdvisoryLock::new(setup, strategy)?),
+        Strategy::AdvisoryXact => Arc::new(advisory_xact::AdvisoryXactLock::new(setup, strategy)?),
     })
 }
 
@@ -394,12 +389,38 @@ pub(crate) trait RawLock<C: LockConnection>: Send + Sync + 'static {
         true
     }
 
+    /// The raw lock of `mode`, a kind of lock beside the strategy's own exclusive one (see
+    /// [`Mode`]), built with the strategy; `Ok(None)` where the strategy, or the backend it
+    /// runs on, has no such kind (the `Locker` then reports `Error::Unsupported`).
+    fn mode(&self, _mode: Mode) -> Result<Option<ModeLock<C>>> {
+        Ok(None)
+    }
+
     /// Whether waiters line up in the database (`dlock_waiters`, `locker/line.rs`): true
     /// for `Row` and `Lease`, whose waiters would otherwise poll in no order. The
     /// strategies that wait in the server's own lock queue have no need of one.
     fn lines(&self) -> bool {
         false
     }
+}
+
+/// The kinds of lock beside a strategy's own exclusive one (`Locker::read`, `write`,
+/// `permit`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// One of many readers of a reader-writer lock.
+    Read,
+    /// The writer of a reader-writer lock.
+    Write,
+    /// One of at most this many holders of a semaphore (at least one: the `Locker` checks).
+    Permits(u32),
+}
+
+/// What [`RawLock::mode`] answers: the strategy's own exclusive lock (a writer that is the
+/// same lock as `lock`), or a raw lock of the mode's own.
+pub(crate) enum ModeLock<C: LockConnection> {
+    Own,
+    Other(Arc<dyn RawLock<C>>),
 }
 
 /// Ends another thread's server-side wait; see [`RawLock::interrupter`]. It runs in two
@@ -411,7 +432,7 @@ pub(crate) type Interrupter = Box<dyn Fn() -> Option<Box<dyn FnOnce() + Send>> +
 /// The pooled connection of one attempt. It goes back to the pool only when the waiting code
 /// drops it, after it has made sure that no cancellation can reach its session any more (a
 /// late one would otherwise end the session of whoever took the connection next, perhaps
-/// holding another lock: found by the adversary). A strategy whose guard keeps the connection
+/// holding another lock). A strategy whose guard keeps the connection
 /// takes it out with [`take`](Self::take).
 ///
 /// It also carries what a strategy that waits inside a transaction needs to let a
@@ -455,36 +476,6 @@ impl<C: LockConnection> std::ops::DerefMut for Conn<C> {
     fn deref_mut(&mut self) -> &mut C {
         self.conn.as_mut().expect("the connection was taken")
     }
-}
-
-/// What a guard keeps of its lock: enough to release it and to ask whether it is still held.
-pub(crate) trait Hold: Send + Sync {
-    /// Releases; false if the lock was no longer ours.
-    fn release(self: Box<Self>, key: &str) -> Result<bool>;
-    /// Asks the database whether the lock is still ours.
-    fn held(&self, key: &str) -> Result<bool>;
-    /// The loss status that this hold marks by itself (a lease's: the heartbeat and the
-    /// local deadline), if any; the guard makes one otherwise.
-    fn loss(&self) -> Option<Arc<Loss>> {
-        None
-    }
-    /// How often the guard's loss watcher asks [`held`](Self::held), for a strategy that
-    /// nothing else tells of a loss; `None` if it needs no asking.
-    fn probe_every(&self) -> Option<Duration> {
-        Some(PROBE_EVERY)
-    }
-}
-
-/// How often a loss watcher asks the database about a lock nothing else watches (`Row`,
-/// `ForUpdate`, `Advisory`): the pace [`Strategy::check_every`] gives the session
-/// strategies. One query each time (on the guard's own connection for a session strategy).
-pub(crate) const PROBE_EVERY: Duration = Duration::from_secs(1);
-
-/// A successful acquisition.
-pub(crate) struct Taken {
-    pub(crate) hold: Box<dyn Hold>,
-    pub(crate) token: i64,
-    pub(crate) acquired_at: DateTime<Utc>,
 }
 
 /// Refuses a duration option outside 1 ms to 100 years. Past a few thousand years the

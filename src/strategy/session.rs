@@ -4,6 +4,7 @@
 
 use super::{Conn, Interrupter, Pool, Strategy};
 use crate::backend::{Backend, Flavor, LockConnection, Sql};
+use crate::sync::Unpoison;
 use crate::{Error, Result};
 use diesel::connection::{Connection, TransactionManager};
 use diesel::r2d2::ConnectionManager;
@@ -44,7 +45,7 @@ impl<C: LockConnection> Session<C> {
         if self.lost.load(Ordering::Acquire) {
             return Ok(false);
         }
-        let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let mut conn = self.conn.lock().unpoisoned();
         let held = ask(&mut conn).unwrap_or_else(|e| {
             log::warn!("lock {key:?}: the connection holding it failed ({e}); the lock is lost");
             false
@@ -67,7 +68,7 @@ impl<C: LockConnection> Session<C> {
         key: &str,
         end: impl FnOnce(&mut C) -> QueryResult<bool>,
     ) -> Result<bool> {
-        let mut conn = self.conn.into_inner().unwrap_or_else(|p| p.into_inner());
+        let mut conn = self.conn.into_inner().unpoisoned();
         let was_lost = self.lost.into_inner();
         let ended = end(&mut conn);
         let clean = matches!(ended, Ok(true)) && !was_lost && !std::thread::panicking();
@@ -181,7 +182,7 @@ impl TxnTarget {
             return Ok(true);
         };
         let id = conn.session_sql()?.session_id()?;
-        let mut state = target.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = target.state.lock().unpoisoned();
         if state.cancelled {
             return Ok(false);
         }
@@ -193,11 +194,7 @@ impl TxnTarget {
     /// ends this session any more; waits for one ending it now.
     pub(crate) fn leave(target: Option<&TxnTarget>) {
         if let Some(target) = target {
-            target
-                .state
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .session = None;
+            target.state.lock().unpoisoned().session = None;
         }
     }
 }
@@ -218,18 +215,14 @@ pub(crate) fn txn_interrupter<C: LockConnection>(
             Err(e) => {
                 log::warn!("a wait was cancelled, but no connection was free to end its session ({e}); it waits on until its deadline or the lock");
                 // Still keep the attempt from starting a wait it has not started yet.
-                target
-                    .state
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .cancelled = true;
+                target.state.lock().unpoisoned().cancelled = true;
                 return None;
             }
         };
         let target = target.clone();
         Some(Box::new(move || {
             // Held while the session is ended: its transaction cannot end meanwhile.
-            let mut state = target.state.lock().unwrap_or_else(|p| p.into_inner());
+            let mut state = target.state.lock().unpoisoned();
             state.cancelled = true;
             let Some(id) = state.session else {
                 return; // not waiting yet; `enter` now refuses to

@@ -9,11 +9,12 @@
 //! with the key as a `Lease` semaphore's (`dlock_shared_keys`); each permit's token comes
 //! from the strategy's global source.
 
-use super::for_update_shared::{share, ForShareHold};
+use super::for_update::shared::{share, ForShareHold};
 use super::session::{self, discard, rollback, Session};
-use super::{Conn, Hold, RawLock, Taken};
+use super::{Conn, Hold, ModeLock, RawLock, Taken};
 use crate::backend::fence::no_token;
 use crate::backend::{Flavor, ForUpdateLocked, LockConnection, Sql, Wait};
+use crate::sync::Unpoison;
 use crate::{Error, Result};
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -39,6 +40,34 @@ pub(super) struct SlotCore {
     pub(super) known: Mutex<HashSet<(String, u32)>>,
 }
 
+impl SlotCore {
+    pub(super) fn new(kind: SlotKind) -> Arc<SlotCore> {
+        Arc::new(SlotCore {
+            kind,
+            known: Mutex::default(),
+        })
+    }
+}
+
+/// The raw lock of a permit of a semaphore of `permits` on `core`, for `strategy`'s
+/// `RawLock::mode`.
+pub(super) fn slot_lock<C: LockConnection>(
+    core: &Arc<SlotCore>,
+    permits: u32,
+    strategy: &str,
+) -> Result<Option<ModeLock<C>>> {
+    if permits > MAX_SESSION_PERMITS {
+        return Err(Error::InvalidConfig(format!(
+            "a semaphore of the {strategy} strategy has at most {MAX_SESSION_PERMITS} permits"
+        )));
+    }
+    Ok(Some(ModeLock::Other(Arc::new(SlotLock {
+        core: core.clone(),
+        permits,
+        _conn: std::marker::PhantomData,
+    }))))
+}
+
 /// A permit of a semaphore of `permits`.
 pub(super) struct SlotLock<C: LockConnection> {
     pub(super) core: Arc<SlotCore>,
@@ -55,7 +84,7 @@ impl<C: LockConnection> SlotLock<C> {
     /// Makes the key a semaphore of `permits` (and its slot rows), once per `Locker`.
     fn setup(&self, conn: &mut C, key: &str) -> Result<()> {
         let known = (key.to_owned(), self.permits);
-        let mut set = self.core.known.lock().unwrap_or_else(|p| p.into_inner());
+        let mut set = self.core.known.lock().unpoisoned();
         if set.contains(&known) {
             return Ok(());
         }

@@ -35,6 +35,8 @@ struct Counts {
 }
 
 impl HolderSteps for MysqlConnection {
+    crate::backend::shared::statements!(clear_intent);
+
     fn create_header(&mut self, key: &str, permits: i64) -> QueryResult<()> {
         stmt("INSERT IGNORE INTO dlock_shared_keys (lock_key, permits, token) VALUES (?, ?, 0)")
             .bind::<Text, _>(key)
@@ -94,17 +96,6 @@ impl HolderSteps for MysqlConnection {
         .map(drop)
     }
 
-    fn clear_intent(&mut self, key: &str, who: &str) -> QueryResult<()> {
-        stmt(
-            "UPDATE dlock_shared_keys SET intent = NULL, intent_until = NULL \
-             WHERE lock_key = ? AND intent = ?",
-        )
-        .bind::<Text, _>(key)
-        .bind::<Text, _>(who)
-        .execute(self)
-        .map(drop)
-    }
-
     fn insert(&mut self, ask: &HolderAsk<'_>) -> QueryResult<Acquired> {
         // The header row is ours until the commit: the token read back is the one drawn.
         stmt(concat!(
@@ -140,6 +131,8 @@ impl HolderSteps for MysqlConnection {
 }
 
 impl HolderLocks for MysqlConnection {
+    crate::backend::shared::statements!(holders_release);
+
     fn holders_purge(&mut self, idle_us: i64) -> QueryResult<usize> {
         stmt(
             "DELETE FROM dlock_shared_leases \
@@ -180,14 +173,6 @@ impl HolderLocks for MysqlConnection {
             .execute(c)
             .map(|n| n == 1)
         })
-    }
-
-    fn holders_release(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
-        stmt("DELETE FROM dlock_shared_leases WHERE lock_key = ? AND holder = ?")
-            .bind::<Text, _>(key)
-            .bind::<Text, _>(holder)
-            .execute(self)
-            .map(|n| n == 1)
     }
 
     fn holders_held(&mut self, key: &str, holder: &str) -> QueryResult<bool> {

@@ -32,16 +32,7 @@ struct Counts {
 }
 
 impl HolderSteps for PgConnection {
-    fn create_header(&mut self, key: &str, permits: i64) -> QueryResult<()> {
-        stmt(
-            "INSERT INTO dlock_shared_keys (lock_key, permits, token) \
-             VALUES (?, ?, 0) ON CONFLICT (lock_key) DO NOTHING",
-        )
-        .bind::<Text, _>(key)
-        .bind::<BigInt, _>(permits)
-        .execute(self)
-        .map(drop)
-    }
+    crate::backend::shared::statements!(create_header, clear_intent);
 
     fn lock_header(&mut self, key: &str) -> QueryResult<Option<Header>> {
         stmt(
@@ -89,17 +80,6 @@ impl HolderSteps for PgConnection {
         .bind::<Text, _>(who)
         .bind::<BigInt, _>(us)
         .bind::<Text, _>(key)
-        .execute(self)
-        .map(drop)
-    }
-
-    fn clear_intent(&mut self, key: &str, who: &str) -> QueryResult<()> {
-        stmt(
-            "UPDATE dlock_shared_keys SET intent = NULL, intent_until = NULL \
-             WHERE lock_key = ? AND intent = ?",
-        )
-        .bind::<Text, _>(key)
-        .bind::<Text, _>(who)
         .execute(self)
         .map(drop)
     }

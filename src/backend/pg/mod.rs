@@ -26,9 +26,11 @@ mod fence;
 mod for_share;
 mod holders;
 mod lines;
+pub(crate) mod listen;
 pub(super) mod locks;
 pub(super) mod sessions;
 mod shared_sessions;
+mod socket;
 
 use super::sealed::{Dialect, Seal, Sealed, SessionLocks};
 use super::stmt::stmt;

@@ -102,7 +102,7 @@ pub(super) const ADVISORY_SHARED: AdvisoryTexts =
 /// session setting, left in place: it only ends sessions whose client has gone). Without
 /// it a waiter whose process died stays in the queue until the lock is granted to it, and
 /// the readers of a shared lock queue behind that dead writer for as long as the current
-/// readers hold it (found by the adversary: a reader waited 18 s behind a SIGKILLed writer).
+/// readers hold it.
 /// It must be set before the waiting statement starts (the check is armed then).
 fn check_client_while_waiting(conn: &mut PgConnection) -> QueryResult<()> {
     stmt(
@@ -267,8 +267,8 @@ impl SessionLocks for PgConnection {
             Wait::For(d) => {
                 // lock_timeout bounds each wait for a row lock, and the statement can wait
                 // more than once: a holder changing hands makes it wait again for the row's
-                // new version (found by the adversary: try_lock_for(3 s) returned the lock
-                // after 6.1-6.3 s). statement_timeout, armed when a statement starts, bounds
+                // new version, so a bounded wait could last a multiple of its bound.
+                // statement_timeout, armed when a statement starts, bounds
                 // them all: set for this transaction first, and put back in the locking
                 // statement itself once the lock is ours (the guard's transaction runs on).
                 #[derive(QueryableByName)]

@@ -32,16 +32,7 @@ struct Counts {
 }
 
 impl HolderSteps for SqliteConnection {
-    fn create_header(&mut self, key: &str, permits: i64) -> QueryResult<()> {
-        stmt(
-            "INSERT INTO dlock_shared_keys (lock_key, permits, token) VALUES (?, ?, 0) \
-             ON CONFLICT (lock_key) DO NOTHING",
-        )
-        .bind::<Text, _>(key)
-        .bind::<BigInt, _>(permits)
-        .execute(self)
-        .map(drop)
-    }
+    crate::backend::shared::statements!(create_header, clear_intent);
 
     fn lock_header(&mut self, key: &str) -> QueryResult<Option<Header>> {
         stmt(
@@ -94,17 +85,6 @@ impl HolderSteps for SqliteConnection {
         .map(drop)
     }
 
-    fn clear_intent(&mut self, key: &str, who: &str) -> QueryResult<()> {
-        stmt(
-            "UPDATE dlock_shared_keys SET intent = NULL, intent_until = NULL \
-             WHERE lock_key = ? AND intent = ?",
-        )
-        .bind::<Text, _>(key)
-        .bind::<Text, _>(who)
-        .execute(self)
-        .map(drop)
-    }
-
     fn insert(&mut self, ask: &HolderAsk<'_>) -> QueryResult<Acquired> {
         stmt("UPDATE dlock_shared_keys SET token = token + 1 WHERE lock_key = ?")
             .bind::<Text, _>(ask.key)
@@ -129,6 +109,8 @@ impl HolderSteps for SqliteConnection {
 }
 
 impl HolderLocks for SqliteConnection {
+    crate::backend::shared::statements!(holders_release);
+
     fn holders_purge(&mut self, idle_us: i64) -> QueryResult<usize> {
         stmt(
             "DELETE FROM dlock_shared_leases \
@@ -164,14 +146,6 @@ impl HolderLocks for SqliteConnection {
         .bind::<Text, _>(holder)
         .execute(self)
         .map(|n| n == 1)
-    }
-
-    fn holders_release(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
-        stmt("DELETE FROM dlock_shared_leases WHERE lock_key = ? AND holder = ?")
-            .bind::<Text, _>(key)
-            .bind::<Text, _>(holder)
-            .execute(self)
-            .map(|n| n == 1)
     }
 
     fn holders_held(&mut self, key: &str, holder: &str) -> QueryResult<bool> {

@@ -43,8 +43,8 @@ impl Dialect for SqliteConnection {
 
     /// Without WAL, a commit waits for the readers to finish and can fail as busy after the
     /// statement has already returned its row; without a busy timeout, every collision is an
-    /// error at once. A pool without `SqliteTuning` broke mutual exclusion and issued a token
-    /// twice (found by the adversary: 11 and 44 overlaps in 10 s with 16 threads).
+    /// error at once. A pool without `SqliteTuning` can therefore break mutual exclusion and
+    /// issue a token twice, so it is refused.
     fn misconfigured(&mut self) -> diesel::QueryResult<Option<String>> {
         use diesel::RunQueryDsl;
         #[derive(diesel::QueryableByName)]

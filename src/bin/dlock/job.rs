@@ -26,9 +26,10 @@ pub(crate) struct Job {
 /// A small `sh` in a process group of its own that kills the command's process group when
 /// dlock dies, however it dies: it reads the group's id, then waits on a pipe whose only
 /// writer is dlock. The command writes the id itself, in one `write`, before it execs: from
-/// its first instruction on, the group is guarded (when dlock wrote it after the spawn, a
-/// dlock killed in between left the guardian unarmed, and what the command had forked ran
-/// on beside the next holder: found by the adversary, up to 1.18 s). End of file (dlock gone) means SIGKILL to the whole group: the parent-
+/// its first instruction on, the group is guarded (were dlock to write it after the spawn, a
+/// dlock killed in between would leave the guardian unarmed, and what the command had
+/// forked would run on beside the next holder). End of file (dlock gone) means SIGKILL to
+/// the whole group: the parent-
 /// death signal reaches only the command itself, not what a shell command runs in its
 /// foreground. dlock says "done" once the group is empty, and the guardian just exits.
 struct Guardian {
@@ -116,8 +117,8 @@ impl Job {
         // keeps dlock's sockets (the database connections, the session lock's among them):
         // should dlock die, the server sees the session close, and frees a session lock, only
         // once the guardian has killed the group and exited, never while the group's work
-        // still runs (when only dlock held them, the next holder could start a few ms before
-        // the guardian's kill landed: seen by the adversary, up to 3 ms of overlap).
+        // still runs (were only dlock to hold them, the next holder could start a few ms
+        // before the guardian's kill landed).
         let guardian = if own_group {
             let mut guardian_keeps = keep.clone();
             guardian_keeps.extend(own_sockets());

@@ -1,5 +1,5 @@
 //! The crate's one module with `unsafe` code: a libpq connection of the PostgreSQL
-//! listener's own (`pg_listen.rs`) that can *block* until a notification arrives. diesel's
+//! listener's own (`pg/listen.rs`) that can *block* until a notification arrives. diesel's
 //! `PgConnection` can only poll for notifications (it exposes neither the socket nor a
 //! blocking wait), which costs a wake-up every few hundred microseconds while anyone waits;
 //! here the thread sleeps in `poll(2)` on the connection's socket and on a wake-up socket of

@@ -1,13 +1,20 @@
 //! `Strategy::Lease`: holder + expiry on the database clock, renewed by the heartbeat, which
 //! this strategy owns (its interval is a `Lease` option).
 
-use super::heartbeat::{Beat, Heartbeat};
+mod heartbeat;
+mod holders;
+mod validity;
+
 use super::{check_duration, contention_is_busy, micros, with_conn, with_pooled};
 use super::{Conn, Taken};
-use super::{Hold, Pool, RawLock, Setup};
+use super::{Hold, Mode, ModeLock, Pool, RawLock, Setup};
+use crate::backend::holders::HolderMode;
 use crate::backend::{LockConnection, Sql, Wait};
 use crate::backoff::Backoff;
 use crate::{Error, Result};
+use diesel::QueryResult;
+use heartbeat::{Beat, Heartbeat};
+use holders::{HolderCore, HolderLock};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,6 +24,8 @@ pub(super) struct LeaseLock<C: LockConnection> {
     ttl_us: i64,
     /// Shared with the guards, so that a guard that outlives its `Locker` is still renewed.
     heartbeat: Arc<Heartbeat<C>>,
+    /// Its readers, writers and semaphore permits: shared leases, one row per holder.
+    holders: Arc<HolderCore<C>>,
 }
 
 impl<C: LockConnection> LeaseLock<C> {
@@ -29,6 +38,7 @@ impl<C: LockConnection> LeaseLock<C> {
             ));
         }
         Ok(LeaseLock {
+            holders: Arc::new(HolderCore::new(&setup, ttl)?),
             heartbeat: Arc::new(Heartbeat::new(setup.pool.clone(), every, ttl)),
             pool: setup.pool,
             owner: setup.owner,
@@ -51,9 +61,7 @@ impl<C: LockConnection> LeaseLock<C> {
             // (MariaDB). A first attempt that finds the key held by nobody, or that met
             // contention, tries again (a fresh snapshot sees the row gone) a few times
             // instead of reporting it held. (Waiting callers try again anyway.) Marked rows
-            // are expired, so they never look held (before, a mark held the key for as long
-            // as the purge's second step took: 4-8 of 1,200 try_locks on free keys said
-            // held on a loaded machine).
+            // are expired, so they never look held.
             tries += 1;
             let last = retry || tries == 5;
             match acquired {
@@ -78,6 +86,7 @@ impl<C: LockConnection> LeaseLock<C> {
         let beat = self.heartbeat.register(key, &holder, sent);
         Ok(Some(Taken {
             hold: Box::new(LeaseHold {
+                rows: Rows::Lease,
                 pool: self.pool.clone(),
                 holder,
                 beat: Some(beat),
@@ -90,6 +99,19 @@ impl<C: LockConnection> LeaseLock<C> {
 }
 
 impl<C: LockConnection> RawLock<C> for LeaseLock<C> {
+    fn mode(&self, mode: Mode) -> Result<Option<ModeLock<C>>> {
+        let (mode, permits) = match mode {
+            Mode::Read => (HolderMode::Read, 0),
+            Mode::Write => (HolderMode::Write, 0),
+            Mode::Permits(n) => (HolderMode::Permit, n),
+        };
+        Ok(Some(ModeLock::Other(Arc::new(HolderLock {
+            core: self.holders.clone(),
+            mode,
+            permits,
+        }))))
+    }
+
     fn try_acquire(
         &self,
         conn: &mut Conn<C>,
@@ -122,8 +144,34 @@ impl<C: LockConnection> RawLock<C> for LeaseLock<C> {
     }
 }
 
-/// A held lease: its holder id and its registration with the heartbeat.
+/// Which rows a lease hold keeps: the key's own lease (`dlock_leases`), or one holder of
+/// the key's readers, writers or permits (`dlock_shared_leases`).
+#[derive(Debug, Clone, Copy)]
+enum Rows {
+    Lease,
+    Holder,
+}
+
+impl Rows {
+    fn release<C: LockConnection>(self, c: &mut C, key: &str, holder: &str) -> QueryResult<bool> {
+        match self {
+            Rows::Lease => c.sql().lease_release(key, holder),
+            Rows::Holder => c.sql().holders_release(key, holder),
+        }
+    }
+
+    fn held<C: LockConnection>(self, c: &mut C, key: &str, holder: &str) -> QueryResult<bool> {
+        match self {
+            Rows::Lease => c.sql().lease_held(key, holder),
+            Rows::Holder => c.sql().holders_held(key, holder),
+        }
+    }
+}
+
+/// A held lease (the key's own, or a holder's: `rows`): its holder id and its registration
+/// with the heartbeat that renews it.
 struct LeaseHold<C: LockConnection> {
+    rows: Rows,
     pool: Pool<C>,
     holder: String,
     /// `None` once released.
@@ -160,10 +208,10 @@ impl<C: LockConnection> Hold for LeaseHold<C> {
             // Lost already: the answer would change nothing, so nobody waits for it (in a
             // partition it could hang for a quarter of an hour), but a lease the database
             // still keeps for us (renewed just before the deadline) is freed if it can be.
-            let (k, holder) = (key.to_owned(), self.holder.clone());
+            let (k, holder, rows) = (key.to_owned(), self.holder.clone(), self.rows);
             let pool = self.pool.clone();
             self.heartbeat.call(Box::new(move || {
-                if let Err(e) = with_conn(&pool, |c| c.sql().lease_release(&k, &holder)) {
+                if let Err(e) = with_conn(&pool, |c| rows.release(c, &k, &holder)) {
                     log::debug!("lock {k:?}: the release of the lost lease failed: {e}");
                 }
             }));
@@ -172,7 +220,7 @@ impl<C: LockConnection> Hold for LeaseHold<C> {
         // Inline, as a release is part of every lock cycle and a thread would cost as much
         // as the statement on SQLite; waiting for a connection is bounded by the deadline.
         match self.pool.get_timeout(pool_wait(&self.pool, until)) {
-            Ok(c) => with_pooled(c, |c| c.sql().lease_release(key, &self.holder)),
+            Ok(c) => with_pooled(c, |c| self.rows.release(c, key, &self.holder)),
             // None free before the deadline: the lease expires by itself.
             Err(_) if Instant::now() >= until => Ok(false),
             Err(e) => Err(e.into()),
@@ -195,7 +243,8 @@ impl<C: LockConnection> Hold for LeaseHold<C> {
             return Ok(false);
         };
         let (k, holder) = (key.to_owned(), self.holder.clone());
-        let answer = self.within(until, move |c| c.sql().lease_held(&k, &holder));
+        let rows = self.rows;
+        let answer = self.within(until, move |c| rows.held(c, &k, &holder));
         // An answer that came after the deadline says nothing about now.
         if beat.is_lost() {
             return Ok(false);

@@ -25,6 +25,7 @@
 use super::validity::Validity;
 use crate::backend::LockConnection;
 use crate::backend::Sql;
+use crate::sync::Unpoison;
 use diesel::r2d2::ConnectionManager;
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -94,7 +95,7 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         // The state stays consistent even if a thread panicked while holding the lock: every
         // critical section is a handful of map operations.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock().unpoisoned()
     }
 }
 
@@ -373,7 +374,7 @@ impl<C: LockConnection> Worker<C> {
                 .shared
                 .wake
                 .wait_timeout(st, wait.max(Duration::from_millis(1)))
-                .unwrap_or_else(|p| p.into_inner())
+                .unpoisoned()
                 .0;
         }
     }

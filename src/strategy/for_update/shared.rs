@@ -15,11 +15,11 @@
 //! the key when it came, plus at most about one slice behind readers that got in when
 //! another writer's mark ended.
 
-use super::for_update::{row_lock, ForUpdateLock};
-use super::session::{self, Session};
-use super::{Conn, Hold, Interrupter, Pool, RawLock, Taken};
+use super::{row_lock, ForUpdateLock};
 use crate::backend::for_share::ForShareLocks;
 use crate::backend::{Flavor, LockConnection, Sql, Wait};
+use crate::strategy::session::{self, Session};
+use crate::strategy::{Conn, Hold, Interrupter, Pool, Pooled, RawLock, Taken};
 use crate::Result;
 use diesel::connection::{Connection, TransactionManager};
 use diesel::QueryResult;
@@ -34,7 +34,7 @@ pub(crate) const MARK_FOR: Duration = Duration::from_secs(2);
 
 /// The share locks of `conn` (never missing: `build` offers `ForUpdate` and `Advisory` on
 /// PostgreSQL and MySQL only, which both have them).
-pub(super) fn share<C: LockConnection>(conn: &mut C) -> QueryResult<&mut dyn ForShareLocks> {
+pub(crate) fn share<C: LockConnection>(conn: &mut C) -> QueryResult<&mut dyn ForShareLocks> {
     conn.sql().for_share().ok_or_else(|| {
         diesel::result::Error::QueryBuilderError("this backend has no share locks".into())
     })
@@ -73,10 +73,10 @@ impl<C: LockConnection> RawLock<C> for ForUpdateReadLock<C> {
 }
 
 /// A reader's open transaction (or a `ForUpdate` permit's: `session_permits.rs`).
-pub(super) struct ForShareHold<C: LockConnection> {
-    pub(super) session: Session<C>,
+pub(crate) struct ForShareHold<C: LockConnection> {
+    pub(crate) session: Session<C>,
     /// The backend's proof that the transaction holds the lock (see `for_share_lock`).
-    pub(super) proof: i64,
+    pub(crate) proof: i64,
 }
 
 impl<C: LockConnection> Hold for ForShareHold<C> {
@@ -127,7 +127,7 @@ impl<C: LockConnection> ForUpdateWriteLock<C> {
 }
 
 /// Removes `writer`'s mark on `conn`; a failure leaves it to expire.
-fn unmark_on<C: LockConnection>(mut conn: super::Pooled<C>, key: &str, writer: &str) {
+fn unmark_on<C: LockConnection>(mut conn: Pooled<C>, key: &str, writer: &str) {
     if let Err(e) = share(&mut *conn).and_then(|s| s.unmark_writer(key, writer)) {
         log::debug!("lock {key:?}: the writer's mark could not be removed ({e}); it expires");
     }

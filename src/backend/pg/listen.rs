@@ -8,13 +8,14 @@
 //! one whose turn it is. Releases of a `Lease` `Locker`'s readers, writers and permits,
 //! which have no line, still notify a channel every listener hears (`SHARED_CHANNEL`).
 //!
-//! The connection is a libpq connection of its own (`pg_socket.rs`), not a diesel one:
+//! The connection is a libpq connection of its own (`socket.rs`), not a diesel one:
 //! diesel can only poll for notifications, while this thread sleeps in `poll(2)` until the
 //! socket, or its wake-up socket (the `Listener` being dropped), has something to read. A
 //! lost connection is re-established; as notifications may have been missed meanwhile,
 //! every waiter is then woken to look.
 
-use super::pg_socket::RawListener;
+use super::socket::RawListener;
+use crate::sync::Unpoison;
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
@@ -88,16 +89,13 @@ impl Listener {
     /// Starts the thread, once. Until its `LISTEN` has taken effect nothing is heard, and
     /// waiters look every `max_backoff`; it wakes every waiter once it listens.
     pub(crate) fn start(&self) -> std::io::Result<()> {
-        let mut thread = self.thread.lock().unwrap_or_else(|p| p.into_inner());
+        let mut thread = self.thread.lock().unpoisoned();
         if thread.is_some() {
             return Ok(());
         }
         let (Some(wake), Some(woken)) = (
-            self.wake_fn
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take(),
-            self.woken.lock().unwrap_or_else(|p| p.into_inner()).take(),
+            self.wake_fn.lock().unpoisoned().take(),
+            self.woken.lock().unpoisoned().take(),
         ) else {
             return Ok(()); // a start that failed before: waiters poll
         };
@@ -123,16 +121,16 @@ impl Drop for Listener {
             let mut c = lock(m);
             c.stop = true;
             // A process that exits while libpq connects on this thread can crash in libpq's
-            // or OpenSSL's exit-time cleanup (seen: an abort in GSSAPI, a SIGSEGV in
-            // OpenSSL): a connection attempt under way usually ends within milliseconds.
+            // GSSAPI or OpenSSL exit-time cleanup: a connection attempt under way usually
+            // ends within milliseconds, so the drop waits for it a little.
             let (c, _) = changed
                 .wait_timeout_while(c, CONNECTING_PATIENCE, |c| c.connecting)
-                .unwrap_or_else(|p| p.into_inner());
+                .unpoisoned();
             c.connecting
         };
         // Ends the thread's wait (a full socket buffer means it has a wake-up pending anyway).
         let _ = (&self.wake).write(&[1]);
-        let thread = self.thread.get_mut().unwrap_or_else(|p| p.into_inner());
+        let thread = self.thread.get_mut().unpoisoned();
         let Some(t) = thread.take() else { return };
         if connecting {
             log::debug!("release listener: still connecting; not waiting for it to end");
@@ -146,7 +144,7 @@ impl Drop for Listener {
 const CONNECTING_PATIENCE: Duration = Duration::from_secs(2);
 
 fn lock(control: &Mutex<Control>) -> std::sync::MutexGuard<'_, Control> {
-    control.lock().unwrap_or_else(|p| p.into_inner())
+    control.lock().unpoisoned()
 }
 
 fn connect(url: &str, channel: &str) -> Result<RawListener, String> {
@@ -160,7 +158,7 @@ fn connect(url: &str, channel: &str) -> Result<RawListener, String> {
 
 /// `url` with libpq's `connect_timeout` (10 s) unless it names one: without it a server that
 /// accepts the connection and never answers would keep the thread (and its socket) in
-/// `PQconnectdb` for good (found by the adversary: a thread per dropped `Locker`).
+/// `PQconnectdb` for good: a thread per dropped `Locker`.
 fn with_connect_timeout(url: &str) -> String {
     if url.contains("connect_timeout") {
         url.to_owned()

@@ -1,32 +1,85 @@
 //! `Strategy::ForUpdate`: the key's row locked by `SELECT … FOR UPDATE` in a transaction
 //! that the guard keeps open; release = COMMIT.
 
+pub(super) mod shared;
+
 use super::session::{self, rollback, Session};
-use super::{Conn, Hold, Interrupter, Pool, RawLock, Setup, Strategy, Taken};
+use super::session_permits::{slot_lock, SlotCore, SlotKind};
+use super::{
+    micros, Conn, Hold, Interrupter, Mode, ModeLock, Pool, RawLock, Setup, Strategy, Taken,
+};
 use crate::backend::fence::no_token;
 use crate::backend::{Flavor, ForUpdateLocked, LockConnection, Sql, Wait};
 use crate::Result;
 use diesel::connection::{Connection, TransactionManager};
+use shared::{ForUpdateReadLock, ForUpdateWriteLock, MARK_FOR};
+use std::sync::Arc;
 
 type Tm<C> = <C as Connection>::TransactionManager;
 
 pub(super) struct ForUpdateLock<C: LockConnection> {
-    pub(super) pool: Pool<C>,
-    pub(super) flavor: Flavor,
+    pool: Pool<C>,
+    flavor: Flavor,
+    /// Its readers (`FOR SHARE`), writers and semaphores; `None` in the writer's own copy.
+    modes: Option<Modes<C>>,
+}
+
+/// The kinds of lock of a `ForUpdate` `Locker` beside `lock`: readers lock the key's row
+/// `FOR SHARE` (MySQL: `LOCK IN SHARE MODE`), writers `FOR UPDATE`, marking the key while they
+/// wait where the backend grants new sharers beside a waiting writer (PostgreSQL);
+/// semaphores are slot rows (`session_permits.rs`).
+struct Modes<C: LockConnection> {
+    read: Arc<ForUpdateReadLock<C>>,
+    write: Arc<ForUpdateWriteLock<C>>,
+    slots: Arc<SlotCore>,
 }
 
 impl<C: LockConnection> ForUpdateLock<C> {
     pub(super) fn new(setup: Setup<C>, strategy: Strategy) -> Result<Self> {
         session::require_sessions(setup.backend, strategy)?;
         let flavor = session::flavor(setup.backend, &setup.pool)?;
+        let marks = setup
+            .pool
+            .get()?
+            .sql()
+            .for_share()
+            .is_some_and(|s| s.needs_writer_mark());
+        let modes = Modes {
+            read: Arc::new(ForUpdateReadLock {
+                pool: setup.pool.clone(),
+                flavor,
+            }),
+            write: Arc::new(ForUpdateWriteLock {
+                inner: ForUpdateLock {
+                    pool: setup.pool.clone(),
+                    flavor,
+                    modes: None,
+                },
+                mark: marks.then(crate::random::holder_id),
+                mark_us: micros(MARK_FOR + setup.max_backoff).unwrap_or(i64::MAX),
+            }),
+            slots: SlotCore::new(SlotKind::ForUpdate(flavor)),
+        };
         Ok(ForUpdateLock {
             pool: setup.pool,
             flavor,
+            modes: Some(modes),
         })
     }
 }
 
 impl<C: LockConnection> RawLock<C> for ForUpdateLock<C> {
+    fn mode(&self, mode: Mode) -> Result<Option<ModeLock<C>>> {
+        let Some(modes) = &self.modes else {
+            return Ok(None);
+        };
+        Ok(Some(match mode {
+            Mode::Read => ModeLock::Other(modes.read.clone()),
+            Mode::Write => ModeLock::Other(modes.write.clone()),
+            Mode::Permits(n) => return slot_lock(&modes.slots, n, "for-update"),
+        }))
+    }
+
     fn try_acquire(
         &self,
         conn: &mut Conn<C>,

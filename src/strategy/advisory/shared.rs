@@ -2,9 +2,9 @@
 //! the session of a connection that the guard keeps (as `advisory.rs`; its writers are the
 //! strategy's own advisory locks, which conflict with these on the same key).
 
-use super::session::{self, discard, Session};
-use super::{Conn, Hold, Interrupter, Pool, RawLock, Taken};
 use crate::backend::{LockConnection, Sql, Wait};
+use crate::strategy::session::{self, discard, Session};
+use crate::strategy::{Conn, Hold, Interrupter, Pool, RawLock, Taken};
 use crate::{Error, Result};
 
 pub(super) struct AdvisorySharedLock<C: LockConnection> {

@@ -10,11 +10,12 @@
 //! run out). So a writer waits at most for the readers
 //! holding the key when it first tried to leave, plus one pause between attempts.
 
-use super::heartbeat::{Beat, Heartbeat};
-use super::{check_duration, contention_is_busy, micros, with_conn, with_pooled};
-use super::{Conn, Hold, Pool, RawLock, Setup, Taken};
+use super::heartbeat::Heartbeat;
+use super::{LeaseHold, Rows};
 use crate::backend::holders::{HolderAnswer, HolderAsk, HolderMode};
 use crate::backend::{LockConnection, Sql, Wait};
+use crate::strategy::{check_duration, contention_is_busy, micros, with_pooled};
+use crate::strategy::{Conn, Pool, RawLock, Setup, Taken};
 use crate::{Error, Result};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -96,7 +97,8 @@ impl<C: LockConnection> HolderLock<C> {
             HolderAnswer::Taken(a) => {
                 let beat = core.heartbeat.register(key, &holder, sent);
                 Ok(Some(Taken {
-                    hold: Box::new(HolderHold {
+                    hold: Box::new(LeaseHold {
+                        rows: Rows::Holder,
                         pool: core.pool.clone(),
                         holder,
                         beat: Some(beat),
@@ -145,85 +147,4 @@ impl<C: LockConnection> RawLock<C> for HolderLock<C> {
     fn exclusive(&self) -> bool {
         self.mode == HolderMode::Write
     }
-}
-
-/// A held shared lease or permit: its holder id and its registration with the heartbeat.
-/// (As `LeaseHold`, on the holders' table.)
-struct HolderHold<C: LockConnection> {
-    pool: Pool<C>,
-    holder: String,
-    /// `None` once released.
-    beat: Option<Beat>,
-    heartbeat: Arc<Heartbeat<C>>,
-}
-
-impl<C: LockConnection> Hold for HolderHold<C> {
-    fn loss(&self) -> Option<Arc<crate::loss::Loss>> {
-        self.beat.as_ref().map(Beat::loss)
-    }
-
-    fn probe_every(&self) -> Option<Duration> {
-        None // as a lease: the heartbeat and the local deadline mark the loss
-    }
-
-    fn release(mut self: Box<Self>, key: &str) -> Result<bool> {
-        // Stop renewing first; a renewal under way matches our holder id, which the release
-        // deletes.
-        let Some(until) = self.beat.take().and_then(|beat| beat.deadline()) else {
-            // Lost already: freed if the database still keeps it, and nobody waits.
-            let (k, holder) = (key.to_owned(), self.holder.clone());
-            let pool = self.pool.clone();
-            self.heartbeat.call(Box::new(move || {
-                if let Err(e) = with_conn(&pool, |c| c.sql().holders_release(&k, &holder)) {
-                    log::debug!("lock {k:?}: the release of the lost lease failed: {e}");
-                }
-            }));
-            return Ok(false);
-        };
-        match self.pool.get_timeout(pool_wait(&self.pool, until)) {
-            Ok(c) => with_pooled(c, |c| c.sql().holders_release(key, &self.holder)),
-            Err(_) if Instant::now() >= until => Ok(false),
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    fn held(&self, key: &str) -> Result<bool> {
-        let Some(beat) = &self.beat else {
-            return Ok(false);
-        };
-        let Some(until) = beat.deadline() else {
-            return Ok(false);
-        };
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        let (pool, k, holder) = (self.pool.clone(), key.to_owned(), self.holder.clone());
-        self.heartbeat.call(Box::new(move || {
-            let conn = pool.get_timeout(pool_wait(&pool, until));
-            let answer = conn
-                .map_err(Error::from)
-                .and_then(|c| with_pooled(c, |c| c.sql().holders_held(&k, &holder)));
-            let _ = tx.send(answer);
-        }));
-        let answer = rx
-            .recv_timeout(until.saturating_duration_since(Instant::now()))
-            .ok();
-        if beat.is_lost() {
-            return Ok(false);
-        }
-        match answer {
-            Some(Ok(true)) => Ok(true),
-            Some(Ok(false)) | None => {
-                beat.lose();
-                Ok(false)
-            }
-            Some(Err(e)) => Err(e),
-        }
-    }
-}
-
-/// How long to wait for a pooled connection with `until` as the deadline.
-fn pool_wait<C: LockConnection>(pool: &Pool<C>, until: Instant) -> Duration {
-    let left = until.saturating_duration_since(Instant::now());
-    pool.connection_timeout()
-        .min(left)
-        .max(Duration::from_millis(1))
 }

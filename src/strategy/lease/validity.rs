@@ -21,6 +21,7 @@
 //! working on that basis), and the heartbeat stops renewing that lease.
 
 use crate::loss::Loss;
+use crate::sync::Unpoison;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -72,7 +73,7 @@ impl Validity {
     /// The state, its deadline applied. One mutex for both fields, so that no caller can
     /// see the lease held after another has seen it lost.
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = self.state.lock().unpoisoned();
         if !st.lost && Instant::now() >= st.until {
             st.lost = true;
             self.loss.mark_lost();

@@ -3,6 +3,7 @@
 use super::{check_duration, contention_is_busy, micros, with_conn, Hold, Pool, RawLock, Setup};
 use super::{Conn, Taken};
 use crate::backend::{Acquired, LockConnection, Sql, Wait};
+use crate::sync::Unpoison;
 use crate::Result;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -111,7 +112,7 @@ impl<C: LockConnection> RawLock<C> for RowLock<C> {
 
 impl<C: LockConnection> RowLock<C> {
     fn orphans(&self) -> std::sync::MutexGuard<'_, Vec<(String, String)>> {
-        self.orphans.lock().unwrap_or_else(|p| p.into_inner())
+        self.orphans.lock().unpoisoned()
     }
 
     /// Deletes the rows of `key` that failed acquisitions may have left (see `orphans`);

@@ -1,23 +1,53 @@
 //! `Strategy::Advisory`: PostgreSQL `pg_advisory_lock` / MySQL `GET_LOCK`, held by the
 //! session of a connection that the guard keeps; release = one unlock.
 
+mod shared;
+
 use super::session::{self, discard, Session};
-use super::{Conn, Hold, Interrupter, Pool, RawLock, Setup, Strategy, Taken};
+use super::session_permits::{slot_lock, SlotCore, SlotKind};
+use super::{Conn, Hold, Interrupter, Mode, ModeLock, Pool, RawLock, Setup, Strategy, Taken};
 use crate::backend::{LockConnection, Sql, Wait};
 use crate::Result;
+use shared::AdvisorySharedLock;
+use std::sync::Arc;
 
 pub(super) struct AdvisoryLock<C: LockConnection> {
     pool: Pool<C>,
+    /// Readers, where the backend has shared advisory locks (PostgreSQL's
+    /// `pg_advisory_lock_shared`); their writer is this strategy's own lock.
+    read: Option<Arc<AdvisorySharedLock<C>>>,
+    /// Semaphores: an advisory lock per permit (`session_permits.rs`).
+    slots: Arc<SlotCore>,
 }
 
 impl<C: LockConnection> AdvisoryLock<C> {
     pub(super) fn new(setup: Setup<C>, strategy: Strategy) -> Result<Self> {
         session::require_sessions(setup.backend, strategy)?;
-        Ok(AdvisoryLock { pool: setup.pool })
+        let shared = setup.pool.get()?.sql().shared_sessions().is_some();
+        Ok(AdvisoryLock {
+            read: shared.then(|| {
+                Arc::new(AdvisorySharedLock {
+                    pool: setup.pool.clone(),
+                })
+            }),
+            pool: setup.pool,
+            slots: SlotCore::new(SlotKind::Advisory),
+        })
     }
 }
 
 impl<C: LockConnection> RawLock<C> for AdvisoryLock<C> {
+    fn mode(&self, mode: Mode) -> Result<Option<ModeLock<C>>> {
+        match mode {
+            Mode::Read => Ok(self
+                .read
+                .clone()
+                .map(|r| ModeLock::Other(r as Arc<dyn RawLock<C>>))),
+            Mode::Write => Ok(self.read.is_some().then_some(ModeLock::Own)),
+            Mode::Permits(n) => slot_lock(&self.slots, n, "advisory"),
+        }
+    }
+
     fn try_acquire(
         &self,
         conn: &mut Conn<C>,

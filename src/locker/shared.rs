@@ -1,0 +1,18 @@
+//! `Shared`: the part of a `Locker` that its guards keep. Its own module, so that the guard
+//! (which keeps it) and the `Locker` (which makes guards) do not import each other.
+
+use super::queue::Queues;
+use super::reentrant::Nests;
+use std::sync::Arc;
+
+/// The part of a `Locker` its guards keep: its owner name, and its line of waiters, which a
+/// release wakes. (Not the pool, the heartbeat or the listener: a guard that outlives its
+/// `Locker` keeps only what its own strategy's hold needs.)
+pub(crate) struct Shared {
+    pub(crate) owner: String,
+    pub(crate) queues: Queues,
+    /// The metrics' labels (strategy, backend); nothing without the `metrics` feature.
+    pub(crate) meter: crate::instrument::Meter,
+    /// `LockerBuilder::reentrant`: the keys held, by thread.
+    pub(crate) nests: Option<Arc<Nests>>,
+}

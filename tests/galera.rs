@@ -35,7 +35,9 @@ const LEASE: Strategy = Strategy::Lease {
 };
 
 fn pools(g: &Galera, size: u32) -> Vec<MyPool> {
-    (0..g.len()).map(|i| common::pool::<MysqlConnection>(&g.url(i), size)).collect()
+    (0..g.len())
+        .map(|i| common::pool::<MysqlConnection>(&g.url(i), size))
+        .collect()
 }
 
 fn locker(pool: &MyPool, s: Strategy) -> Locker<MysqlConnection> {
@@ -52,7 +54,6 @@ struct Value {
     value: i64,
 }
 
-
 /// The cluster's nodes refuse the session strategies at `build`, with the reason; Row and
 /// Lease build and migrate.
 #[test]
@@ -66,7 +67,10 @@ fn session_strategies_are_refused_on_a_node() {
         for (i, pool) in pools.iter().enumerate() {
             match Locker::builder(pool.clone()).strategy(s).build() {
                 Err(Error::InvalidConfig(why)) => {
-                    assert!(why.contains("Galera") && why.contains("Strategy::Row"), "{why}");
+                    assert!(
+                        why.contains("Galera") && why.contains("Strategy::Row"),
+                        "{why}"
+                    );
                     if i == 0 {
                         eprintln!("{}: {}", s.name(), Error::InvalidConfig(why));
                     }
@@ -79,7 +83,10 @@ fn session_strategies_are_refused_on_a_node() {
         let l = locker(&pools[0], s);
         l.migrate().expect("migrate on a Galera node");
         for pool in &pools {
-            let g = locker(pool, s).try_lock("galera-smoke").unwrap().expect("free");
+            let g = locker(pool, s)
+                .try_lock("galera-smoke")
+                .unwrap()
+                .expect("free");
             g.release().unwrap();
         }
     }
@@ -160,12 +167,23 @@ fn racy_counter(pools: &[MyPool], s: Strategy, per_node: usize, rounds: usize) -
         .get_result::<Value>(&mut c)
         .unwrap()
         .value;
-    assert_eq!(count, (threads * rounds) as i64, "{}: lost updates", s.name());
+    assert_eq!(
+        count,
+        (threads * rounds) as i64,
+        "{}: lost updates",
+        s.name()
+    );
     let tokens = tokens.lock().unwrap().clone();
     let nodes: Vec<usize> = tokens.iter().map(|t| t.1).collect();
     let switches = nodes.windows(2).filter(|w| w[0] != w[1]).count();
     for w in tokens.windows(2) {
-        assert!(w[0].0 < w[1].0, "{}: token {:?} then {:?}", s.name(), w[0], w[1]);
+        assert!(
+            w[0].0 < w[1].0,
+            "{}: token {:?} then {:?}",
+            s.name(),
+            w[0],
+            w[1]
+        );
     }
     eprintln!(
         "{}: {} acquisitions by {threads} threads on {} nodes, counter {count}, tokens strictly \
@@ -190,7 +208,14 @@ fn row_and_lease_exclude_across_nodes() {
     racy_counter(&pools, Strategy::Row { stale_after: None }, 2, 40);
     eprintln!("row: {:.1} s", t.elapsed().as_secs_f64());
     let t = Instant::now();
-    racy_counter(&pools, Strategy::Lease { ttl: Duration::from_secs(10) }, 2, 40);
+    racy_counter(
+        &pools,
+        Strategy::Lease {
+            ttl: Duration::from_secs(10),
+        },
+        2,
+        40,
+    );
     eprintln!("lease: {:.1} s", t.elapsed().as_secs_f64());
 }
 
@@ -226,7 +251,12 @@ fn node_killed(s: Strategy) {
     let go = Arc::new(AtomicBool::new(false));
     let waiters: Vec<_> = (0..3)
         .map(|node| {
-            let (l, key, results, go) = (lockers[node].clone(), key.clone(), results.clone(), go.clone());
+            let (l, key, results, go) = (
+                lockers[node].clone(),
+                key.clone(),
+                results.clone(),
+                go.clone(),
+            );
             std::thread::spawn(move || {
                 let r = l.try_lock_for(&key, Duration::from_secs(15));
                 let at = Instant::now();
@@ -267,11 +297,18 @@ fn node_killed(s: Strategy) {
             last = last.max(*t);
         }
     }
-    let ok: Vec<_> = results.iter().filter(|r| r.1.is_ok()).map(|r| r.0).collect();
+    let ok: Vec<_> = results
+        .iter()
+        .filter(|r| r.1.is_ok())
+        .map(|r| r.0)
+        .collect();
     assert!(ok.contains(&0) && ok.contains(&1), "{results:?}");
     for i in 0..2 {
         assert_eq!(g.status_of(i, "wsrep_cluster_size").as_deref(), Some("2"));
-        assert_eq!(g.status_of(i, "wsrep_cluster_status").as_deref(), Some("Primary"));
+        assert_eq!(
+            g.status_of(i, "wsrep_cluster_status").as_deref(),
+            Some("Primary")
+        );
     }
     let t = Instant::now();
     for n in 0..20 {
@@ -302,7 +339,12 @@ fn handoffs_per_second_vs_plain() {
     let g = Galera::start();
     let pools = pools(&g, 4);
     locker(&pools[0], ROW).migrate().unwrap();
-    for s in [Strategy::Row { stale_after: None }, Strategy::Lease { ttl: Duration::from_secs(10) }] {
+    for s in [
+        Strategy::Row { stale_after: None },
+        Strategy::Lease {
+            ttl: Duration::from_secs(10),
+        },
+    ] {
         let galera = handoffs(&pools, 2, s);
         let lone = handoffs(std::slice::from_ref(&plain_pool), 6, s);
         eprintln!(
@@ -320,7 +362,12 @@ fn handoffs(pools: &[MyPool], per_pool: usize, s: Strategy) -> f64 {
     let stop = Arc::new(AtomicBool::new(false));
     let handles: Vec<_> = (0..per_pool * pools.len())
         .map(|t| {
-            let (l, key, count, stop) = (lockers[t % pools.len()].clone(), key.clone(), count.clone(), stop.clone());
+            let (l, key, count, stop) = (
+                lockers[t % pools.len()].clone(),
+                key.clone(),
+                count.clone(),
+                stop.clone(),
+            );
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
                     if let Some(g) = l.try_lock_for(&key, Duration::from_secs(2)).unwrap() {
@@ -346,7 +393,11 @@ fn handoffs(pools: &[MyPool], per_pool: usize, s: Strategy) -> f64 {
 fn conflicts(g: &Galera) -> (u64, u64) {
     let mut sum = (0, 0);
     for i in (0..g.len()).filter(|&i| g.is_running(i)) {
-        let get = |n| g.status_of(i, n).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        let get = |n| {
+            g.status_of(i, n)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
         sum.0 += get("wsrep_local_cert_failures");
         sum.1 += get("wsrep_local_bf_aborts");
     }
@@ -366,7 +417,12 @@ fn row_try_lock_storm() {
     let g = Galera::start();
     let pools = pools(&g, 4);
     locker(&pools[0], ROW).migrate().unwrap();
-    for s in [Strategy::Row { stale_after: None }, Strategy::Lease { ttl: Duration::from_secs(10) }] {
+    for s in [
+        Strategy::Row { stale_after: None },
+        Strategy::Lease {
+            ttl: Duration::from_secs(10),
+        },
+    ] {
         storm(&g, &pools, s);
     }
 }
@@ -395,22 +451,33 @@ fn storm(g: &Galera, pools: &[MyPool], s: Strategy) {
         .map(|t| {
             let node = t % pools.len();
             let (l, pool) = (lockers[node].clone(), pools[node].clone());
-            let (key, inside, tokens, misses, stop) =
-                (key.clone(), inside.clone(), tokens.clone(), misses.clone(), stop.clone());
+            let (key, inside, tokens, misses, stop) = (
+                key.clone(),
+                inside.clone(),
+                tokens.clone(),
+                misses.clone(),
+                stop.clone(),
+            );
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
-                    let Some(g) = l.try_lock(&key).expect("contention must never be an error") else {
+                    let Some(g) = l.try_lock(&key).expect("contention must never be an error")
+                    else {
                         misses.fetch_add(1, Ordering::Relaxed);
                         continue;
                     };
-                    assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders at once");
+                    assert_eq!(
+                        inside.fetch_add(1, Ordering::SeqCst),
+                        0,
+                        "two holders at once"
+                    );
                     tokens.lock().unwrap().push((g.token(), node));
                     let mut c = pool.get().unwrap();
-                    let seen = diesel::sql_query("SELECT value FROM dlock_test_counter WHERE name = ?")
-                        .bind::<Text, _>(&key)
-                        .get_result::<Value>(&mut c)
-                        .unwrap()
-                        .value;
+                    let seen =
+                        diesel::sql_query("SELECT value FROM dlock_test_counter WHERE name = ?")
+                            .bind::<Text, _>(&key)
+                            .get_result::<Value>(&mut c)
+                            .unwrap()
+                            .value;
                     std::thread::sleep(Duration::from_micros(500));
                     diesel::sql_query("UPDATE dlock_test_counter SET value = ? WHERE name = ?")
                         .bind::<BigInt, _>(seen + 1)

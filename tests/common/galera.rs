@@ -30,10 +30,15 @@ const START_DEADLINE: Duration = Duration::from_secs(90);
 /// Whether this machine has mariadbd, the Galera provider and rsync; if not, prints why the
 /// test skips (or panics when `DLOCK_TEST_REQUIRE` asks for `galera`).
 pub fn available() -> bool {
-    let missing: Vec<&str> = ["/usr/sbin/mariadbd", PROVIDER, "/usr/bin/rsync", "/usr/bin/wsrep_sst_rsync"]
-        .into_iter()
-        .filter(|p| !Path::new(p).exists())
-        .collect();
+    let missing: Vec<&str> = [
+        "/usr/sbin/mariadbd",
+        PROVIDER,
+        "/usr/bin/rsync",
+        "/usr/bin/wsrep_sst_rsync",
+    ]
+    .into_iter()
+    .filter(|p| !Path::new(p).exists())
+    .collect();
     if missing.is_empty() {
         return true;
     }
@@ -56,7 +61,9 @@ fn free_ports(n: usize) -> Vec<u16> {
     let held: Vec<_> = (0..n)
         .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port"))
         .collect();
-    held.iter().map(|l| l.local_addr().unwrap().port()).collect()
+    held.iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect()
 }
 
 fn run_ok(mut cmd: Command, what: &str) {
@@ -189,7 +196,10 @@ impl Galera {
                 .collect::<Vec<_>>()
                 .join(",")
         );
-        let mut g = Galera { nodes: Vec::new(), _dir: dir };
+        let mut g = Galera {
+            nodes: Vec::new(),
+            _dir: dir,
+        };
         for i in 0..n {
             spawn(&mut nodes[i], i, user, &cluster_address);
             if i == 0 {
@@ -202,7 +212,10 @@ impl Galera {
         g.nodes = nodes;
         let all: Vec<usize> = (0..n).collect();
         g.wait_synced(&all, n, started);
-        eprintln!("galera: {n} nodes synced in {:.1} s", started.elapsed().as_secs_f64());
+        eprintln!(
+            "galera: {n} nodes synced in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
         g
     }
 
@@ -215,7 +228,12 @@ impl Galera {
             for &i in nodes {
                 match self.status(i) {
                     Ok(s) => {
-                        let get = |k: &str| s.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str()).unwrap_or("");
+                        let get = |k: &str| {
+                            s.iter()
+                                .find(|(n, _)| n == k)
+                                .map(|(_, v)| v.as_str())
+                                .unwrap_or("")
+                        };
                         let good = get("wsrep_cluster_size") == size.to_string()
                             && get("wsrep_ready") == "ON"
                             && get("wsrep_local_state_comment") == "Synced";
@@ -236,7 +254,10 @@ impl Galera {
                 }
                 if let Some(server) = self.nodes[i].server.as_mut() {
                     if let Ok(Some(status)) = server.try_wait() {
-                        panic!("galera node {i} exited ({status}) while starting\n{}", self.logs());
+                        panic!(
+                            "galera node {i} exited ({status}) while starting\n{}",
+                            self.logs()
+                        );
                     }
                 }
             }
@@ -264,7 +285,11 @@ impl Galera {
 
     /// One status variable of node `i`.
     pub fn status_of(&self, i: usize, name: &str) -> Option<String> {
-        self.status(i).ok()?.into_iter().find(|(n, _)| n == name).map(|(_, v)| v)
+        self.status(i)
+            .ok()?
+            .into_iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v)
     }
 
     /// The last lines of every node's log.
@@ -274,7 +299,11 @@ impl Galera {
             let text = fs::read_to_string(n.log()).unwrap_or_default();
             let lines: Vec<&str> = text.lines().collect();
             let tail = &lines[lines.len().saturating_sub(40)..];
-            out += &format!("---- node {i} ({}) ----\n{}\n", n.log().display(), tail.join("\n"));
+            out += &format!(
+                "---- node {i} ({}) ----\n{}\n",
+                n.log().display(),
+                tail.join("\n")
+            );
         }
         out
     }
@@ -327,8 +356,14 @@ fn spawn(node: &mut Node, i: usize, user: Option<&str>, cluster_address: &str) {
         .arg(format!("--wsrep-cluster-address={cluster_address}"))
         .arg(format!("--wsrep-node-name=node{i}"))
         .arg(format!("--wsrep-node-address=127.0.0.1:{}", node.gcomm))
-        .arg(format!("--wsrep-node-incoming-address=127.0.0.1:{}", node.port))
-        .arg(format!("--wsrep-sst-receive-address=127.0.0.1:{}", node.sst))
+        .arg(format!(
+            "--wsrep-node-incoming-address=127.0.0.1:{}",
+            node.port
+        ))
+        .arg(format!(
+            "--wsrep-sst-receive-address=127.0.0.1:{}",
+            node.sst
+        ))
         .arg("--wsrep-sst-method=rsync")
         .arg(format!(
             "--wsrep-provider-options=base_port={};gmcast.listen_addr=tcp://127.0.0.1:{};\

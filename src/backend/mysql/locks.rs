@@ -135,6 +135,41 @@ fn leave_place(conn: &mut MysqlConnection, place: i64) {
     }
 }
 
+/// Gives back a key taken ahead of the line, retrying while the server reports contention (a
+/// deadlock victim, a Galera certification failure). A give-back that still fails is not
+/// contention for the caller: the row would be left held by nobody (a `Row` without
+/// `stale_after` for good), so the error goes up as one that may have left a row, and the
+/// strategy removes the row by its holder id or remembers it (`RowLock`'s orphans).
+fn give_back(
+    conn: &mut MysqlConnection,
+    key: &str,
+    mut f: impl FnMut(&mut MysqlConnection) -> QueryResult<()>,
+) -> QueryResult<()> {
+    use crate::backend::sealed::Dialect;
+    let mut backoff = crate::backoff::Backoff::new(
+        std::time::Duration::from_millis(1),
+        std::time::Duration::from_millis(64),
+    );
+    for _ in 0..8 {
+        match f(conn) {
+            Err(e) if conn.is_contention(&e) => {
+                log::debug!("lock {key:?}: giving back a key taken ahead of the line met contention ({e}); again");
+                std::thread::sleep(backoff.next_pause());
+            }
+            other => return other,
+        }
+    }
+    f(conn).map_err(|e| {
+        if conn.is_contention(&e) {
+            diesel::result::Error::QueryBuilderError(
+                format!("could not give back a key taken ahead of the line: {e}").into(),
+            )
+        } else {
+            e
+        }
+    })
+}
+
 #[derive(QueryableByName)]
 struct Id {
     #[diesel(sql_type = BigInt)]
@@ -204,10 +239,13 @@ impl Locks for MysqlConnection {
         };
         if row.ahead > 0 {
             // Taken ahead of the line: given back at once, and the caller waits its turn.
-            stmt(shared::ROW_RELEASE)
-                .bind::<BigInt, _>(row.id)
-                .bind::<Text, _>(holder)
-                .execute(self)?;
+            give_back(self, key, |c| {
+                stmt(shared::ROW_RELEASE)
+                    .bind::<BigInt, _>(row.id)
+                    .bind::<Text, _>(holder)
+                    .execute(c)
+                    .map(drop)
+            })?;
             return Ok(None);
         }
         leave_place(self, place);
@@ -279,7 +317,7 @@ impl Locks for MysqlConnection {
         };
         if lease.ahead > 0 {
             // Taken ahead of the line: given back at once, as for a row.
-            self.lease_release(key, holder)?;
+            give_back(self, key, |c| c.lease_release(key, holder).map(drop))?;
             return Ok(None);
         }
         leave_place(self, place);

@@ -46,11 +46,14 @@ const ROW_INSERT_STAMPED: &str =
     "INSERT IGNORE INTO dlock_rows (lock_key, owner, holder, token, acquired_at, stale_at) \
      VALUES (?, ?, ?, 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)";
 
-/// Whether the server refused a statement for a trigger that writes a table the statement
-/// reads (error 1442): `ROW_INSERT` on a database that still has the old Row trigger.
+/// Whether the server refused `ROW_INSERT` for the old Row trigger, which writes
+/// `dlock_tokens` while the statement reads it (error 1442). diesel keeps no error number,
+/// and the message is in the server's language (`lc_messages`); the table's name is in it in
+/// every language, and no other error of this statement names it but a missing table.
 fn refused_for_the_old_trigger(e: &diesel::result::Error) -> bool {
     matches!(e, diesel::result::Error::DatabaseError(_, info)
-        if info.message().contains("already used by statement which invoked this stored function/trigger"))
+        if info.message().contains("dlock_tokens"))
+        && !crate::error::is_missing_table(e)
 }
 
 /// `row_acquire`, after an insert: the row's id, token and time.
@@ -210,6 +213,7 @@ impl Locks for MysqlConnection {
             return Ok(None);
         }
         stmt(ROW_BUMP).bind::<Text, _>(key).execute(self)?;
+        let mut stamped = false;
         let inserted = match stmt(ROW_INSERT)
             .bind::<Text, _>(key)
             .bind::<Text, _>(owner)
@@ -218,12 +222,15 @@ impl Locks for MysqlConnection {
             .bind::<Text, _>(key)
             .execute(self)
         {
-            Err(e) if refused_for_the_old_trigger(&e) => stmt(ROW_INSERT_STAMPED)
-                .bind::<Text, _>(key)
-                .bind::<Text, _>(owner)
-                .bind::<Text, _>(holder)
-                .bind::<Nullable<BigInt>, _>(stale_us)
-                .execute(self)?,
+            Err(e) if refused_for_the_old_trigger(&e) => {
+                stamped = true;
+                stmt(ROW_INSERT_STAMPED)
+                    .bind::<Text, _>(key)
+                    .bind::<Text, _>(owner)
+                    .bind::<Text, _>(holder)
+                    .bind::<Nullable<BigInt>, _>(stale_us)
+                    .execute(self)?
+            }
             other => other?,
         };
         if inserted != 1 {
@@ -237,6 +244,21 @@ impl Locks for MysqlConnection {
         else {
             return Ok(None);
         };
+        if stamped && row.token == 0 {
+            // The trigger-stamped insert ran where no trigger stamps: never a token of 0.
+            give_back(self, key, |c| {
+                stmt(shared::ROW_RELEASE)
+                    .bind::<BigInt, _>(row.id)
+                    .bind::<Text, _>(holder)
+                    .execute(c)
+                    .map(drop)
+            })?;
+            return Err(diesel::result::Error::QueryBuilderError(
+                "the Row insert was refused as if the old trigger were there, but no trigger \
+                 stamped the token"
+                    .into(),
+            ));
+        }
         if row.ahead > 0 {
             // Taken ahead of the line: given back at once, and the caller waits its turn.
             give_back(self, key, |c| {

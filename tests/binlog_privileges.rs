@@ -352,6 +352,8 @@ fn a_database_with_the_old_row_trigger_is_migrated_by_an_ordinary_user() {
         "SELECT token AS v FROM dlock_tokens WHERE lock_key = 'old-trigger-threads'",
     );
     assert_eq!(stamped, 6, "the old trigger stamped the row");
+    // The server's messages in another language: the library must not depend on English.
+    c.batch_execute("SET GLOBAL lc_messages = 'de_DE'").unwrap();
     let url = app_url(&m);
     locker(&url, Strategy::Row { stale_after: None }, 2)
         .migrate()

@@ -254,6 +254,13 @@ pub(crate) mod sealed {
         fn misconfigured(&mut self) -> QueryResult<Option<String>> {
             Ok(None)
         }
+        /// Why this server's session locks (`GET_LOCK`, `FOR UPDATE` row locks) would
+        /// exclude nothing between its clients, if so: a node of a Galera cluster (MySQL's
+        /// `@@wsrep_on`), where they lock one node only. Asked once, when a `ForUpdate` or
+        /// `Advisory` `Locker` is built.
+        fn session_locks_local(&mut self) -> QueryResult<Option<&'static str>> {
+            Ok(None)
+        }
         /// PostgreSQL: the session's `application_name` (how a `Locker` over a pool from
         /// `connect` finds the URL to listen on, `any::listen_urls`); `None` elsewhere.
         fn application_name(&mut self) -> QueryResult<Option<String>> {

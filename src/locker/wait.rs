@@ -316,9 +316,22 @@ impl<C: LockConnection> Locker<C> {
     /// visible before the last one is applied), is `Error::MissingTable`, which says to
     /// migrate, instead of whatever the first missing piece would make a statement do.
     fn check_schema(&self, conn: &mut Pooled<C>) -> Result<()> {
+        /// How long a migration committed elsewhere is given to show.
+        const SCHEMA_PATIENCE: Duration = Duration::from_secs(1);
         let current = &self.inner.schema_current;
         if current.load(Ordering::Relaxed) {
             return Ok(());
+        }
+        // A migration just committed on another node of a cluster (Galera applies other
+        // nodes' commits a moment later) or by another process is given up to a second to
+        // show; a database never migrated pays that second once, on its way to the error.
+        let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(200));
+        let patience = Instant::now() + SCHEMA_PATIENCE;
+        while !conn.sql().schema_current()? {
+            if Instant::now() >= patience {
+                break;
+            }
+            std::thread::sleep(backoff.next_pause());
         }
         if !conn.sql().schema_current()? {
             return Err(Error::MissingTable(diesel::result::Error::DatabaseError(

@@ -2,7 +2,7 @@
 //! and the rule for giving it back: only when it provably holds nothing. Otherwise it is
 //! closed, and the server frees whatever the session held.
 
-use super::{Conn, Interrupter, Pool, Strategy};
+use super::{Conn, Interrupter, Pool, Setup, Strategy};
 use crate::backend::{Backend, Flavor, LockConnection, Sql};
 use crate::sync::Unpoison;
 use crate::{Error, Result};
@@ -100,13 +100,24 @@ pub(crate) fn require_xact_locks(backend: Backend, strategy: Strategy) -> Result
 }
 
 /// Refuses a session strategy on a backend without row or session locks (SQLite locks the
-/// whole database, never a row, and has no session locks).
-pub(crate) fn require_sessions(backend: Backend, strategy: Strategy) -> Result<()> {
-    match backend {
-        Backend::Postgres | Backend::Mysql => Ok(()),
+/// whole database, never a row, and has no session locks), and on a server whose session
+/// locks hold on one node of a multi-primary cluster only (a Galera node: one query).
+pub(crate) fn require_sessions<C: LockConnection>(
+    setup: &Setup<C>,
+    strategy: Strategy,
+) -> Result<()> {
+    match setup.backend {
+        Backend::Postgres => Ok(()),
+        Backend::Mysql => match setup.pool.get()?.sql().session_locks_local()? {
+            None => Ok(()),
+            Some(why) => Err(Error::InvalidConfig(format!(
+                "the {} strategy cannot exclude here: {why}",
+                strategy.name()
+            ))),
+        },
         Backend::Sqlite => Err(Error::Unsupported {
             strategy: strategy.name(),
-            backend: backend.name(),
+            backend: setup.backend.name(),
         }),
     }
 }

@@ -15,6 +15,8 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod conformance;
+#[cfg(feature = "mysql")]
+pub mod galera;
 pub mod kids;
 pub mod netns;
 pub mod occupancy;

@@ -46,11 +46,14 @@ const ROW_INSERT_STAMPED: &str =
     "INSERT IGNORE INTO dlock_rows (lock_key, owner, holder, token, acquired_at, stale_at) \
      VALUES (?, ?, ?, 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)";
 
-/// Whether the server refused a statement for a trigger that writes a table the statement
-/// reads (error 1442): `ROW_INSERT` on a database that still has the old Row trigger.
+/// Whether the server refused `ROW_INSERT` for the old Row trigger, which writes
+/// `dlock_tokens` while the statement reads it (error 1442). diesel keeps no error number,
+/// and the message is in the server's language (`lc_messages`); the table's name is in it in
+/// every language, and no other error of this statement names it but a missing table.
 fn refused_for_the_old_trigger(e: &diesel::result::Error) -> bool {
     matches!(e, diesel::result::Error::DatabaseError(_, info)
-        if info.message().contains("already used by statement which invoked this stored function/trigger"))
+        if info.message().contains("dlock_tokens"))
+        && !crate::error::is_missing_table(e)
 }
 
 /// `row_acquire`, after an insert: the row's id, token and time.
@@ -135,6 +138,41 @@ fn leave_place(conn: &mut MysqlConnection, place: i64) {
     }
 }
 
+/// Gives back a key taken ahead of the line, retrying while the server reports contention (a
+/// deadlock victim, a Galera certification failure). A give-back that still fails is not
+/// contention for the caller: the row would be left held by nobody (a `Row` without
+/// `stale_after` for good), so the error goes up as one that may have left a row, and the
+/// strategy removes the row by its holder id or remembers it (`RowLock`'s orphans).
+fn give_back(
+    conn: &mut MysqlConnection,
+    key: &str,
+    mut f: impl FnMut(&mut MysqlConnection) -> QueryResult<()>,
+) -> QueryResult<()> {
+    use crate::backend::sealed::Dialect;
+    let mut backoff = crate::backoff::Backoff::new(
+        std::time::Duration::from_millis(1),
+        std::time::Duration::from_millis(64),
+    );
+    for _ in 0..8 {
+        match f(conn) {
+            Err(e) if conn.is_contention(&e) => {
+                log::debug!("lock {key:?}: giving back a key taken ahead of the line met contention ({e}); again");
+                std::thread::sleep(backoff.next_pause());
+            }
+            other => return other,
+        }
+    }
+    f(conn).map_err(|e| {
+        if conn.is_contention(&e) {
+            diesel::result::Error::QueryBuilderError(
+                format!("could not give back a key taken ahead of the line: {e}").into(),
+            )
+        } else {
+            e
+        }
+    })
+}
+
 #[derive(QueryableByName)]
 struct Id {
     #[diesel(sql_type = BigInt)]
@@ -175,6 +213,7 @@ impl Locks for MysqlConnection {
             return Ok(None);
         }
         stmt(ROW_BUMP).bind::<Text, _>(key).execute(self)?;
+        let mut stamped = false;
         let inserted = match stmt(ROW_INSERT)
             .bind::<Text, _>(key)
             .bind::<Text, _>(owner)
@@ -183,12 +222,15 @@ impl Locks for MysqlConnection {
             .bind::<Text, _>(key)
             .execute(self)
         {
-            Err(e) if refused_for_the_old_trigger(&e) => stmt(ROW_INSERT_STAMPED)
-                .bind::<Text, _>(key)
-                .bind::<Text, _>(owner)
-                .bind::<Text, _>(holder)
-                .bind::<Nullable<BigInt>, _>(stale_us)
-                .execute(self)?,
+            Err(e) if refused_for_the_old_trigger(&e) => {
+                stamped = true;
+                stmt(ROW_INSERT_STAMPED)
+                    .bind::<Text, _>(key)
+                    .bind::<Text, _>(owner)
+                    .bind::<Text, _>(holder)
+                    .bind::<Nullable<BigInt>, _>(stale_us)
+                    .execute(self)?
+            }
             other => other?,
         };
         if inserted != 1 {
@@ -202,12 +244,30 @@ impl Locks for MysqlConnection {
         else {
             return Ok(None);
         };
+        if stamped && row.token == 0 {
+            // The trigger-stamped insert ran where no trigger stamps: never a token of 0.
+            give_back(self, key, |c| {
+                stmt(shared::ROW_RELEASE)
+                    .bind::<BigInt, _>(row.id)
+                    .bind::<Text, _>(holder)
+                    .execute(c)
+                    .map(drop)
+            })?;
+            return Err(diesel::result::Error::QueryBuilderError(
+                "the Row insert was refused as if the old trigger were there, but no trigger \
+                 stamped the token"
+                    .into(),
+            ));
+        }
         if row.ahead > 0 {
             // Taken ahead of the line: given back at once, and the caller waits its turn.
-            stmt(shared::ROW_RELEASE)
-                .bind::<BigInt, _>(row.id)
-                .bind::<Text, _>(holder)
-                .execute(self)?;
+            give_back(self, key, |c| {
+                stmt(shared::ROW_RELEASE)
+                    .bind::<BigInt, _>(row.id)
+                    .bind::<Text, _>(holder)
+                    .execute(c)
+                    .map(drop)
+            })?;
             return Ok(None);
         }
         leave_place(self, place);
@@ -279,7 +339,7 @@ impl Locks for MysqlConnection {
         };
         if lease.ahead > 0 {
             // Taken ahead of the line: given back at once, as for a row.
-            self.lease_release(key, holder)?;
+            give_back(self, key, |c| c.lease_release(key, holder).map(drop))?;
             return Ok(None);
         }
         leave_place(self, place);

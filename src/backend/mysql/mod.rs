@@ -37,7 +37,7 @@ use crate::{Error, Result};
 use chrono::NaiveDateTime;
 use diesel::mysql::MysqlConnection;
 use diesel::sql_types::{BigInt, Datetime};
-use diesel::{QueryResult, RunQueryDsl};
+use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/mysql");
@@ -138,6 +138,37 @@ impl Dialect for MysqlConnection {
              customizer, or build the pool with diesel_lock::connect"
                 .to_owned()
         }))
+    }
+
+    fn session_locks_local(&mut self) -> QueryResult<Option<&'static str>> {
+        // SHOW, not @@GLOBAL.wsrep_on: MySQL proper, and MariaDB built without wsrep, have no
+        // such variable (no row here; the @@ form would be an error).
+        #[derive(QueryableByName)]
+        struct Variable {
+            #[diesel(sql_type = diesel::sql_types::Text, column_name = "Variable_name")]
+            name: String,
+            #[diesel(sql_type = diesel::sql_types::Text, column_name = "Value")]
+            value: String,
+        }
+        // A node replicates only with a provider loaded (wsrep_provider 'none': a lone server).
+        let vars = diesel::sql_query(
+            "SHOW GLOBAL VARIABLES WHERE Variable_name IN ('wsrep_on', 'wsrep_provider')",
+        )
+        .load::<Variable>(self)?;
+        let value = |n: &str| {
+            vars.iter()
+                .find(|v| v.name.eq_ignore_ascii_case(n))
+                .map(|v| v.value.to_ascii_lowercase())
+        };
+        let on = matches!(value("wsrep_on").as_deref(), Some("on" | "1"))
+            && !matches!(value("wsrep_provider").as_deref(), None | Some("none" | ""));
+        Ok(on.then_some(
+            "this server is a node of a Galera cluster (wsrep_on = ON): GET_LOCK and \
+             FOR UPDATE row locks lock one node only, so clients on other nodes would hold \
+             the same key at once, and UUID_SHORT() tokens are drawn per node; use \
+             Strategy::Row or Strategy::Lease, whose writes on the key's primary key \
+             certification orders across the nodes",
+        ))
     }
 
     fn is_contention(&self, e: &diesel::result::Error) -> bool {

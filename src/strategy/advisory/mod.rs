@@ -22,7 +22,7 @@ pub(super) struct AdvisoryLock<C: LockConnection> {
 
 impl<C: LockConnection> AdvisoryLock<C> {
     pub(super) fn new(setup: Setup<C>, strategy: Strategy) -> Result<Self> {
-        session::require_sessions(setup.backend, strategy)?;
+        session::require_sessions(&setup, strategy)?;
         let shared = setup.pool.get()?.sql().shared_sessions().is_some();
         Ok(AdvisoryLock {
             read: shared.then(|| {

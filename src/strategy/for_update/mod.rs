@@ -36,7 +36,7 @@ struct Modes<C: LockConnection> {
 
 impl<C: LockConnection> ForUpdateLock<C> {
     pub(super) fn new(setup: Setup<C>, strategy: Strategy) -> Result<Self> {
-        session::require_sessions(setup.backend, strategy)?;
+        session::require_sessions(&setup, strategy)?;
         let flavor = session::flavor(setup.backend, &setup.pool)?;
         let marks = setup
             .pool

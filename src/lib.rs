@@ -90,10 +90,11 @@
 //!   never the client's.
 //! - **No lock blocks forever after a crash**, except a `Row` lock without `stale_after`,
 //!   which is documented as such.
-//! - **Tokens survive their holder, and the server**: a token drawn by a holder that then
-//!   crashed is never issued again; for `ForUpdate` and `Advisory`, neither is one handed
-//!   out before a crash of the database server (each life of the server starts above a
-//!   bound committed before any token under it went out).
+//! - **Tokens survive their holder, the server, and a failover**: a token drawn by a holder
+//!   that then crashed is never issued again, nor is one handed out before a crash of the
+//!   database server, nor one handed out before a promotion of a standby, even one that
+//!   lagged: tokens carry the server's epoch (PostgreSQL's timeline, MySQL's clock; the
+//!   repository's `docs/replication.md` has the bounds and what holds per topology).
 //!
 //! Keys are 1 to 255 bytes of UTF-8 without NUL, compared exactly (case-sensitive) on every
 //! backend; anything else is [`Error::InvalidKey`] before any SQL runs. Locks are not

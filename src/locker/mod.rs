@@ -358,36 +358,19 @@ impl<C: LockConnection> Locker<C> {
 
     /// Deletes the rows of this `Locker`'s strategy that only take up space, and returns how
     /// many it deleted. It is safe beside live locks of every configuration: it deletes
-    /// nothing that a holder could still count on.
+    /// nothing a holder could still count on, and tokens keep growing across it.
     ///
-    /// - `Lease`: lease rows free, or expired, for at least `idle` (an `idle` past 100 years
-    ///   deletes nothing). A lease row carries its key's fencing token, so its token is
-    ///   first saved in `dlock_tokens` (the counters `Row` uses, never
-    ///   deleted), and a new lease row continues from there: tokens still only grow. The rows
-    ///   are first marked (expired, held by nobody) and their tokens saved, in a committed
-    ///   statement of their own, and only then deleted if still marked. An acquisition that
-    ///   meets the mark takes the row over as it would an expired lease, and the deletion
-    ///   then spares it; one that finds the row gone creates it only from a snapshot that
-    ///   sees it gone, so it reads the saved token (tested with purges in a loop beside 8
-    ///   acquiring threads: no token ever went back). A purge never makes a free key look
-    ///   held, even if its second step never runs. Also the rows of readers, writers and
-    ///   semaphore permits (`dlock_shared_leases`) expired for at least `idle`, which only a
-    ///   later acquisition of their key would delete otherwise; each such key keeps its
-    ///   header row (its number of permits and its token counter) for good.
-    /// - `Row` (with or without `stale_after`): rows past their *own* staleness limit, which
-    ///   each row carries from the `Locker` that inserted it (its `stale_after`), and which
-    ///   any waiter could take over anyway. A row inserted without `stale_after` is never
-    ///   purged, whoever calls this. Their tokens already live in `dlock_tokens`. `idle` is
-    ///   not used.
-    /// - `ForUpdate`, `Advisory`: nothing (`ForUpdate` keeps one small row per key, what its
-    ///   holders lock, and one per permit of a semaphore; `Advisory` keeps nothing per key
-    ///   but a semaphore's number of permits: its tokens are global).
+    /// - `Lease`: lease rows free, or expired, for at least `idle` (their tokens are saved
+    ///   first, and a new lease of the key continues from them), and the rows of readers,
+    ///   writers and permits expired for at least `idle`.
+    /// - `Row`: rows past their *own* `stale_after` (never a row inserted without one);
+    ///   `idle` is not used.
+    /// - `ForUpdate`, `Advisory`, `AdvisoryXact`: nothing.
+    /// - every strategy with a line of waiters: places whose waiter died.
     ///
-    /// A deadlock with acquisitions running beside it is retried, not returned.
-    ///
-    /// Acquisitions stay O(log n) in the number of rows (measured: see BENCHMARKS.md), so
-    /// purging is about disk space, not speed. It scans the table; run it now and then, not
-    /// on every lock.
+    /// Acquisitions stay O(log n) in the number of rows, so purging is about disk space, not
+    /// speed; it scans the table: run it now and then, not on every lock. How it stays safe
+    /// beside acquisitions (two committed steps, snapshots) is in ARCHITECTURE.md.
     ///
     /// # Errors
     /// [`Error::Pool`](crate::Error::Pool) without a connection,

@@ -31,54 +31,35 @@ pub(crate) use session::Pooled;
 use std::sync::Arc;
 
 /// How a lock is kept in the database. All strategies give the same
-/// [`LockGuard`](crate::LockGuard) and the same guarantees of mutual exclusion and fencing tokens; they
-/// differ in what happens when a holder crashes and in what they cost.
+/// [`LockGuard`](crate::LockGuard) and the same guarantees of mutual exclusion and fencing
+/// tokens; they differ in what happens when a holder crashes and in what they cost.
 ///
-/// | strategy | PostgreSQL | MySQL / MariaDB | SQLite | a crashed holder's lock |
-/// |---|---|---|---|---|
-/// | `Row` | ✓ | ✓ | ✓ | stays until `stale_after` (or forever without it) |
-/// | `Lease` | ✓ | ✓ | ✓ | free once `ttl` has passed without renewal |
-/// | `ForUpdate` | ✓ | ✓ | refused | free as soon as the server sees the session end |
-/// | `Advisory` | ✓ | ✓ | refused | free as soon as the server sees the session end |
-/// | `AdvisoryXact` | ✓ | refused | refused | free as soon as the server sees the session end |
+/// | strategy | PostgreSQL | MySQL / MariaDB | SQLite | a crashed holder's lock | release |
+/// |---|---|---|---|---|---|
+/// | `Row` | ✓ | ✓ | ✓ | stays until `stale_after` (or forever without it) | `DELETE` |
+/// | `Lease` | ✓ | ✓ | ✓ | free once `ttl` has passed without renewal | `UPDATE` |
+/// | `ForUpdate` | ✓ | ✓ | refused | free as soon as the server sees the session end | `COMMIT` |
+/// | `Advisory` | ✓ | ✓ | refused | free as soon as the server sees the session end | one unlock |
+/// | `AdvisoryXact` | ✓ | refused | refused | free as soon as the server sees the session end | `COMMIT` |
 ///
 /// The session strategies (`ForUpdate`, `Advisory`, `AdvisoryXact`) keep the lock in the
-/// holder's database session: the guard owns one pooled connection for its whole life, so
-/// size the pool for the locks held at once plus the waiters. `ForUpdate` and `AdvisoryXact`
-/// keep it in a transaction the guard holds open, which a transaction-pooling PgBouncer
-/// keeps on one server session; `Advisory`'s lock belongs to the server session itself,
-/// which such a pooler hands to other clients between transactions (README, "Behind a
-/// connection pooler"). Waiting happens on the server (the
-/// server's lock queue hands the lock over the moment it is released) and a deadline is
-/// enforced there too. What they guarantee when things go wrong:
+/// holder's database session: the guard owns one pooled connection for its whole life (size
+/// the pool for the locks held at once plus the waiters), waiting happens in the server's
+/// lock queue, and a deadline is enforced there too. `ForUpdate` and `AdvisoryXact` keep it
+/// in a transaction the guard holds open, which works behind a transaction-pooling
+/// PgBouncer; `Advisory` does not (README, "Behind a connection pooler"). A Galera node
+/// refuses `ForUpdate` and `Advisory` (their locks are local to one node).
 ///
-/// | | `ForUpdate` | `Advisory` |
-/// |---|---|---|
-/// | holder process dies | the OS closes its socket; the server rolls back and frees the lock at once (measured: < 3 ms) | same |
-/// | network partition | the server frees the lock when its TCP keepalives give up on the silent client: 2 h 11 min with Linux's defaults, 25 s with the README's settings (idle 10 s, 5 s × 3 probes; measured); meanwhile the holder's [`check`](crate::LockGuard::check) waits for its connection (until the link heals, or TCP gives up), unless libpq's `tcp_user_timeout` is in its URL | same |
-/// | database failover | the lock is gone with the session (row locks are not replicated); the holder's `check` fails | same (advisory locks are not replicated) |
-/// | fencing token | drawn by the locking statement once the row is locked | drawn by the locking statement once the lock is granted |
+/// Tokens of `Row` and `Lease` count per key; those of the session strategies come from one
+/// global source, so a key's tokens strictly increase but skip values other keys took. Every
+/// strategy's tokens keep increasing across a crash of the server and across a failover,
+/// even to a standby that lagged (they carry the server's epoch); mutual exclusion is as
+/// durable as the server's commits. A guard's connection goes back to the pool only if its
+/// release worked; otherwise it is closed, which makes the server free a session lock.
 ///
-/// The session strategies' tokens are **global**: one source for every key and for both
-/// strategies (per database on PostgreSQL, per server on MySQL), so a key's tokens strictly
-/// increase but skip the values other keys took. The source is a PostgreSQL sequence
-/// (`dlock_fence_seq`) or MySQL's `UUID_SHORT()`, never rolled back, so a dead holder's
-/// token is never reissued; neither is durable on its own, so a token goes out only at or
-/// below a bound (`dlock_fence`) that was committed, and flushed, before it: the bound is
-/// raised by 2^20 at a time (about once per 2^20 tokens per pooled session, and once per new
-/// session on MySQL); no other acquisition waits for a flush. After a crash of the *server*, the
-/// first acquisition starts its new life above that bound (an offset kept in an UNLOGGED /
-/// MEMORY table, which a crash empties), so every token after a restart exceeds every token
-/// handed out before it. This holds as long as the server keeps its commits
-/// (`fsync`/`synchronous_commit`, `innodb_flush_log_at_trx_commit = 1`, the defaults); a
-/// failover to a replica that had not received the bound's last raise may repeat tokens.
-/// | release | `COMMIT` | one `pg_advisory_unlock` / `RELEASE_LOCK` |
-///
-/// `AdvisoryXact` (PostgreSQL) behaves as `ForUpdate` in this table: its lock ends with the
-/// transaction, hence with the session; its token is drawn as `Advisory`'s; release = `COMMIT`.
-///
-/// A guard's connection goes back to the pool only if its release worked; after a failed
-/// release, a lost session or a panic it is closed, which makes the server free the lock.
+/// The details: what each does on a holder's crash, a network partition and a failover,
+/// measured, and how tokens are drawn, are in `docs/server-strategies.md` and
+/// `docs/replication.md` (in the repository), and the README's Guarantees.
 ///
 /// # Examples
 /// On SQLite, `Row` and `Lease`:

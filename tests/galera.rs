@@ -519,3 +519,67 @@ fn storm(g: &Galera, pools: &[MyPool], s: Strategy) {
     assert_eq!(count, tokens.len() as i64, "{}: lost updates", s.name());
     assert_eq!(out_of_order, 0, "{}: tokens out of holding order", s.name());
 }
+
+/// The line of waiters across nodes: a holder on node 0, then a waiter on node 1, then one on
+/// node 2, each joining once the one before has its place (seen from node 0, as `dlock
+/// list` would show it); after the release they are served in that order, with increasing
+/// tokens. Row and Lease.
+#[test]
+fn waiters_on_different_nodes_are_served_in_line() {
+    if !galera::available() {
+        return;
+    }
+    let g = Galera::start();
+    let pools = pools(&g, 4);
+    for s in [ROW, LEASE] {
+        locker(&pools[0], s).migrate().unwrap();
+        let key = format!("galera-line-{}", s.name());
+        let holder = locker(&pools[0], s).lock(&key).unwrap();
+        let waiting = |n: u32| {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                let info =
+                    diesel_lock::admin::lock_info(&mut *pools[0].get().unwrap(), &key).unwrap();
+                if info.first().is_some_and(|i| i.waiting >= n) {
+                    return;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{}: {n} waiters never showed",
+                    s.name()
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        };
+        let served = Arc::new(Mutex::new(Vec::new()));
+        let mut threads = Vec::new();
+        for node in [1, 2] {
+            let (pool, key, served) = (pools[node].clone(), key.clone(), served.clone());
+            threads.push(std::thread::spawn(move || {
+                let l = locker(&pool, s);
+                let g = l
+                    .try_lock_for(&key, Duration::from_secs(30))
+                    .unwrap()
+                    .expect("served");
+                served.lock().unwrap().push((node, g.token()));
+                std::thread::sleep(Duration::from_millis(50));
+                g.release().unwrap();
+            }));
+            waiting(node as u32);
+        }
+        let held_token = holder.token();
+        holder.release().unwrap();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let served = served.lock().unwrap().clone();
+        eprintln!("{}: holder's token {held_token}, then {served:?}", s.name());
+        assert_eq!(
+            served.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
+            vec![1, 2],
+            "{}: served out of line",
+            s.name()
+        );
+        assert!(held_token < served[0].1 && served[0].1 < served[1].1);
+    }
+}

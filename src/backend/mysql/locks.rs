@@ -244,8 +244,10 @@ impl Locks for MysqlConnection {
         else {
             return Ok(None);
         };
-        if stamped && row.token == 0 {
-            // The trigger-stamped insert ran where no trigger stamps: never a token of 0.
+        // The trigger-stamped insert ran where no trigger stamps (never a token of 0), or the
+        // key was taken ahead of the line (the caller waits its turn): the row goes back.
+        let bad_stamp = stamped && row.token == 0;
+        if bad_stamp || row.ahead > 0 {
             give_back(self, key, |c| {
                 stmt(shared::ROW_RELEASE)
                     .bind::<BigInt, _>(row.id)
@@ -253,21 +255,13 @@ impl Locks for MysqlConnection {
                     .execute(c)
                     .map(drop)
             })?;
-            return Err(diesel::result::Error::QueryBuilderError(
-                "the Row insert was refused as if the old trigger were there, but no trigger \
-                 stamped the token"
-                    .into(),
-            ));
-        }
-        if row.ahead > 0 {
-            // Taken ahead of the line: given back at once, and the caller waits its turn.
-            give_back(self, key, |c| {
-                stmt(shared::ROW_RELEASE)
-                    .bind::<BigInt, _>(row.id)
-                    .bind::<Text, _>(holder)
-                    .execute(c)
-                    .map(drop)
-            })?;
+            if bad_stamp {
+                return Err(diesel::result::Error::QueryBuilderError(
+                    "the Row insert was refused as if the old trigger were there, but no \
+                     trigger stamped the token"
+                        .into(),
+                ));
+            }
             return Ok(None);
         }
         leave_place(self, place);

@@ -359,6 +359,7 @@ impl<C: LockConnection> LockerBuilder<C> {
                 backend,
                 max_backoff: self.max_backoff,
                 schema_current: AtomicBool::new(false),
+                schema_waited: AtomicBool::new(false),
                 #[cfg(feature = "postgres")]
                 listener,
             }),

@@ -92,6 +92,9 @@ pub(crate) struct Inner<C: LockConnection> {
     /// Set once an acquisition (or `migrate`) found the tables at this build's newest
     /// migration: the schema never goes back, so it is asked once per `Locker`.
     schema_current: AtomicBool,
+    /// Set once a schema check has waited for a migration committed elsewhere to show: the
+    /// next checks of a database that is not migrated answer at once.
+    schema_waited: AtomicBool,
     /// PostgreSQL with `listen_url`: the thread that hears other processes' releases.
     /// Dropped (and joined) with the last clone of the `Locker`.
     #[cfg(feature = "postgres")]

@@ -324,16 +324,18 @@ impl<C: LockConnection> Locker<C> {
         }
         // A migration just committed on another node of a cluster (Galera applies other
         // nodes' commits a moment later) or by another process is given up to a second to
-        // show; a database never migrated pays that second once, on its way to the error.
-        let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(200));
-        let patience = Instant::now() + SCHEMA_PATIENCE;
-        while !conn.sql().schema_current()? {
-            if Instant::now() >= patience {
-                break;
+        // show, once per `Locker`: a database that is not migrated pays that second once,
+        // and later calls get the error at once.
+        let mut found = conn.sql().schema_current()?;
+        if !found && !self.inner.schema_waited.swap(true, Ordering::Relaxed) {
+            let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(200));
+            let patience = Instant::now() + SCHEMA_PATIENCE;
+            while !found && Instant::now() < patience {
+                std::thread::sleep(backoff.next_pause());
+                found = conn.sql().schema_current()?;
             }
-            std::thread::sleep(backoff.next_pause());
         }
-        if !conn.sql().schema_current()? {
+        if !found {
             return Err(Error::MissingTable(diesel::result::Error::DatabaseError(
                 diesel::result::DatabaseErrorKind::Unknown,
                 Box::new(

@@ -103,7 +103,7 @@ INI
     wait_port 6432 || { say "PgBouncer did not come up on 6432"; exit 1; }
   fi
   # dlock_pooler=transaction: diesel_lock::connect() turns diesel's prepared-statement cache
-  # off for this pool (README, "Behind a connection pooler").
+  # off for this pool (docs/guide.md, "Behind a connection pooler").
   echo "export DLOCK_TEST_PGBOUNCER_URL=postgres://dlock:dlock@127.0.0.1:6432/dlock_test?dlock_pooler=transaction"
 fi
 

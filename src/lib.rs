@@ -46,13 +46,13 @@
 //! - [`Strategy::AdvisoryXact`] (PostgreSQL `pg_advisory_xact_lock`): the same lock held by
 //!   a transaction the guard keeps open; release is `COMMIT`. What works behind a
 //!   transaction-pooling PgBouncer (with `dlock_pooler=transaction` in the URL given to
-//!   [`connect`]; README, "Behind a connection pooler"), where `Advisory` does not.
+//!   [`connect`]; docs/guide.md, "Behind a connection pooler"), where `Advisory` does not.
 //!
 //! The last three are *session strategies*: the guard owns a pooled connection for its whole
 //! life, waiting happens in the server's lock queue, and a holder that dies frees its lock
 //! as soon as the server sees its connection close, with no ttl to wait out. A failover
 //! ends the lock with the session, and so does a network partition once the server's TCP
-//! keepalives give up on the holder (2 h 11 min by Linux's defaults: see the README for
+//! keepalives give up on the holder (2 h 11 min by Linux's defaults: see docs/guide.md for
 //! settings that make it 25 s); [`LockGuard::check`] asks the server on the guard's own
 //! connection and reports [`Error::LockLost`]. A `Lease` guard cut off from the database
 //! reports the loss by itself, before any other client can take the key. See [`Strategy`]

@@ -26,7 +26,7 @@ use diesel::{Connection, MysqlConnection, QueryableByName, RunQueryDsl};
 use diesel_lock::{Cancel, Error, Locker, Strategy};
 use std::time::{Duration, Instant};
 
-/// Everything the library needs, on its database only (see the README):
+/// Everything the library needs, on its database only (see docs/replication.md):
 /// - SELECT, INSERT, UPDATE, DELETE: the lock tables' rows, and diesel's record of the
 ///   migrations (`__diesel_schema_migrations`);
 /// - CREATE: `migrate()`'s CREATE TABLE (their keys and indexes are declared in it: no INDEX

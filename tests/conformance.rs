@@ -31,7 +31,7 @@ conformance_suite!(pg_advisory, common::pg(), Strategy::Advisory);
 #[cfg(feature = "postgres")]
 conformance_suite!(pg_advisory_xact, common::pg(), Strategy::AdvisoryXact);
 
-// Through a transaction-pooling PgBouncer: the strategies that work there (README, "Behind a
+// Through a transaction-pooling PgBouncer: the strategies that work there (docs/guide.md, "Behind a
 // connection pooler"). Session-level Advisory does not, and is not run.
 #[cfg(feature = "postgres")]
 conformance_suite!(pgbouncer_row, common::pgbouncer(), ROW);

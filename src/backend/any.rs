@@ -245,7 +245,7 @@ fn sqlite_path(path: &str) -> Result<String> {
 /// query parameter `dlock_pooler=transaction` goes through a transaction-pooling PgBouncer
 /// (or a pooler like it): the parameter is taken out of the URL before libpq sees it, and
 /// the pool's connections run without diesel's cache of named prepared statements, which
-/// such a pooler breaks (README, "Behind a connection pooler": which strategies work there).
+/// such a pooler breaks (docs/guide.md, "Behind a connection pooler": which strategies work there).
 /// The pool holds at most 10
 /// connections and waits at most 10 s for one. Its failures to connect (a database
 /// restarting, say) are logged at `warn` at most once per 10 s, the rest at `debug`.

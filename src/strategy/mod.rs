@@ -47,7 +47,7 @@ use std::sync::Arc;
 /// the pool for the locks held at once plus the waiters), waiting happens in the server's
 /// lock queue, and a deadline is enforced there too. `ForUpdate` and `AdvisoryXact` keep it
 /// in a transaction the guard holds open, which works behind a transaction-pooling
-/// PgBouncer; `Advisory` does not (README, "Behind a connection pooler"). A Galera node
+/// PgBouncer; `Advisory` does not (docs/guide.md, "Behind a connection pooler"). A Galera node
 /// refuses `ForUpdate` and `Advisory` (their locks are local to one node).
 ///
 /// Tokens of `Row` and `Lease` count per key; those of the session strategies come from one
@@ -59,7 +59,7 @@ use std::sync::Arc;
 ///
 /// The details: what each does on a holder's crash, a network partition and a failover,
 /// measured, and how tokens are drawn, are in `docs/server-strategies.md` and
-/// `docs/replication.md` (in the repository), and the README's Guarantees.
+/// `docs/replication.md` (in the repository), and `docs/guide.md`.
 ///
 /// # Examples
 /// On SQLite, `Row` and `Lease`:

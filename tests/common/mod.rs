@@ -176,7 +176,7 @@ pub fn strip_pooler(url: &str) -> Option<String> {
 }
 
 /// Makes a pool fit for a transaction pooler: no cache of named prepared statements (what
-/// `connect` does for a `dlock_pooler=transaction` URL; README, "Behind a connection pooler").
+/// `connect` does for a `dlock_pooler=transaction` URL; docs/guide.md, "Behind a connection pooler").
 #[derive(Debug, Clone, Copy)]
 pub struct NoStatementCache;
 

@@ -84,8 +84,8 @@ pub(super) fn join(conn: &mut MysqlConnection) -> QueryResult<()> {
     if off(conn)?.is_none() {
         // A life from before lives had a server was started here by processes of an older
         // version, which may still be running: this server's, and kept. (A promoted replica
-        // whose old primary ran such processes cannot tell it is not its own: see README,
-        // Upgrading.)
+        // whose old primary ran such processes cannot tell it is not its own: see
+        // docs/guide.md, Guarantees, Upgrading.)
         stmt("UPDATE dlock_fence_live SET server = @@GLOBAL.server_id WHERE id = 1 AND server IS NULL")
             .execute(conn)?;
     }

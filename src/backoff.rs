@@ -29,6 +29,30 @@ impl Backoff {
     }
 }
 
+/// Runs `f` on `conn`, and again after a pause of backoff (1 ms doubling up to `max`) while
+/// it fails with an error `contended` says is contention (a deadlock victim's statement was
+/// rolled back, so running it again is safe): at most 9 runs; the last one's result is
+/// returned. `what` names the statement in the debug log.
+pub(crate) fn retry_contended<C: ?Sized, T, E: std::fmt::Display>(
+    conn: &mut C,
+    max: Duration,
+    what: &str,
+    mut f: impl FnMut(&mut C) -> Result<T, E>,
+    contended: impl Fn(&mut C, &E) -> bool,
+) -> Result<T, E> {
+    let mut backoff = Backoff::new(Duration::from_millis(1), max);
+    for _ in 0..8 {
+        match f(conn) {
+            Err(e) if contended(conn, &e) => {
+                log::debug!("contention on {what} ({e}); retrying");
+                std::thread::sleep(backoff.next_pause());
+            }
+            other => return other,
+        }
+    }
+    f(conn)
+}
+
 /// A pause drawn from the upper half of `bound`: at least `bound / 2`, at most `bound`.
 pub(crate) fn jitter(bound: Duration) -> Duration {
     let half = bound / 2;
@@ -39,6 +63,52 @@ pub(crate) fn jitter(bound: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn contention_is_retried_nine_runs_at_most_and_other_errors_at_once() {
+        let contended = |_: &mut u32, e: &&str| *e == "busy";
+        let max = Duration::from_millis(1);
+        let mut runs = 0;
+        let r = retry_contended(
+            &mut runs,
+            max,
+            "t",
+            |n| {
+                *n += 1;
+                if *n < 3 {
+                    Err("busy")
+                } else {
+                    Ok(*n)
+                }
+            },
+            contended,
+        );
+        assert_eq!(r, Ok(3));
+        let mut runs = 0;
+        let r: Result<(), _> = retry_contended(
+            &mut runs,
+            max,
+            "t",
+            |n| {
+                *n += 1;
+                Err("busy")
+            },
+            contended,
+        );
+        assert_eq!((r, runs), (Err("busy"), 9));
+        let mut runs = 0;
+        let r: Result<(), _> = retry_contended(
+            &mut runs,
+            max,
+            "t",
+            |n| {
+                *n += 1;
+                Err("broken")
+            },
+            contended,
+        );
+        assert_eq!((r, runs), (Err("broken"), 1));
+    }
 
     #[test]
     fn pauses_grow_to_their_bound() {

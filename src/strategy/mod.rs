@@ -492,20 +492,16 @@ pub(crate) fn with_conn<C: LockConnection, T>(
 /// `with_conn` on a connection taken already.
 pub(crate) fn with_pooled<C: LockConnection, T>(
     mut conn: Pooled<C>,
-    mut f: impl FnMut(&mut C) -> diesel::QueryResult<T>,
+    f: impl FnMut(&mut C) -> diesel::QueryResult<T>,
 ) -> Result<T> {
-    let mut backoff =
-        crate::backoff::Backoff::new(Duration::from_millis(1), Duration::from_millis(128));
-    for _ in 0..8 {
-        match f(&mut conn) {
-            Err(e) if conn.sql().is_contention(&e) => {
-                log::debug!("contention on a release or renewal ({e}); retrying");
-                std::thread::sleep(backoff.next_pause());
-            }
-            other => return other.map_err(Error::from),
-        }
-    }
-    f(&mut conn).map_err(Error::from)
+    crate::backoff::retry_contended(
+        &mut *conn,
+        Duration::from_millis(128),
+        "a release or renewal",
+        f,
+        |c, e| c.sql().is_contention(e),
+    )
+    .map_err(Error::from)
 }
 
 /// Maps a contention error of one attempt to "busy".

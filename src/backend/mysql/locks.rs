@@ -146,23 +146,17 @@ fn leave_place(conn: &mut MysqlConnection, place: i64) {
 fn give_back(
     conn: &mut MysqlConnection,
     key: &str,
-    mut f: impl FnMut(&mut MysqlConnection) -> QueryResult<()>,
+    f: impl FnMut(&mut MysqlConnection) -> QueryResult<()>,
 ) -> QueryResult<()> {
     use crate::backend::sealed::Dialect;
-    let mut backoff = crate::backoff::Backoff::new(
-        std::time::Duration::from_millis(1),
+    crate::backoff::retry_contended(
+        conn,
         std::time::Duration::from_millis(64),
-    );
-    for _ in 0..8 {
-        match f(conn) {
-            Err(e) if conn.is_contention(&e) => {
-                log::debug!("lock {key:?}: giving back a key taken ahead of the line met contention ({e}); again");
-                std::thread::sleep(backoff.next_pause());
-            }
-            other => return other,
-        }
-    }
-    f(conn).map_err(|e| {
+        &format!("giving back {key:?}, taken ahead of the line"),
+        f,
+        |c, e| c.is_contention(e),
+    )
+    .map_err(|e| {
         if conn.is_contention(&e) {
             diesel::result::Error::QueryBuilderError(
                 format!("could not give back a key taken ahead of the line: {e}").into(),

@@ -83,8 +83,10 @@ fn session_strategies_are_refused_on_a_node() {
         let l = locker(&pools[0], s);
         l.migrate().expect("migrate on a Galera node");
         for pool in &pools {
+            // A release on one node shows on the next once Galera has applied it there: one
+            // attempt could still find the row, so the key gets a moment to show free.
             let g = locker(pool, s)
-                .try_lock("galera-smoke")
+                .try_lock_for("galera-smoke", Duration::from_secs(5))
                 .unwrap()
                 .expect("free");
             g.release().unwrap();

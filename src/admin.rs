@@ -64,7 +64,9 @@ pub fn held_locks<C: LockConnection>(conn: &mut C) -> Result<Vec<LockInfo>> {
         .collect();
     all.extend(holders(conn, None)?.into_iter().map(|h| h.info));
     add_lines(conn, None, &mut all)?;
-    all.sort_by(|a, b| (&a.key, a.strategy, a.token).cmp(&(&b.key, b.strategy, b.token)));
+    all.sort_by(|a, b| {
+        (&a.key, a.strategy.as_str(), a.token).cmp(&(&b.key, b.strategy.as_str(), b.token))
+    });
     Ok(all)
 }
 
@@ -106,7 +108,7 @@ pub fn lock_info<C: LockConnection>(conn: &mut C, key: &str) -> Result<Vec<LockI
         )
         .collect();
     add_lines(conn, Some(key), &mut held)?;
-    held.sort_by_key(|i| (i.strategy, i.token));
+    held.sort_by_key(|i| (i.strategy.as_str(), i.token));
     Ok(held)
 }
 
@@ -145,7 +147,7 @@ pub fn force_release<C: LockConnection>(conn: &mut C, key: &str) -> Result<Vec<L
             removed.push(held.info);
         }
     }
-    removed.sort_by_key(|i| i.strategy);
+    removed.sort_by_key(|i| i.strategy.as_str());
     for info in &removed {
         log::warn!(
             "lock {key:?}: forcibly released the {} lock of {:?} (token {})",
@@ -176,7 +178,7 @@ fn add_lines<C: LockConnection>(
     for line in lines {
         for info in infos
             .iter_mut()
-            .filter(|i| i.key == line.lock_key && i.mode == "exclusive")
+            .filter(|i| i.key == line.lock_key && i.mode == crate::LockMode::Exclusive)
         {
             info.waiting = u32::try_from(line.waiting).unwrap_or(u32::MAX);
             info.longest_wait = Some(std::time::Duration::from_micros(

@@ -33,6 +33,84 @@ pub enum Leadership {
     },
 }
 
+/// One term of leadership, as [`Election::run_while_leader`] hands it to the leader's work:
+/// its number, and whether it still lasts.
+///
+/// ```
+/// # fn main() -> diesel_lock::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let pool = diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?;
+/// # let locker = diesel_lock::Locker::builder(pool).strategy(diesel_lock::Strategy::Lease { ttl: std::time::Duration::from_secs(10) }).build()?;
+/// # locker.migrate()?;
+/// let election = diesel_lock::Election::start(locker, "scheduler")?;
+/// let value = election.run_while_leader(std::time::Duration::from_secs(5), |term| {
+///     assert!(term.is_current());
+///     term.value()
+/// });
+/// assert_eq!(value, election.term());
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Term {
+    value: i64,
+    watch: LossWatch,
+}
+
+impl Term {
+    /// The term's number: the lock's fencing token, greater than every earlier leader's.
+    ///
+    /// ```
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let pool = diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?;
+    /// # let locker = diesel_lock::Locker::builder(pool).strategy(diesel_lock::Strategy::Lease { ttl: std::time::Duration::from_secs(10) }).build()?;
+    /// # locker.migrate()?;
+    /// let election = diesel_lock::Election::start(locker, "scheduler")?;
+    /// let value = election.run_while_leader(std::time::Duration::from_secs(5), |t| t.value());
+    /// assert!(value.unwrap() > 0);
+    /// # Ok(()) }
+    /// ```
+    pub fn value(&self) -> i64 {
+        self.value
+    }
+
+    /// Whether this replica still leads in this term: false once its lock is lost or it
+    /// resigned. Told as [`LockGuard::loss_watch`](crate::LockGuard::loss_watch) is told.
+    ///
+    /// ```
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let pool = diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?;
+    /// # let locker = diesel_lock::Locker::builder(pool).strategy(diesel_lock::Strategy::Lease { ttl: std::time::Duration::from_secs(10) }).build()?;
+    /// # locker.migrate()?;
+    /// let election = diesel_lock::Election::start(locker, "scheduler")?;
+    /// assert_eq!(election.run_while_leader(std::time::Duration::from_secs(5), |t| t.is_current()), Some(true));
+    /// # Ok(()) }
+    /// ```
+    pub fn is_current(&self) -> bool {
+        self.watch.status() == LockStatus::Held
+    }
+
+    /// Waits at most `timeout` for the term to end: true if it has ended by then.
+    ///
+    /// ```
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let pool = diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?;
+    /// # let locker = diesel_lock::Locker::builder(pool).strategy(diesel_lock::Strategy::Lease { ttl: std::time::Duration::from_secs(10) }).build()?;
+    /// # locker.migrate()?;
+    /// let election = diesel_lock::Election::start(locker, "scheduler")?;
+    /// let ended = election.run_while_leader(std::time::Duration::from_secs(5), |t| {
+    ///     t.wait_ended(std::time::Duration::from_millis(10))
+    /// });
+    /// assert_eq!(ended, Some(false)); // still leading
+    /// # Ok(()) }
+    /// ```
+    pub fn wait_ended(&self, timeout: Duration) -> bool {
+        self.watch.wait(timeout) != LockStatus::Held
+    }
+}
+
 struct State {
     /// The term while leader, and the watch on its lock.
     leading: Option<(i64, LossWatch)>,
@@ -233,12 +311,21 @@ impl<C: LockConnection> Election<C> {
     /// # Ok(()) }
     /// ```
     pub fn wait_leader(&self, timeout: Duration) -> Option<i64> {
+        self.wait_term(timeout).map(|t| t.value)
+    }
+
+    /// The current term with the watch on its lock, once this replica leads (at most
+    /// `timeout`).
+    fn wait_term(&self, timeout: Duration) -> Option<Term> {
         let deadline = Instant::now().checked_add(timeout);
         let mut st = self.shared.lock();
         loop {
             if let Some((term, watch)) = &st.leading {
                 if watch.status() == LockStatus::Held {
-                    return Some(*term);
+                    return Some(Term {
+                        value: *term,
+                        watch: watch.clone(),
+                    });
                 }
             }
             let left = match deadline {
@@ -250,6 +337,45 @@ impl<C: LockConnection> Election<C> {
             }
             st = self.shared.changed.wait_timeout(st, left).unpoisoned().0;
         }
+    }
+
+    /// Runs `work` while this replica leads: waits at most `timeout` to be elected (`None`
+    /// if it is not by then), then calls `work` with the [`Term`] and returns what it
+    /// returns. The work is the leader's, and the term says for how long: check
+    /// [`Term::is_current`] between its steps and stop when it says false, and give
+    /// [`Term::value`] to what the work writes, so that a deposed leader's late writes can be
+    /// refused. A Curator `LeaderSelector`'s `takeLeadership`, in one call.
+    ///
+    /// The election goes on after `work` returns: call it again for the next round (or
+    /// [`resign`](Self::resign) to hand the leadership over).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let pool = diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?;
+    /// # let locker = diesel_lock::Locker::builder(pool).strategy(diesel_lock::Strategy::Lease { ttl: std::time::Duration::from_secs(10) }).build()?;
+    /// # locker.migrate()?;
+    /// let election = diesel_lock::Election::start(locker, "scheduler")?;
+    /// let rounds = election.run_while_leader(Duration::from_secs(5), |term| {
+    ///     let mut rounds = 0;
+    ///     while term.is_current() && rounds < 3 {
+    ///         // ... schedule this round's jobs, stamped with term.value() ...
+    ///         rounds += 1;
+    ///     }
+    ///     rounds
+    /// });
+    /// assert_eq!(rounds, Some(3));
+    /// # Ok(()) }
+    /// ```
+    pub fn run_while_leader<T>(
+        &self,
+        timeout: Duration,
+        work: impl FnOnce(&Term) -> T,
+    ) -> Option<T> {
+        let term = self.wait_term(timeout)?;
+        Some(work(&term))
     }
 
     /// Waits at most `timeout` for this replica to stop being the leader (its lock lost);

@@ -323,6 +323,44 @@ impl<C: LockConnection> LockGuard<C> {
         self.release_inner()
     }
 
+    /// Releases the lock no sooner than `min` after it was acquired: ShedLock's
+    /// `lockAtLeastFor`, for a scheduled job that may finish in less time than the clocks of
+    /// the machines that run it may differ, so that another machine cannot run the same
+    /// round again. Returns at once (releasing) if `min` has already passed; otherwise
+    /// blocks the calling thread, holding the lock, until it has, then releases.
+    ///
+    /// The lock stays under watch meanwhile: if it is lost during the wait, the call returns
+    /// at once with [`Error::LockLost`] (see [`loss_watch`](Self::loss_watch)).
+    /// `dlock run --min-hold` does the same for a command.
+    ///
+    /// # Errors
+    /// As for [`release`](Self::release).
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::{Duration, Instant};
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let locker = diesel_lock::Locker::builder(diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?).build()?;
+    /// # locker.migrate()?;
+    /// let start = Instant::now();
+    /// let guard = locker.lock("nightly-report")?;
+    /// // ... the job, done in a moment ...
+    /// guard.hold_at_least(Duration::from_millis(50))?;
+    /// assert!(start.elapsed() >= Duration::from_millis(50));
+    /// assert!(locker.try_lock("nightly-report")?.is_some()); // released now
+    /// # Ok(()) }
+    /// ```
+    pub fn hold_at_least(self, min: Duration) -> Result<()> {
+        let remaining = min.saturating_sub(self.made.elapsed());
+        if !remaining.is_zero() {
+            // Ends early on a loss; the release below then reports it.
+            self.wait_lost(remaining);
+        }
+        self.release()
+    }
+
     fn release_inner(&mut self) -> Result<()> {
         // From here on only the release's outcome tells the loss watchers anything: a
         // renewal racing the release's own delete must not report a loss.

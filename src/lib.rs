@@ -147,14 +147,15 @@ mod sync;
 #[cfg(feature = "sqlite")]
 pub use backend::SqliteTuning;
 pub use backend::{connect, AnyConnection, Backend, LockConnection};
-pub use election::{Election, Leadership};
+pub use election::{Election, Leadership, Term};
 pub use error::{Error, Result};
 pub use guard::LockGuard;
 pub use key::{key_hash, MAX_KEY_LEN};
-pub use lock_info::LockInfo;
+pub use lock_info::{LockInfo, LockMode, StrategyKind};
 pub use locker::{Cancel, Locker, LockerBuilder, MultiGuard};
 pub use loss::{LockStatus, LossWatch};
 pub use strategy::Strategy;
 
+#[cfg(feature = "bench-sql")]
 #[doc(hidden)]
 pub use backend::bench_sql as __bench_sql;

@@ -4,6 +4,98 @@
 use chrono::{DateTime, Utc};
 use std::time::Duration;
 
+/// A strategy without its settings: what [`LockInfo::strategy`] says, and what
+/// [`Strategy::kind`](crate::Strategy::kind) gives. Displays as
+/// [`Strategy::name`](crate::Strategy::name) does (`"row"`, `"lease"`, `"for-update"`, …).
+///
+/// ```
+/// use diesel_lock::{Strategy, StrategyKind};
+///
+/// assert_eq!(Strategy::ForUpdate.kind(), StrategyKind::ForUpdate);
+/// assert_eq!(StrategyKind::ForUpdate.to_string(), "for-update");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StrategyKind {
+    /// [`Strategy::Row`](crate::Strategy::Row).
+    Row,
+    /// [`Strategy::Lease`](crate::Strategy::Lease).
+    Lease,
+    /// [`Strategy::ForUpdate`](crate::Strategy::ForUpdate).
+    ForUpdate,
+    /// [`Strategy::Advisory`](crate::Strategy::Advisory).
+    Advisory,
+    /// [`Strategy::AdvisoryXact`](crate::Strategy::AdvisoryXact).
+    AdvisoryXact,
+}
+
+impl StrategyKind {
+    /// The name `dlock --strategy` takes: `"row"`, `"lease"`, `"for-update"`, `"advisory"`,
+    /// `"advisory-xact"`.
+    ///
+    /// ```
+    /// assert_eq!(diesel_lock::StrategyKind::AdvisoryXact.as_str(), "advisory-xact");
+    /// ```
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StrategyKind::Row => "row",
+            StrategyKind::Lease => "lease",
+            StrategyKind::ForUpdate => "for-update",
+            StrategyKind::Advisory => "advisory",
+            StrategyKind::AdvisoryXact => "advisory-xact",
+        }
+    }
+}
+
+impl std::fmt::Display for StrategyKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How a lock is held: what [`LockInfo::mode`] says. Displays in lowercase (`"exclusive"`,
+/// `"read"`, `"write"`, `"permit"`), as `dlock list` shows it.
+///
+/// ```
+/// use diesel_lock::LockMode;
+///
+/// assert_eq!(LockMode::Exclusive.to_string(), "exclusive");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LockMode {
+    /// The key's exclusive lock ([`Locker::lock`](crate::Locker::lock)).
+    Exclusive,
+    /// One of the key's readers ([`Locker::read`](crate::Locker::read)).
+    Read,
+    /// The key's writer ([`Locker::write`](crate::Locker::write)).
+    Write,
+    /// One of the permits of a semaphore ([`Locker::permit`](crate::Locker::permit)).
+    Permit,
+}
+
+impl LockMode {
+    /// The lowercase name: `"exclusive"`, `"read"`, `"write"` or `"permit"`.
+    ///
+    /// ```
+    /// assert_eq!(diesel_lock::LockMode::Permit.as_str(), "permit");
+    /// ```
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LockMode::Exclusive => "exclusive",
+            LockMode::Read => "read",
+            LockMode::Write => "write",
+            LockMode::Permit => "permit",
+        }
+    }
+}
+
+impl std::fmt::Display for LockMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One held lock, as the database saw it.
 ///
 /// ```
@@ -27,9 +119,10 @@ use std::time::Duration;
 pub struct LockInfo {
     /// The lock's key.
     pub key: String,
-    /// The strategy that holds it, as named by [`Strategy::name`](crate::Strategy::name):
-    /// `"row"` or `"lease"`.
-    pub strategy: &'static str,
+    /// The strategy that holds it: [`StrategyKind::Row`] or [`StrategyKind::Lease`], the
+    /// strategies whose locks are rows (the session strategies' locks live in the server's
+    /// lock tables, not in ours).
+    pub strategy: StrategyKind,
     /// The owner name its holder gave.
     pub owner: String,
     /// Its fencing token.
@@ -42,11 +135,11 @@ pub struct LockInfo {
     /// The database's time when this was read: ages and remaining times are measured from it,
     /// never from the local clock.
     pub observed_at: DateTime<Utc>,
-    /// How it is held: `"exclusive"` (`lock`), or a shared lease's `"read"`, `"write"` or
-    /// `"permit"` (see [`Locker::read`](crate::Locker::read) and
+    /// How it is held: [`LockMode::Exclusive`] (`lock`), or a shared lease's `Read`,
+    /// `Write` or `Permit` (see [`Locker::read`](crate::Locker::read) and
     /// [`Locker::permit`](crate::Locker::permit)); a key's readers and permit holders are
     /// listed one each.
-    pub mode: &'static str,
+    pub mode: LockMode,
     /// A semaphore's number of permits (for `"permit"`), else `None`.
     pub permits: Option<u32>,
     /// `Row` and `Lease` exclusive locks: how many wait for the key in its line (live

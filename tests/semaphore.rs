@@ -273,7 +273,7 @@ fn admin_without_the_shared_tables_lists_the_rest() {
         .unwrap();
     let held = diesel_lock::admin::held_locks(&mut *c).unwrap();
     assert_eq!(held.len(), 1);
-    assert_eq!(held[0].mode, "exclusive");
+    assert_eq!(held[0].mode, diesel_lock::LockMode::Exclusive);
     assert_eq!(
         diesel_lock::admin::force_release(&mut *c, &key)
             .unwrap()

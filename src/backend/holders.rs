@@ -236,16 +236,16 @@ macro_rules! holder_row {
                     .map(|r| $crate::backend::holders::HolderRow {
                         info: $crate::lock_info::LockInfo {
                             key: r.lock_key,
-                            strategy: "lease",
+                            strategy: $crate::lock_info::StrategyKind::Lease,
                             owner: r.owner,
                             token: r.token,
                             acquired_at: utc(r.acquired_at),
                             expires_at: Some(utc(r.expires_at)),
                             observed_at: utc(r.observed_at),
                             mode: match r.mode.as_str() {
-                                "read" => "read",
-                                "write" => "write",
-                                _ => "permit",
+                                "read" => $crate::lock_info::LockMode::Read,
+                                "write" => $crate::lock_info::LockMode::Write,
+                                _ => $crate::lock_info::LockMode::Permit,
                             },
                             permits: (r.permits > 0)
                                 .then(|| u32::try_from(r.permits).unwrap_or(u32::MAX)),

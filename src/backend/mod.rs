@@ -9,6 +9,7 @@ use chrono::{DateTime, Utc};
 use diesel::QueryResult;
 
 mod any;
+#[cfg(feature = "bench-sql")]
 pub mod bench_sql;
 pub(crate) mod fence;
 pub(crate) mod for_share;

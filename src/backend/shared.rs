@@ -2,6 +2,8 @@
 //! return (`acquired_row!`, `held_row!`, `One`), and the statements whose SQL is the same on several backends, each as one
 //! text and one method (`statements!`) that a backend expands inside its trait impl. Every
 //! text says which backends run it; a backend whose SQL differs writes its own.
+// Its statements' texts are `pub` for `__bench_sql` (feature `bench-sql`) only.
+#![cfg_attr(not(feature = "bench-sql"), allow(unreachable_pub))]
 
 // The texts. Those the benches' raw floors run are `pub`, for `diesel_lock::__bench_sql`.
 
@@ -148,7 +150,7 @@ macro_rules! held_row {
 
         fn held(
             rows: diesel::QueryResult<Vec<HeldRow>>,
-            strategy: &'static str,
+            strategy: $crate::lock_info::StrategyKind,
         ) -> diesel::QueryResult<Vec<$crate::backend::Held>> {
             let utc: fn($time) -> chrono::DateTime<chrono::Utc> = $utc;
             rows.map(|v| {
@@ -162,7 +164,7 @@ macro_rules! held_row {
                             acquired_at: utc(r.acquired_at),
                             expires_at: r.expires_at.map(utc),
                             observed_at: utc(r.observed_at),
-                            mode: "exclusive",
+                            mode: $crate::lock_info::LockMode::Exclusive,
                             permits: None,
                             waiting: 0,
                             longest_wait: None,

@@ -53,7 +53,7 @@ impl<C: LockConnection> LockerBuilder<C> {
     /// The strategy used for every lock. Defaults to `Strategy::Lease { ttl: 30 s }`.
     ///
     /// ```
-    /// use diesel_lock::{admin, Locker, Strategy};
+    /// use diesel_lock::{admin, Locker, Strategy, StrategyKind};
     /// use std::time::Duration;
     ///
     /// # fn main() -> diesel_lock::Result<()> {
@@ -63,7 +63,7 @@ impl<C: LockConnection> LockerBuilder<C> {
     /// let locker = Locker::builder(pool.clone()).strategy(row).build()?;
     /// locker.migrate()?;
     /// let _guard = locker.lock("import")?;
-    /// assert_eq!(admin::lock_info(&mut *pool.get()?, "import")?[0].strategy, "row");
+    /// assert_eq!(admin::lock_info(&mut *pool.get()?, "import")?[0].strategy, StrategyKind::Row);
     /// # Ok(()) }
     /// ```
     pub fn strategy(mut self, strategy: Strategy) -> Self {

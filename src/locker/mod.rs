@@ -35,6 +35,25 @@ use std::time::{Duration, Instant};
 ///
 /// Cheap to clone (an `Arc`), `Send` and `Sync`: share one per strategy across threads.
 ///
+/// # Acquiring: one rule for every kind of lock
+/// Each kind of lock — [`lock`](Self::lock) (exclusive), [`read`](Self::read),
+/// [`write`](Self::write), [`permit`](Self::permit) and [`lock_all`](Self::lock_all) —
+/// comes in the same five forms, named as `lock_api` and `parking_lot` name them:
+///
+/// | form | waits | returns |
+/// |---|---|---|
+/// | `lock(key)` | as long as it takes | the guard |
+/// | `try_lock(key)` | not at all: one attempt | `Some(guard)`, or `None` if held elsewhere |
+/// | `try_lock_for(key, Duration)` | at most that long | `Some(guard)`, or `None` at the deadline |
+/// | `try_lock_until(key, Instant)` | until then at the latest | as above |
+/// | `try_lock_cancellable(key, Option<Instant>, &Cancel)` | until the deadline (`None`: no deadline) or a [`Cancel`] | as above, `None` also when cancelled |
+///
+/// Replace `lock` by `read`, `write`, `permit` (whose second argument is the number of
+/// permits) or `lock_all` (whose first is a slice of keys): `try_read_for`,
+/// `try_permit_until`, `try_lock_all_cancellable`, and so on. `None` always means "not
+/// acquired in time"; an `Err` means the attempt itself failed (the database could not be
+/// reached, a bad key, an unsupported mode).
+///
 /// # Fairness
 /// Threads of one `Locker` waiting for the same key line up first-come first-served, and only
 /// the first of them asks the database; a release by one of them wakes the next at once.

@@ -103,6 +103,28 @@ impl<C: LockConnection> Locker<C> {
         self.acquire(&*raw, key, Deadline::after(timeout), None)
     }
 
+    /// Waits until `deadline` at the latest to take `key` as a reader; `Ok(None)` when it passes.
+    ///
+    /// # Errors
+    /// As for [`read`](Self::read).
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::{Duration, Instant};
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let locker = diesel_lock::Locker::builder(diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?).build()?;
+    /// # locker.migrate()?;
+    /// let soon = Instant::now() + Duration::from_secs(1);
+    /// assert!(locker.try_read_until("catalog", soon)?.is_some());
+    /// # Ok(()) }
+    /// ```
+    pub fn try_read_until(&self, key: &str, deadline: Instant) -> Result<Option<LockGuard<C>>> {
+        let raw = self.mode_raw(Mode::Read)?;
+        self.acquire(&*raw, key, Deadline::At(deadline), None)
+    }
+
     /// Takes `key` as its one writer, waiting as long as it takes: no reader and no other
     /// writer holds it meanwhile.
     ///
@@ -183,6 +205,31 @@ impl<C: LockConnection> Locker<C> {
     pub fn try_write_for(&self, key: &str, timeout: Duration) -> Result<Option<LockGuard<C>>> {
         let raw = self.mode_raw(Mode::Write)?;
         self.acquire(&*raw, key, Deadline::after(timeout), None)
+    }
+
+    /// Waits until `deadline` at the latest to take `key` as its writer; `Ok(None)` when it passes.
+    ///
+    /// # Errors
+    /// As for [`write`](Self::write).
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::{Duration, Instant};
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let locker = diesel_lock::Locker::builder(diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?).build()?;
+    /// # locker.migrate()?;
+    /// let reader = locker.read("catalog")?;
+    /// let soon = Instant::now() + Duration::from_millis(20);
+    /// assert!(locker.try_write_until("catalog", soon)?.is_none()); // a reader holds it
+    /// drop(reader);
+    /// assert!(locker.try_write_until("catalog", soon + Duration::from_secs(1))?.is_some());
+    /// # Ok(()) }
+    /// ```
+    pub fn try_write_until(&self, key: &str, deadline: Instant) -> Result<Option<LockGuard<C>>> {
+        let raw = self.mode_raw(Mode::Write)?;
+        self.acquire(&*raw, key, Deadline::At(deadline), None)
     }
 
     /// Takes one of `permits` permits of the semaphore `key`, waiting as long as it takes:
@@ -278,6 +325,35 @@ impl<C: LockConnection> Locker<C> {
     ) -> Result<Option<LockGuard<C>>> {
         let raw = self.mode_raw(Mode::Permits(permits))?;
         self.acquire(&*raw, key, Deadline::after(timeout), None)
+    }
+
+    /// Waits until `deadline` at the latest to take a permit of the semaphore `key`; `Ok(None)` when it passes.
+    ///
+    /// # Errors
+    /// As for [`permit`](Self::permit).
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::{Duration, Instant};
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let locker = diesel_lock::Locker::builder(diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?).build()?;
+    /// # locker.migrate()?;
+    /// let held = locker.permit("single", 1)?;
+    /// let soon = Instant::now() + Duration::from_millis(20);
+    /// assert!(locker.try_permit_until("single", 1, soon)?.is_none());
+    /// # drop(held);
+    /// # Ok(()) }
+    /// ```
+    pub fn try_permit_until(
+        &self,
+        key: &str,
+        permits: u32,
+        deadline: Instant,
+    ) -> Result<Option<LockGuard<C>>> {
+        let raw = self.mode_raw(Mode::Permits(permits))?;
+        self.acquire(&*raw, key, Deadline::At(deadline), None)
     }
 
     /// Waits to take `key` as a reader until `deadline` (`None`: as long as it takes) unless

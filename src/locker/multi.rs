@@ -1,7 +1,7 @@
 //! `lock_all`: several keys at once, all or nothing.
 
 use super::deadline::Deadline;
-use super::Locker;
+use super::{Cancel, Locker};
 use crate::backend::LockConnection;
 use crate::guard::LockGuard;
 use crate::{key, Result};
@@ -138,7 +138,7 @@ impl<C: LockConnection> Locker<C> {
     /// # Ok(()) }
     /// ```
     pub fn lock_all(&self, keys: &[&str]) -> Result<MultiGuard<C>> {
-        match self.all(keys, Deadline::Never)? {
+        match self.all(keys, Deadline::Never, None)? {
             Some(guard) => Ok(guard),
             None => unreachable!("waiting without a deadline only ends with the locks"),
         }
@@ -163,7 +163,7 @@ impl<C: LockConnection> Locker<C> {
     /// # Ok(()) }
     /// ```
     pub fn try_lock_all(&self, keys: &[&str]) -> Result<Option<MultiGuard<C>>> {
-        self.all(keys, Deadline::Once)
+        self.all(keys, Deadline::Once, None)
     }
 
     /// Waits at most `timeout` for all of the keys: `Ok(None)`, with every key taken so far
@@ -191,7 +191,7 @@ impl<C: LockConnection> Locker<C> {
         keys: &[&str],
         timeout: Duration,
     ) -> Result<Option<MultiGuard<C>>> {
-        self.all(keys, Deadline::after(timeout))
+        self.all(keys, Deadline::after(timeout), None)
     }
 
     /// Waits until `deadline` at the latest for all of the keys; see
@@ -217,10 +217,54 @@ impl<C: LockConnection> Locker<C> {
         keys: &[&str],
         deadline: Instant,
     ) -> Result<Option<MultiGuard<C>>> {
-        self.all(keys, Deadline::At(deadline))
+        self.all(keys, Deadline::At(deadline), None)
     }
 
-    fn all(&self, keys: &[&str], deadline: Deadline) -> Result<Option<MultiGuard<C>>> {
+    /// Waits for all of the keys until `deadline` (`None`: as long as it takes) unless
+    /// `cancel` is cancelled first, from another thread: `Ok(None)` then, with every key
+    /// taken so far released. As [`try_lock_cancellable`](Self::try_lock_cancellable), for
+    /// several keys.
+    ///
+    /// # Errors
+    /// As for [`lock_all`](Self::lock_all).
+    ///
+    /// # Examples
+    /// ```
+    /// use diesel_lock::Cancel;
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let locker = diesel_lock::Locker::builder(diesel_lock::connect(dir.path().join("l.db").to_str().unwrap())?).build()?;
+    /// # locker.migrate()?;
+    /// let held = locker.lock("b")?;
+    /// let cancel = Cancel::new();
+    /// let waiter = cancel.clone();
+    /// std::thread::scope(|s| -> diesel_lock::Result<()> {
+    ///     let wait = s.spawn(|| locker.try_lock_all_cancellable(&["a", "b"], None, &waiter));
+    ///     cancel.cancel(); // from this thread: the wait ends without the locks
+    ///     assert!(wait.join().unwrap()?.is_none());
+    ///     Ok(())
+    /// })?;
+    /// assert!(locker.try_lock("a")?.is_some()); // "a" was given back
+    /// # drop(held);
+    /// # Ok(()) }
+    /// ```
+    pub fn try_lock_all_cancellable(
+        &self,
+        keys: &[&str],
+        deadline: Option<Instant>,
+        cancel: &Cancel,
+    ) -> Result<Option<MultiGuard<C>>> {
+        let deadline = deadline.map_or(Deadline::Never, Deadline::At);
+        self.all(keys, deadline, Some(cancel))
+    }
+
+    fn all(
+        &self,
+        keys: &[&str],
+        deadline: Deadline,
+        cancel: Option<&Cancel>,
+    ) -> Result<Option<MultiGuard<C>>> {
         for k in keys {
             key::validate(k)?;
         }
@@ -229,7 +273,7 @@ impl<C: LockConnection> Locker<C> {
         sorted.dedup();
         let mut guards = Vec::with_capacity(sorted.len());
         for k in sorted {
-            match self.exclusive(k, deadline, None)? {
+            match self.exclusive(k, deadline, cancel)? {
                 Some(g) => guards.push(g),
                 // Dropping `guards` gives back what was taken.
                 None => return Ok(None),

@@ -238,12 +238,24 @@ impl Strategy {
     /// assert_eq!(Strategy::default().name(), "lease"); // as in `dlock run --strategy lease`
     /// ```
     pub fn name(&self) -> &'static str {
+        self.kind().as_str()
+    }
+
+    /// The strategy without its settings.
+    ///
+    /// ```
+    /// use diesel_lock::{Strategy, StrategyKind};
+    ///
+    /// assert_eq!(Strategy::default().kind(), StrategyKind::Lease);
+    /// ```
+    pub fn kind(&self) -> crate::StrategyKind {
+        use crate::StrategyKind;
         match self {
-            Strategy::Row { .. } => "row",
-            Strategy::Lease { .. } => "lease",
-            Strategy::ForUpdate => "for-update",
-            Strategy::Advisory => "advisory",
-            Strategy::AdvisoryXact => "advisory-xact",
+            Strategy::Row { .. } => StrategyKind::Row,
+            Strategy::Lease { .. } => StrategyKind::Lease,
+            Strategy::ForUpdate => StrategyKind::ForUpdate,
+            Strategy::Advisory => StrategyKind::Advisory,
+            Strategy::AdvisoryXact => StrategyKind::AdvisoryXact,
         }
     }
 }

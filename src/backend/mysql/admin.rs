@@ -46,7 +46,7 @@ impl Admin for MysqlConnection {
             .bind::<Text, _>(key)
             .load(self),
         };
-        held(rows, "row")
+        held(rows, crate::lock_info::StrategyKind::Row)
     }
 
     fn admin_leases(&mut self, key: Option<&str>) -> QueryResult<Vec<Held>> {
@@ -72,7 +72,7 @@ impl Admin for MysqlConnection {
             .bind::<Text, _>(key)
             .load(self),
         };
-        held(rows, "lease")
+        held(rows, crate::lock_info::StrategyKind::Lease)
     }
 
     fn admin_force_release(&mut self, key: &str) -> QueryResult<Vec<LockInfo>> {

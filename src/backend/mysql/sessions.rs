@@ -1,6 +1,8 @@
 //! MySQL's session strategies: `ForUpdate` (a row locked by `SELECT … FOR UPDATE`) and
 //! `Advisory` (`GET_LOCK`). Their tokens (`fence.rs`) are drawn by the locking statement
 //! itself, once the lock is held.
+// Its statements' texts are `pub` for `__bench_sql` (feature `bench-sql`) only.
+#![cfg_attr(not(feature = "bench-sql"), allow(unreachable_pub))]
 
 use super::{fence, lock_unavailable, with_lock_wait_timeout};
 use crate::backend::fence::secure;

@@ -32,7 +32,7 @@ impl Admin for PgConnection {
             .bind::<Text, _>(key)
             .load(self),
         };
-        held(rows, "row")
+        held(rows, crate::lock_info::StrategyKind::Row)
     }
 
     fn admin_leases(&mut self, key: Option<&str>) -> QueryResult<Vec<Held>> {
@@ -55,7 +55,7 @@ impl Admin for PgConnection {
             .bind::<Text, _>(key)
             .load(self),
         };
-        held(rows, "lease")
+        held(rows, crate::lock_info::StrategyKind::Lease)
     }
 
     fn admin_force_release(&mut self, key: &str) -> QueryResult<Vec<LockInfo>> {

@@ -1,4 +1,6 @@
 //! PostgreSQL's `Row` and `Lease` statements.
+// Its statements' texts are `pub` for `__bench_sql` (feature `bench-sql`) only.
+#![cfg_attr(not(feature = "bench-sql"), allow(unreachable_pub))]
 
 use super::{lock_timeout_ms, AcquiredRow};
 use crate::backend::sealed::Locks;

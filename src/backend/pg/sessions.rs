@@ -1,5 +1,7 @@
 //! PostgreSQL's session strategies: `ForUpdate` (a row locked by `SELECT … FOR UPDATE`) and
 //! `Advisory` (`pg_advisory_lock`). Their tokens: `fence.rs`.
+// Its statements' texts are `pub` for `__bench_sql` (feature `bench-sql`) only.
+#![cfg_attr(not(feature = "bench-sql"), allow(unreachable_pub))]
 
 use super::{fence, lock_timeout_ms, lock_unavailable};
 use crate::backend::fence::secure;

@@ -51,8 +51,8 @@ pub(crate) fn list(db: &Database, json: bool) -> Result<u8, Failure> {
             .map(|i| {
                 serde_json::json!({
                     "key": i.key,
-                    "strategy": i.strategy,
-                    "mode": i.mode,
+                    "strategy": i.strategy.as_str(),
+                    "mode": i.mode.as_str(),
                     "permits": i.permits,
                     "owner": i.owner,
                     "token": i.token,
@@ -88,7 +88,7 @@ pub(crate) fn list(db: &Database, json: bool) -> Result<u8, Failure> {
         .map(|i| {
             [
                 i.key.clone(),
-                i.strategy.to_owned(),
+                i.strategy.to_string(),
                 mode(i),
                 i.owner.clone(),
                 i.token.to_string(),
@@ -131,7 +131,7 @@ fn waiting(i: &LockInfo) -> String {
 fn mode(i: &LockInfo) -> String {
     match i.permits {
         Some(n) => format!("{} of {n}", i.mode),
-        None => i.mode.to_owned(),
+        None => i.mode.to_string(),
     }
 }
 

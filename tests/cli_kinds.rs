@@ -171,15 +171,14 @@ fn mysql() {
     if let Some(url) = server("DLOCK_TEST_MYSQL_URL") {
         shared_and_semaphore(&url, "lease", true, true);
         shared_and_semaphore(&url, "for-update", true, true);
-        shared_and_semaphore(&url, "advisory", false, true);
-        // GET_LOCK has no shared mode: refused as a usage error.
-        assert_eq!(
-            run_once(
-                &url,
-                &key("refused"),
-                &["--strategy", "advisory", "--shared"]
-            ),
-            2
-        );
+        // GET_LOCK has no shared mode: readers and semaphores are refused as usage errors.
+        for kind in [&["--shared"][..], &["--semaphore", "2"][..]] {
+            let args: Vec<&str> = ["--strategy", "advisory"]
+                .iter()
+                .copied()
+                .chain(kind.iter().copied())
+                .collect();
+            assert_eq!(run_once(&url, &key("refused"), &args), 2, "{args:?}");
+        }
     }
 }

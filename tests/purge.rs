@@ -60,6 +60,17 @@ fn age<C: LockConnection + SimpleConnection>(
             "UPDATE {table} SET {set} WHERE lock_key = '{key}'"
         ))
         .unwrap();
+    if table == "dlock_shared_leases" && expiry == Expiry::Age {
+        // The key's lease row keeps the latest expiry of its readers and permits: two hours
+        // ago as well.
+        h.pool
+            .get()
+            .unwrap()
+            .batch_execute(&format!(
+                "UPDATE dlock_leases SET shared_until = {two_hours_ago} WHERE lock_key = '{key}'"
+            ))
+            .unwrap();
+    }
 }
 
 fn leases<C: LockConnection + SimpleConnection>(h: &Harness<C>, backend: Backend) {

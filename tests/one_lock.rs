@@ -230,6 +230,26 @@ fn readers_and_exclusive<C: Occupancy>(h: &Harness<C>, s: Strategy) {
         "a reader's token {} after the writer's {wt}",
         r.token()
     );
+    drop(r);
+    if matches!(s, Strategy::Lease { .. }) {
+        forced_readers_free_the_key(h, &a);
+    }
+}
+
+/// `admin::force_release` of a `Lease` key's readers (the administrator's way out) frees the
+/// key for its exclusive lock at once, not only once their leases would have run out.
+fn forced_readers_free_the_key<C: Occupancy>(h: &Harness<C>, l: &Locker<C>) {
+    let key = unique_key("one-forced");
+    let (r1, r2) = (l.read(&key).unwrap(), l.read(&key).unwrap());
+    assert!(l.try_lock(&key).unwrap().is_none());
+    let removed = diesel_lock::admin::force_release(&mut *h.pool.get().unwrap(), &key).unwrap();
+    assert_eq!(removed.len(), 2, "{removed:?}");
+    assert!(
+        l.try_lock(&key).unwrap().is_some(),
+        "the exclusive lock right after the readers were forced out"
+    );
+    assert!(matches!(r1.release(), Err(Error::LockLost { .. })));
+    assert!(matches!(r2.release(), Err(Error::LockLost { .. })));
 }
 
 /// Permits and the exclusive lock, both ways; a semaphore key is not a reader-writer key.

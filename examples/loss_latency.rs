@@ -54,7 +54,7 @@ fn random_phase() -> Duration {
 /// Takes `key`'s lease over for another holder: the statement per backend.
 type Steal<C> = fn(&mut C, &str) -> usize;
 
-const STEAL: &str = "UPDATE dlock_leases SET holder = 'someone-else' WHERE lock_key = ?";
+const STEAL: &str = "UPDATE dlock_leases SET holder_id = 'someone-else' WHERE lock_key = ?";
 
 /// Removes or takes over `key`'s lease from another connection.
 fn take_away<C: LockConnection>(

@@ -108,6 +108,15 @@ pub enum Error {
         /// The permits asked for; 0 for a reader or a writer.
         asked: u32,
     },
+    /// A kind of lock that the strategy and backend could not make exclude the key's other
+    /// kinds, refused rather than handed out beside them (a semaphore permit of `Advisory`
+    /// on MySQL, whose `GET_LOCK` has no shared mode). `reason` says which and what to use.
+    Incompatible {
+        /// The key.
+        key: String,
+        /// What was refused, why, and what to do.
+        reason: String,
+    },
 }
 
 impl fmt::Display for Error {
@@ -135,16 +144,20 @@ impl fmt::Display for Error {
             Error::Thread(_) => write!(f, "could not start a thread"),
             Error::Permits { key, stored: 0, asked } => write!(
                 f,
-                "{key:?} is a reader-writer lock, not a semaphore of {asked} permits"
+                "{key:?} is a reader-writer lock, not a semaphore of {asked} permits: a key is \
+                 one or the other, so use another key for the semaphore"
             ),
             Error::Permits { key, stored, asked: 0 } => write!(
                 f,
-                "{key:?} is a semaphore of {stored} permits, not a reader-writer lock"
+                "{key:?} is a semaphore of {stored} permits, not a reader-writer lock: a key is \
+                 one or the other, so use another key for the readers"
             ),
             Error::Permits { key, stored, asked } => write!(
                 f,
-                "the semaphore {key:?} has {stored} permits, not {asked}"
+                "the semaphore {key:?} has {stored} permits, not {asked}: its first acquisition \
+                 fixed the number"
             ),
+            Error::Incompatible { key, reason } => write!(f, "lock {key:?}: {reason}"),
         }
     }
 }
@@ -235,7 +248,7 @@ pub(crate) fn is_missing_table(e: &diesel::result::Error) -> bool {
 }
 
 /// The columns added by migrations after the first, to tables that existed before.
-const LATER_COLUMNS: [&str; 2] = ["holder", "stale_at"];
+const LATER_COLUMNS: [&str; 4] = ["holder", "stale_at", "holder_id", "shared_until"];
 
 fn is_missing_column(m: &str, column: &str) -> bool {
     // PostgreSQL: column "stale_at" (of relation "dlock_rows") does not exist

@@ -106,16 +106,21 @@
 //!   writers do not starve.
 //! - **Semaphores**: [`Locker::permit`]`(key, n)`: at most `n` holders per key, `n` fixed by
 //!   the key's first acquisition ([`Error::Permits`] otherwise).
+//! - **One lock per key**: the writer is the key's exclusive lock ([`Locker::lock`]), which
+//!   excludes the key's readers and permit holders and which they exclude, on every
+//!   strategy. A key is a reader-writer lock or a semaphore, never both ([`Error::Permits`]).
 //! - **Several keys at once**: [`Locker::lock_all`] takes keys in byte order, all or
 //!   nothing, so callers naming them in different orders cannot deadlock ([`MultiGuard`]).
 //!
 //! Readers, writers and permits work with `Lease` on every backend: each holder is a lease
 //! of its own (a crashed holder's share returns after its ttl), with a fencing token that
 //! strictly increases per key. `ForUpdate` (PostgreSQL, MySQL) has readers and writers
-//! (`FOR SHARE` beside `FOR UPDATE`) and semaphores (a slot row per permit); `Advisory` has
-//! semaphores (an advisory lock per permit) and, on PostgreSQL, readers and writers
-//! (`pg_advisory_lock_shared`): their holders' shares return when their sessions end. The
-//! rest (`Row`, `AdvisoryXact`) return [`Error::Unsupported`].
+//! (`FOR SHARE` beside `FOR UPDATE`) and semaphores (a slot row per permit, beside the key's
+//! row `FOR SHARE`); `Advisory` on PostgreSQL has readers and writers
+//! (`pg_advisory_lock_shared`) and semaphores (an advisory lock per permit, beside the key's
+//! shared one): their holders' shares return when their sessions end. `Advisory` on MySQL
+//! (`GET_LOCK` has no shared mode) refuses both ([`Error::Unsupported`],
+//! [`Error::Incompatible`]), and so do `Row` and `AdvisoryXact` ([`Error::Unsupported`]).
 //!
 //! # Backends
 //! Features `sqlite` (default, compiled in), `postgres` and `mysql` (link the system's

@@ -54,7 +54,7 @@ impl std::fmt::Display for StrategyKind {
 }
 
 /// How a lock is held: what [`LockInfo::mode`] says. Displays in lowercase (`"exclusive"`,
-/// `"read"`, `"write"`, `"permit"`), as `dlock list` shows it.
+/// `"read"`, `"permit"`), as `dlock list` shows it.
 ///
 /// ```
 /// use diesel_lock::LockMode;
@@ -64,18 +64,17 @@ impl std::fmt::Display for StrategyKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum LockMode {
-    /// The key's exclusive lock ([`Locker::lock`](crate::Locker::lock)).
+    /// The key's exclusive lock ([`Locker::lock`](crate::Locker::lock), and
+    /// [`Locker::write`](crate::Locker::write), the same lock).
     Exclusive,
     /// One of the key's readers ([`Locker::read`](crate::Locker::read)).
     Read,
-    /// The key's writer ([`Locker::write`](crate::Locker::write)).
-    Write,
     /// One of the permits of a semaphore ([`Locker::permit`](crate::Locker::permit)).
     Permit,
 }
 
 impl LockMode {
-    /// The lowercase name: `"exclusive"`, `"read"`, `"write"` or `"permit"`.
+    /// The lowercase name: `"exclusive"`, `"read"` or `"permit"`.
     ///
     /// ```
     /// assert_eq!(diesel_lock::LockMode::Permit.as_str(), "permit");
@@ -84,7 +83,6 @@ impl LockMode {
         match self {
             LockMode::Exclusive => "exclusive",
             LockMode::Read => "read",
-            LockMode::Write => "write",
             LockMode::Permit => "permit",
         }
     }
@@ -135,8 +133,8 @@ pub struct LockInfo {
     /// The database's time when this was read: ages and remaining times are measured from it,
     /// never from the local clock.
     pub observed_at: DateTime<Utc>,
-    /// How it is held: [`LockMode::Exclusive`] (`lock`), or a shared lease's `Read`,
-    /// `Write` or `Permit` (see [`Locker::read`](crate::Locker::read) and
+    /// How it is held: [`LockMode::Exclusive`] (`lock`, `write`), or a shared lease's `Read`
+    /// or `Permit` (see [`Locker::read`](crate::Locker::read) and
     /// [`Locker::permit`](crate::Locker::permit)); a key's readers and permit holders are
     /// listed one each.
     pub mode: LockMode,

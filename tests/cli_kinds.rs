@@ -1,6 +1,6 @@
 //! `dlock run --shared`, `--write` and `--semaphore N` on every backend: shared runs overlap
-//! and keep a `--write` run out; a semaphore of 2 admits two runs and turns a third away; `dlock
-//! list` shows each holder's mode.
+//! and keep a `--write` run and a plain run out (one lock per key); a semaphore of 2 admits two
+//! runs and turns a third and a plain run away; `dlock list` shows each holder's mode.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -171,15 +171,118 @@ fn mysql() {
     if let Some(url) = server("DLOCK_TEST_MYSQL_URL") {
         shared_and_semaphore(&url, "lease", true, true);
         shared_and_semaphore(&url, "for-update", true, true);
-        shared_and_semaphore(&url, "advisory", false, true);
-        // GET_LOCK has no shared mode: refused as a usage error.
-        assert_eq!(
-            run_once(
-                &url,
-                &key("refused"),
-                &["--strategy", "advisory", "--shared"]
-            ),
-            2
-        );
+        // GET_LOCK has no shared mode: readers and semaphores are refused as usage errors.
+        for kind in [&["--shared"][..], &["--semaphore", "2"][..]] {
+            let args: Vec<&str> = ["--strategy", "advisory"]
+                .iter()
+                .copied()
+                .chain(kind.iter().copied())
+                .collect();
+            assert_eq!(run_once(&url, &key("refused"), &args), 2, "{args:?}");
+        }
+    }
+}
+
+/// One lock per key: a plain `dlock run --key k` is refused beside three `--shared` runs of
+/// k, and one that waits runs only once they are gone; likewise beside `--semaphore` runs;
+/// and `--shared` on a semaphore's key is an error that says so.
+fn exclusive_beside_kinds(url: &str, strategy: &str) {
+    let s = ["--strategy", strategy];
+    let k = key("one-lock");
+    let shared: Vec<&str> = s.iter().copied().chain(["--shared"]).collect();
+    let readers: Vec<Holder> = (0..3).map(|_| Holder::start(url, &k, &shared)).collect();
+    assert_eq!(
+        run_once(url, &k, &s),
+        75,
+        "{strategy}: a plain run beside 3 readers"
+    );
+    // A run that waits: its command succeeds only if it starts after the mark, which is
+    // made just before the readers end.
+    let dir = tempfile::tempdir().unwrap();
+    let mark = dir.path().join("readers-gone");
+    let check = format!("test -e '{}'", mark.display());
+    let mut waiting = dlock(
+        url,
+        &[
+            &["run", "--key", &k, "--wait", "60s"][..],
+            &s[..],
+            &["--", "sh", "-c", &check][..],
+        ]
+        .concat(),
+    )
+    .stdin(Stdio::null())
+    .spawn()
+    .unwrap();
+    // However far the waiting run has got by now, it must not have run.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(
+        waiting.try_wait().unwrap().is_none(),
+        "{strategy}: ran beside readers"
+    );
+    std::fs::write(&mark, b"").unwrap();
+    drop(readers);
+    assert_eq!(
+        waiting.wait().unwrap().code(),
+        Some(0),
+        "{strategy}: the waiting run"
+    );
+    // Semaphore holders keep a plain run out too.
+    let sem = key("one-lock-sem");
+    let two: Vec<&str> = s.iter().copied().chain(["--semaphore", "2"]).collect();
+    let permits: Vec<Holder> = (0..2).map(|_| Holder::start(url, &sem, &two)).collect();
+    assert_eq!(
+        run_once(url, &sem, &s),
+        75,
+        "{strategy}: a plain run beside permits"
+    );
+    let out = dlock(
+        url,
+        &[
+            &["run", "--key", &sem][..],
+            &shared[..],
+            &["--", "true"][..],
+        ]
+        .concat(),
+    )
+    .stdin(Stdio::null())
+    .output()
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("semaphore"),
+        "{strategy}: {err}"
+    );
+    drop(permits);
+    assert_eq!(
+        run_once(url, &sem, &s),
+        0,
+        "{strategy}: a plain run once free"
+    );
+}
+
+#[test]
+fn sqlite_one_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("d.db").display());
+    exclusive_beside_kinds(&url, "lease");
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_one_lock() {
+    if let Some(url) = server("DLOCK_TEST_PG_URL") {
+        for strategy in ["lease", "for-update", "advisory"] {
+            exclusive_beside_kinds(&url, strategy);
+        }
+    }
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_one_lock() {
+    if let Some(url) = server("DLOCK_TEST_MYSQL_URL") {
+        for strategy in ["lease", "for-update"] {
+            exclusive_beside_kinds(&url, strategy);
+        }
     }
 }

@@ -46,10 +46,11 @@ impl Drawn {
     }
 }
 
-/// Whether `l` has the mode `try_mode` asks for (else `Error::Unsupported`).
+/// Whether `l` has the mode `try_mode` asks for (else `Error::Unsupported`, or
+/// `Error::Incompatible` for `Advisory` permits on MySQL).
 fn has_mode(try_mode: diesel_lock::Result<Option<Guard>>) -> bool {
     match try_mode {
-        Err(Error::Unsupported { .. }) => false,
+        Err(Error::Unsupported { .. } | Error::Incompatible { .. }) => false,
         Ok(Some(g)) => {
             g.release().unwrap();
             true

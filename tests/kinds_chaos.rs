@@ -206,10 +206,5 @@ fn mysql_for_update() {
     }
 }
 
-#[cfg(feature = "mysql")]
-#[test]
-fn mysql_advisory() {
-    if let Some(h) = common::mysql_sized(12) {
-        attack("mysql", &h, Strategy::Advisory, false);
-    }
-}
+// MySQL's `Advisory` has neither readers nor semaphores (`GET_LOCK` has no shared mode;
+// tests/session_semaphore.rs checks the refusal).

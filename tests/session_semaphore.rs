@@ -225,10 +225,30 @@ session_semaphore_tests!(
     common::mysql_sized(16),
     Strategy::ForUpdate
 );
+
+/// MySQL's `GET_LOCK` has no shared mode, so an `Advisory` permit could not keep the key's
+/// exclusive lock out: it is refused, naming the key and what to use instead, and nothing is
+/// left held (the key's exclusive lock is free at once).
 #[cfg(feature = "mysql")]
-session_semaphore_tests!(
-    mysql_advisory,
-    "mysql",
-    common::mysql_sized(16),
-    Strategy::Advisory
-);
+#[test]
+fn mysql_advisory_refuses_semaphores() {
+    let Some(h) = common::mysql() else { return };
+    let locker = h.locker(Strategy::Advisory);
+    let key = unique_key("ssem-mysql-advisory");
+    for attempt in [
+        locker.try_permit(&key, 3).map(|g| g.is_some()),
+        locker.permit(&key, 3).map(|_| true),
+    ] {
+        match attempt {
+            Err(e @ Error::Incompatible { .. }) => {
+                let m = e.to_string();
+                assert!(
+                    m.contains(&key) && m.contains("semaphore") && m.contains("for-update"),
+                    "{m}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(locker.try_lock(&key).unwrap().is_some());
+}

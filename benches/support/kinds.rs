@@ -39,8 +39,9 @@ pub fn strategies(db: Db) -> Vec<(diesel_lock::Strategy, Vec<Kind>)> {
             if db == Db::Postgres {
                 all
             } else {
-                // GET_LOCK has no shared mode.
-                vec![Kind::Exclusive, Kind::Permits(3)]
+                // GET_LOCK has no shared mode: neither readers nor permits (which could not
+                // keep the key's exclusive lock out).
+                vec![Kind::Exclusive]
             },
         ));
     }

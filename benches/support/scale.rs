@@ -68,7 +68,7 @@ pub fn fill(db: Db, digits: u32) {
                SELECT 'fill-' || n, 'fill', 1, now() - interval '2 hours', \
                       now() - interval '1 hour' FROM ({nums}) s \
                ON CONFLICT DO NOTHING; \
-             INSERT INTO dlock_leases (lock_key, owner, holder, token, acquired_at, expires_at) \
+             INSERT INTO dlock_leases (lock_key, owner, holder_id, token, acquired_at, expires_at) \
                SELECT 'fill-' || n, 'fill', NULL, 5, now() - interval '2 hours', NULL \
                FROM ({nums}) s ON CONFLICT DO NOTHING; \
              ANALYZE dlock_rows; ANALYZE dlock_leases;"
@@ -78,7 +78,7 @@ pub fn fill(db: Db, digits: u32) {
                SELECT CONCAT('fill-', n), 'fill', 0, UTC_TIMESTAMP(6) - INTERVAL 2 HOUR, \
                       UTC_TIMESTAMP(6) - INTERVAL 1 HOUR FROM ({nums}) s; \
              INSERT IGNORE INTO dlock_leases \
-               (lock_key, owner, holder, token, acquired_at, expires_at) \
+               (lock_key, owner, holder_id, token, acquired_at, expires_at) \
                SELECT CONCAT('fill-', n), 'fill', NULL, 5, UTC_TIMESTAMP(6) - INTERVAL 2 HOUR, \
                       NULL FROM ({nums}) s; \
              ANALYZE TABLE dlock_rows, dlock_leases;"
@@ -88,7 +88,7 @@ pub fn fill(db: Db, digits: u32) {
                SELECT 'fill-' || n, 'fill', 1, strftime('%Y-%m-%d %H:%M:%f', 'now', '-2 hours'), \
                       strftime('%Y-%m-%d %H:%M:%f', 'now', '-1 hours') \
                FROM ({nums}) s WHERE true ON CONFLICT DO NOTHING; \
-             INSERT INTO dlock_leases (lock_key, owner, holder, token, acquired_at, expires_at) \
+             INSERT INTO dlock_leases (lock_key, owner, holder_id, token, acquired_at, expires_at) \
                SELECT 'fill-' || n, 'fill', NULL, 5, \
                       strftime('%Y-%m-%d %H:%M:%f', 'now', '-2 hours'), NULL \
                FROM ({nums}) s WHERE true ON CONFLICT DO NOTHING;"

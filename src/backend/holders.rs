@@ -1,15 +1,21 @@
-//! Shared leases and semaphore permits (`strategy/holders.rs`): what an acquisition decides,
-//! written once, over the few statements each backend writes its own way (`HolderSteps`, in
-//! `{pg,mysql,sqlite}/holders.rs`).
+//! Readers and semaphore permits of `Strategy::Lease` (`strategy/lease/holders.rs`): what an
+//! acquisition decides, written once, over the few statements each backend writes its own
+//! way (`HolderSteps`, in `{pg,mysql,sqlite}/holders.rs`).
 //!
-//! Two tables (migration 8): `dlock_shared_keys`, one header row per key, kept forever (the
-//! key's kind, `permits`: 0 for a reader-writer key, N for a semaphore; its token counter;
-//! a waiting writer's intent), and `dlock_shared_leases`, one row per holder with its mode,
-//! token and expiry on the database clock. An acquisition is one short transaction that
-//! locks the key's header row first, so acquisitions of one key run one at a time on every
-//! backend (PostgreSQL and MySQL: `SELECT … FOR UPDATE`; SQLite: an IMMEDIATE transaction,
-//! its single writer), and everything it counts stays true until it commits: releases and
-//! renewals touch only their own holder row, and can only make the count smaller.
+//! One lock per key: the key's lease row in `dlock_leases` (the exclusive lease, which is
+//! also the writer) serialises everything. Its `shared_until` is the latest expiry of the
+//! key's live readers and permits, and its `token` is the key's one token counter. A shared
+//! acquisition is one short transaction that locks the lease row first (PostgreSQL and
+//! MySQL: `SELECT … FOR UPDATE`; SQLite: an IMMEDIATE transaction, its single writer), is
+//! busy while an exclusive lease is live or an exclusive waiter has a live place in the
+//! key's line (`dlock_waiters`: writers do not starve), locks the key's header row in
+//! `dlock_shared_keys` (its kind: `permits`, 0 for a reader-writer key, N for a semaphore),
+//! counts, inserts its holder row in `dlock_shared_leases` with the next token and raises
+//! `shared_until` to its own expiry. The exclusive acquire takes the lease row only once
+//! `shared_until` has passed; the row is the one it updates, so it reads the newest value
+//! after any wait for the row's lock. Renewals raise `shared_until` in the same statement
+//! or transaction; a release deletes its holder row and, with the lease row locked (so it
+//! sees every committed holder), lowers `shared_until` to the latest expiry of the others.
 
 use super::Acquired;
 use diesel::QueryResult;
@@ -19,8 +25,6 @@ use diesel::QueryResult;
 pub enum HolderMode {
     /// One of many readers.
     Read,
-    /// The one writer.
-    Write,
     /// One of at most `permits` holders of a semaphore.
     Permit,
 }
@@ -29,7 +33,6 @@ impl HolderMode {
     pub fn as_str(self) -> &'static str {
         match self {
             HolderMode::Read => "read",
-            HolderMode::Write => "write",
             HolderMode::Permit => "permit",
         }
     }
@@ -43,13 +46,9 @@ pub struct HolderAsk<'a> {
     /// Unique per acquisition: releases and renewals go by it.
     pub holder: &'a str,
     pub mode: HolderMode,
-    /// 0 for a reader-writer key (`Read`, `Write`), N for a semaphore (`Permit`).
+    /// 0 for a reader-writer key (`Read`), N for a semaphore (`Permit`).
     pub permits: i64,
     pub ttl_us: i64,
-    /// A writer that will wait if the key is busy: its waiter's id and how long its intent
-    /// lasts unless renewed by its next attempt. `None` for one attempt without waiting (a
-    /// `try_write` must not hold readers back).
-    pub intent: Option<(&'a str, i64)>,
 }
 
 /// What an attempt found.
@@ -63,13 +62,14 @@ pub enum HolderAnswer {
     },
 }
 
-/// The statements of shared leases and semaphore permits (`strategy/holders.rs`), on every
+/// The statements of readers and semaphore permits (`strategy/lease/holders.rs`), on every
 /// backend. Durations are whole microseconds.
 pub trait HolderLocks {
     /// One attempt, in one transaction (see the module's documentation).
     fn holders_acquire(&mut self, ask: &HolderAsk<'_>) -> QueryResult<HolderAnswer>;
-    /// Extends an unexpired holder row of `holder`; false if there is none. Waits for a row
-    /// lock at most about `bound`, as `Locks::lease_renew` does.
+    /// Extends an unexpired holder row of `holder` and raises the key's `shared_until` with
+    /// it, atomically; false if there is none. Waits for a row lock at most about `bound`,
+    /// as `Locks::lease_renew` does.
     fn holders_renew(
         &mut self,
         key: &str,
@@ -77,18 +77,16 @@ pub trait HolderLocks {
         ttl_us: i64,
         bound: std::time::Duration,
     ) -> QueryResult<bool>;
-    /// Deletes `holder`'s row; false if it was gone.
+    /// Deletes `holder`'s row and lowers the key's `shared_until` to the latest expiry of its
+    /// other live holders; false if the row was gone.
     fn holders_release(&mut self, key: &str, holder: &str) -> QueryResult<bool>;
     /// Is `holder`'s row there and unexpired?
     fn holders_held(&mut self, key: &str, holder: &str) -> QueryResult<bool>;
     /// The live holders, of every key or of one, ordered by key, with their modes.
     fn admin_holders(&mut self, key: Option<&str>) -> QueryResult<Vec<HolderRow>>;
-    /// Outside any transaction: clears a writer's intent if it is `who`'s (a writer that
-    /// gave up waiting).
-    fn holders_clear_intent(&mut self, key: &str, who: &str) -> QueryResult<()>;
-    /// `Locker::purge` of a `Lease` `Locker`: deletes the holder rows (readers, writers,
-    /// permits) expired `idle_us` ago or longer, which only a later acquisition of the same
-    /// key would delete otherwise. The keys' header rows stay: they carry the token counters.
+    /// `Locker::purge` of a `Lease` `Locker`: deletes the holder rows (readers, permits, and
+    /// writers left by versions before migration 12) expired `idle_us` ago or longer, which only a later acquisition of the same
+    /// key would delete otherwise. The keys' header rows stay: they carry the keys' kinds.
     fn holders_purge(&mut self, idle_us: i64) -> QueryResult<usize>;
 }
 
@@ -123,7 +121,8 @@ pub struct HolderRow {
     pub holder: String,
 }
 
-/// Runs an acquisition's transaction, creating the key's header first if it has none.
+/// Runs an acquisition's transaction, creating the key's lease row and header first if
+/// it has none.
 pub(crate) fn acquire_with<C: HolderSteps>(
     conn: &mut C,
     ask: &HolderAsk<'_>,
@@ -132,9 +131,10 @@ pub(crate) fn acquire_with<C: HolderSteps>(
     if let Some(answer) = transaction(conn, ask)? {
         return Ok(answer);
     }
+    conn.create_lease(ask.key)?;
     conn.create_header(ask.key, ask.permits)?;
     transaction(conn, ask)?.ok_or_else(|| {
-        diesel::result::Error::QueryBuilderError("the lock's header row vanished".into())
+        diesel::result::Error::QueryBuilderError("the lock's lease or header row vanished".into())
     })
 }
 
@@ -142,36 +142,45 @@ pub(crate) fn acquire_with<C: HolderSteps>(
 #[derive(Debug, Clone)]
 pub(crate) struct Header {
     pub(crate) permits: i64,
-    /// The waiting writer's id, if its intent has not run out.
-    pub(crate) live_intent: Option<String>,
 }
 
-/// The statements of an acquisition, per backend. All but `create_header` run inside the
-/// transaction that `HolderLocks::holders_acquire` opens.
+/// The statements of an acquisition, per backend. All but `create_lease` and
+/// `create_header` run inside the transaction that `HolderLocks::holders_acquire` opens, in
+/// this order: the lease row is locked first, by every statement that writes the key's
+/// holders, so that none waits for another in the opposite order.
 pub(crate) trait HolderSteps {
+    /// Outside any transaction, committed at once: creates the key's lease row, free, with
+    /// the token counter a purge saved for the key (if any), if it has none.
+    fn create_lease(&mut self, key: &str) -> QueryResult<()>;
     /// Outside any transaction, committed at once: creates the key's header row with
     /// `permits`, if it has none.
     fn create_header(&mut self, key: &str, permits: i64) -> QueryResult<()>;
+    /// Locks the key's lease row: whether a live exclusive lease is on it; `None` if the
+    /// key has no lease row yet.
+    fn lock_lease(&mut self, key: &str) -> QueryResult<Option<bool>>;
     /// Locks the key's header row; `None` if it has none yet.
     fn lock_header(&mut self, key: &str) -> QueryResult<Option<Header>>;
+    /// Whether an exclusive waiter has a live place in the key's line.
+    fn line_busy(&mut self, key: &str) -> QueryResult<bool>;
     /// Deletes the key's expired holders.
     fn expire(&mut self, key: &str) -> QueryResult<()>;
-    /// The key's live holders: all of them, and the writers among them.
+    /// The key's live holders: all of them, and the writers among them (left by versions
+    /// before migration 12, whose writers were holders).
     fn count(&mut self, key: &str) -> QueryResult<(i64, i64)>;
-    /// Sets (or renews) a waiting writer's intent for `us` microseconds.
-    fn set_intent(&mut self, key: &str, who: &str, us: i64) -> QueryResult<()>;
-    /// Clears the intent if it is `who`'s.
-    fn clear_intent(&mut self, key: &str, who: &str) -> QueryResult<()>;
-    /// Draws the key's next token and inserts the holder's row with it.
+    /// Draws the key's next token from its lease row, raises the row's `shared_until` to
+    /// the holder's expiry and inserts the holder's row with that token.
     fn insert(&mut self, ask: &HolderAsk<'_>) -> QueryResult<Acquired>;
 }
 
-/// Inside the transaction, once the header exists: the decision. `None`: the key has no
-/// header row yet (the caller rolls back, creates it and tries again).
+/// Inside the transaction: the decision. `None`: the key has no lease or header row yet
+/// (the caller rolls back, creates them and tries again).
 pub(crate) fn decide(
     steps: &mut dyn HolderSteps,
     ask: &HolderAsk<'_>,
 ) -> QueryResult<Option<HolderAnswer>> {
+    let Some(exclusive) = steps.lock_lease(ask.key)? else {
+        return Ok(None);
+    };
     let Some(header) = steps.lock_header(ask.key)? else {
         return Ok(None);
     };
@@ -180,23 +189,19 @@ pub(crate) fn decide(
             stored: header.permits,
         }));
     }
-    steps.expire(ask.key)?;
-    let (total, writers) = steps.count(ask.key)?;
-    let mine = |who: &str| ask.intent.is_some_and(|(me, _)| me == who);
-    let free = match ask.mode {
-        HolderMode::Permit => total < ask.permits,
-        // A waiting writer's intent keeps new readers out (see `strategy/holders.rs`).
-        HolderMode::Read => writers == 0 && header.live_intent.is_none(),
-        HolderMode::Write => total == 0,
-    };
-    if !free {
-        if let (HolderMode::Write, Some((who, us))) = (ask.mode, ask.intent) {
-            steps.set_intent(ask.key, who, us)?;
-        }
+    // An exclusive holder, or an exclusive waiter in line (which new readers and permits
+    // must not overtake for ever), makes the key busy.
+    if exclusive || steps.line_busy(ask.key)? {
         return Ok(Some(HolderAnswer::Busy));
     }
-    if ask.mode == HolderMode::Write && header.live_intent.as_deref().is_some_and(mine) {
-        steps.clear_intent(ask.key, ask.intent.map_or("", |(who, _)| who))?;
+    steps.expire(ask.key)?;
+    let (total, writers) = steps.count(ask.key)?;
+    let free = match ask.mode {
+        HolderMode::Permit => total < ask.permits,
+        HolderMode::Read => writers == 0,
+    };
+    if !free {
+        return Ok(Some(HolderAnswer::Busy));
     }
     Ok(Some(HolderAnswer::Taken(steps.insert(ask)?)))
 }
@@ -244,7 +249,8 @@ macro_rules! holder_row {
                             observed_at: utc(r.observed_at),
                             mode: match r.mode.as_str() {
                                 "read" => $crate::lock_info::LockMode::Read,
-                                "write" => $crate::lock_info::LockMode::Write,
+                                // An older version's writer (before migration 12).
+                                "write" => $crate::lock_info::LockMode::Exclusive,
                                 _ => $crate::lock_info::LockMode::Permit,
                             },
                             permits: (r.permits > 0)

@@ -37,28 +37,18 @@ pub(crate) const ROW_HELD: &str =
 
 /// `lease_release` on MySQL and SQLite (PostgreSQL's also sends `pg_notify`). On PostgreSQL
 /// the benches run it as the release without a notification, to measure what that costs.
-pub const LEASE_RELEASE: &str = "UPDATE dlock_leases SET holder = NULL, expires_at = NULL \
-     WHERE lock_key = ? AND holder = ?";
+pub const LEASE_RELEASE: &str = "UPDATE dlock_leases SET holder_id = NULL, expires_at = NULL \
+     WHERE lock_key = ? AND holder_id = ?";
 
 /// `line_leave` on MySQL and SQLite (PostgreSQL's also notifies the next place), and the
 /// removal of a waiter's place after its acquisition there: by the place's number.
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) const LEAVE_PLACE: &str = "DELETE FROM dlock_waiters WHERE id = ?";
 
-/// `HolderSteps::clear_intent`, on every backend: a waiting writer's intent, if still its own.
-pub(crate) const CLEAR_INTENT: &str =
-    "UPDATE dlock_shared_keys SET intent = NULL, intent_until = NULL \
-     WHERE lock_key = ? AND intent = ?";
-
 /// `HolderSteps::create_header` on PostgreSQL and SQLite (MySQL: `INSERT IGNORE`).
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) const CREATE_HEADER: &str = "INSERT INTO dlock_shared_keys (lock_key, permits, token) \
      VALUES (?, ?, 0) ON CONFLICT (lock_key) DO NOTHING";
-
-/// `holders_release` on MySQL and SQLite (PostgreSQL's also notifies listening lockers).
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-pub(crate) const HOLDER_RELEASE: &str =
-    "DELETE FROM dlock_shared_leases WHERE lock_key = ? AND holder = ?";
 
 /// `schema_current`, on every backend: diesel records each applied migration by version.
 pub(crate) const SCHEMA_CURRENT: &str =
@@ -307,16 +297,6 @@ macro_rules! statements {
                 .map(|n| n == 1)
         }
     };
-    (@clear_intent) => {
-        fn clear_intent(&mut self, key: &str, who: &str) -> diesel::QueryResult<()> {
-            use diesel::RunQueryDsl as _;
-            $crate::backend::stmt::stmt($crate::backend::shared::CLEAR_INTENT)
-                .bind::<diesel::sql_types::Text, _>(key)
-                .bind::<diesel::sql_types::Text, _>(who)
-                .execute(self)
-                .map(drop)
-        }
-    };
     (@create_header) => {
         fn create_header(&mut self, key: &str, permits: i64) -> diesel::QueryResult<()> {
             use diesel::RunQueryDsl as _;
@@ -325,16 +305,6 @@ macro_rules! statements {
                 .bind::<diesel::sql_types::BigInt, _>(permits)
                 .execute(self)
                 .map(drop)
-        }
-    };
-    (@holders_release) => {
-        fn holders_release(&mut self, key: &str, holder: &str) -> diesel::QueryResult<bool> {
-            use diesel::RunQueryDsl as _;
-            $crate::backend::stmt::stmt($crate::backend::shared::HOLDER_RELEASE)
-                .bind::<diesel::sql_types::Text, _>(key)
-                .bind::<diesel::sql_types::Text, _>(holder)
-                .execute(self)
-                .map(|n| n == 1)
         }
     };
     ($($name:ident),+ $(,)?) => {

@@ -1,6 +1,8 @@
 //! The kinds of lock beside the strategy's exclusive one: readers and writers
 //! (`read`, `write`), and semaphore permits (`permit`). Each is a raw lock that the strategy
-//! built for the mode (`RawLock::mode`), waited for by the same code as `lock`.
+//! built for the mode (`RawLock::mode`; a writer is the exclusive lock itself), waited for
+//! by the same code as `lock`. One lock per key: a key's exclusive lock excludes its
+//! readers and permits, and they exclude it.
 
 use super::deadline::Deadline;
 use super::{Cancel, Locker};
@@ -13,12 +15,13 @@ use std::time::{Duration, Instant};
 
 impl<C: LockConnection> Locker<C> {
     /// Takes `key` as one of many readers, waiting as long as it takes: readers share the
-    /// key; a writer ([`write`](Self::write)) excludes everyone.
+    /// key; the key's exclusive lock ([`lock`](Self::lock), and [`write`](Self::write),
+    /// which is the same lock) excludes them and waits for them.
     ///
     /// - `Lease`, every backend: each reader is a lease of its own, with the `Locker`'s ttl,
     ///   renewed by a heartbeat, in `dlock_shared_leases`, so a crashed reader's share
-    ///   returns after its ttl. A key taken with `read`/`write` is not the same lock as the
-    ///   key taken with [`lock`](Self::lock): give a key one family.
+    ///   returns after its ttl; the key's exclusive lease waits until the latest of them
+    ///   has been released or has expired.
     /// - `Advisory`, PostgreSQL: `pg_advisory_lock_shared`, held by the guard's session
     ///   (freed when it ends); `write` is the strategy's own `pg_advisory_lock`, the same
     ///   lock as [`lock`](Self::lock).
@@ -125,17 +128,17 @@ impl<C: LockConnection> Locker<C> {
         self.acquire(&*raw, key, Deadline::At(deadline), None)
     }
 
-    /// Takes `key` as its one writer, waiting as long as it takes: no reader and no other
-    /// writer holds it meanwhile.
+    /// Takes `key` as its one writer, waiting as long as it takes: no reader, no permit
+    /// holder and no other writer holds it meanwhile. On every strategy the writer is the
+    /// key's exclusive lock, the same lock as [`lock`](Self::lock).
     ///
     /// Writers do not starve under a stream of readers. `Advisory` (PostgreSQL): the server
-    /// queues a new reader behind a writer waiting in its lock queue. `Lease`: a writer that
-    /// waits (`write`, `try_write_for`, not one `try_write`) and finds readers leaves an
-    /// intent on the key that keeps new readers out. It lasts 4 × [`max_backoff`](super::LockerBuilder::max_backoff)
-    /// (at least 100 ms, at most 5 s) and each of the writer's attempts renews it, so a
-    /// writer waits at most until the readers that held the key at its first attempt have
-    /// left, plus one pause between attempts (at most `max_backoff`). A writer that gives up
-    /// (its deadline, a cancellation) clears its intent. `ForUpdate`: MySQL queues a new
+    /// queues a new reader behind a writer waiting in its lock queue. `Lease`: an exclusive
+    /// lock that waits (`lock`, `write`, `try_lock_for`…, not one `try_lock`) and finds the
+    /// key held takes a place in the key's line in the database, and while a live place is
+    /// there no new reader or permit gets in; so it waits at most until the holders of the
+    /// moment it took its place have left. A waiter that gives up (its deadline, a
+    /// cancellation) leaves the line; one that dies lets its place lapse. `ForUpdate`: MySQL queues a new
     /// reader behind a waiting writer; PostgreSQL does not, so there a waiting writer marks
     /// the key (renewed every second it waits, cleared when it gets in or gives up, gone
     /// 2 s after its process dies) and readers wait while the mark lives.
@@ -163,8 +166,8 @@ impl<C: LockConnection> Locker<C> {
         }
     }
 
-    /// One attempt to take `key` as its writer. It leaves no intent: readers are not held
-    /// back by a writer that does not wait.
+    /// One attempt to take `key` as its writer. It takes no place in line: readers are not
+    /// held back by a writer that does not wait.
     ///
     /// # Errors
     /// As for [`read`](Self::read).
@@ -177,7 +180,7 @@ impl<C: LockConnection> Locker<C> {
     /// # locker.migrate()?;
     /// let r = locker.read("catalog")?;
     /// assert!(locker.try_write("catalog")?.is_none());
-    /// assert!(locker.try_read("catalog")?.is_some()); // no intent was left
+    /// assert!(locker.try_read("catalog")?.is_some()); // it left no place in line
     /// # drop(r);
     /// # Ok(()) }
     /// ```
@@ -236,20 +239,24 @@ impl<C: LockConnection> Locker<C> {
     /// at most `permits` guards hold the key at once.
     ///
     /// The number is stored with the key by its first acquisition; asking with another one
-    /// is an error ([`Error::Permits`](crate::Error::Permits)), never a silent change.
-    /// `Lease` (every backend): each permit is a lease of its own, renewed by a heartbeat,
-    /// so a crashed holder's permit returns after the `Locker`'s ttl. `ForUpdate` and
-    /// `Advisory` (PostgreSQL, MySQL; at most 1,000 permits): each permit is a slot held by
-    /// the guard's session (a row locked `FOR UPDATE SKIP LOCKED`, or an advisory lock), so
-    /// a crashed holder's permit returns when the server sees its session end; with every
-    /// slot taken a waiter pauses and tries again. Each guard carries a fencing token; a
-    /// key's tokens strictly increase.
+    /// is an error ([`Error::Permits`](crate::Error::Permits)), never a silent change, and so
+    /// is a semaphore's key taken as a reader, or a reader-writer key as a semaphore. The
+    /// key's exclusive lock ([`lock`](Self::lock)) excludes every permit holder and waits
+    /// for them. `Lease` (every backend): each permit is a lease of its own, renewed by a
+    /// heartbeat, so a crashed holder's permit returns after the `Locker`'s ttl. `ForUpdate`
+    /// (PostgreSQL, MySQL) and `Advisory` (PostgreSQL; at most 1,000 permits): each permit is
+    /// a slot held by the guard's session (a row locked `FOR UPDATE SKIP LOCKED`, or an
+    /// advisory lock) beside the key's own lock in shared mode, so a crashed holder's permit
+    /// returns when the server sees its session end; with every slot taken a waiter pauses
+    /// and tries again. Each guard carries a fencing token; a key's tokens strictly increase.
     ///
     /// # Errors
     /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for 0 permits (or more than
     /// 1,000 with a session strategy);
     /// [`Error::Unsupported`](crate::Error::Unsupported) for strategies without semaphores
     /// (`Row`, `AdvisoryXact`);
+    /// [`Error::Incompatible`](crate::Error::Incompatible) for `Advisory` on MySQL, whose
+    /// `GET_LOCK` has no shared mode to keep the key's exclusive lock out;
     /// `Error::Permits` as above; otherwise as for [`lock`](Self::lock).
     ///
     /// # Examples

@@ -50,7 +50,15 @@ use std::sync::Arc;
 /// PgBouncer; `Advisory` does not (docs/guide.md, "Behind a connection pooler"). A Galera node
 /// refuses `ForUpdate` and `Advisory` (their locks are local to one node).
 ///
-/// Tokens of `Row` and `Lease` count per key; those of the session strategies come from one
+/// One lock per key: on every strategy with readers or semaphores, the key's exclusive lock
+/// ([`Locker::lock`](crate::Locker::lock), and [`Locker::write`](crate::Locker::write),
+/// which is the same lock) excludes the key's readers and permit holders, and they exclude
+/// it: `Lease` on every backend, `ForUpdate` on PostgreSQL and MySQL, `Advisory` on
+/// PostgreSQL. `Advisory` on MySQL refuses readers and permits (`GET_LOCK` has no shared
+/// mode); `Row` and `AdvisoryXact` have neither.
+///
+/// Tokens of `Row` and `Lease` count per key (a `Lease` key's readers and permits draw
+/// from the same counter as its exclusive lease); those of the session strategies come from one
 /// global source, so a key's tokens strictly increase but skip values other keys took. Every
 /// strategy's tokens keep increasing across a crash of the server and across a failover,
 /// even to a standby that lagged (they carry the server's epoch); mutual exclusion is as
@@ -120,6 +128,13 @@ pub enum Strategy {
     /// lease (default every ttl/3). Release is owner-checked: a unique holder id per
     /// acquisition, so two lockers sharing an owner name cannot release each other's locks.
     ///
+    /// Readers and permits are leases of their own (one row per holder), and the key's lease
+    /// row carries the latest expiry among them: the exclusive lease (which is also the
+    /// writer) is taken only once that has passed, still in one statement, and a reader or
+    /// permit only while no exclusive lease is live and no exclusive waiter is in the key's
+    /// line. Migration 12 made it so; older builds' lease statements fail on tables it
+    /// migrated (`MissingTable`), so upgrade every process sharing the tables together.
+    ///
     /// The guard also keeps a deadline of its own, so that it says "lost" before any other
     /// client can take the key even when the database cannot be reached (a partition, where
     /// statements hang): the ttl less 1 % and 1 ms, counted from the instant just before the
@@ -150,7 +165,8 @@ pub enum Strategy {
     /// ([`Locker::write`](crate::Locker::write)) are this strategy's `FOR UPDATE`, and on
     /// PostgreSQL mark the key while they wait so that new readers let them in. Semaphores
     /// ([`Locker::permit`](crate::Locker::permit)) keep one row per permit, of which a holder
-    /// locks the first free one (`FOR UPDATE SKIP LOCKED`); at most 1,000 permits.
+    /// locks the first free one (`FOR UPDATE SKIP LOCKED`), beside the key's row `FOR SHARE`
+    /// as a reader locks it; at most 1,000 permits.
     ForUpdate,
     /// PostgreSQL `pg_advisory_lock` family / MySQL `GET_LOCK`, held by the guard's session.
     /// PostgreSQL and MySQL only: `build` returns [`Error::Unsupported`] on SQLite.
@@ -169,9 +185,12 @@ pub enum Strategy {
     /// The token is drawn in the same statement as the lock, once it is granted, from the
     /// global source described above: no write and no flush of its own.
     ///
-    /// Semaphores ([`Locker::permit`](crate::Locker::permit)): one advisory lock per permit
-    /// (on the hash of the key and the permit's number), tried in turn; at most 1,000
-    /// permits. Readers and writers: PostgreSQL only (`pg_advisory_lock_shared`).
+    /// Readers, writers and semaphores: PostgreSQL only. Readers hold
+    /// `pg_advisory_lock_shared` of the key; a permit holds one advisory lock per permit (on
+    /// the hash of the key and the permit's number, tried in turn; at most 1,000 permits)
+    /// beside the key's shared one. MySQL's `GET_LOCK` has no shared mode, so neither could
+    /// keep the key's exclusive lock out: readers are [`Error::Unsupported`], permits
+    /// [`Error::Incompatible`].
     ///
     /// Behind a transaction-pooling PgBouncer use `AdvisoryXact` (or `ForUpdate`, `Row`,
     /// `Lease`) instead: the pooler hands the session that holds an `Advisory` lock to other

@@ -3,16 +3,22 @@
 //! session as the strategy holds a key, so a dead holder's permit returns as soon as the
 //! server sees its session end. `ForUpdate`: slot rows (`dlock_permit_slots`), the first
 //! free one locked `FOR UPDATE SKIP LOCKED` in the guard's transaction. `Advisory`: one
-//! advisory lock per slot (PostgreSQL `pg_try_advisory_lock`, MySQL `GET_LOCK`, on the
-//! hash of the key and the slot's number), tried in turn. Neither waits on the server: with
-//! every slot taken, the waiting code pauses and tries again. The number of permits is kept
-//! with the key as a `Lease` semaphore's (`dlock_shared_keys`); each permit's token comes
-//! from the strategy's global source.
+//! advisory lock per slot (PostgreSQL `pg_try_advisory_lock` on the hash of the key and the
+//! slot's number), tried in turn. Neither waits on the server: with every slot taken, the
+//! waiting code pauses and tries again. The number of permits is kept with the key as a
+//! `Lease` semaphore's (`dlock_shared_keys`); each permit's token comes from the strategy's
+//! global source.
+//!
+//! One lock per key: a permit also holds the key's own lock in shared mode (`ForUpdate`:
+//! the key's row `FOR SHARE`, as a reader; `Advisory`: `pg_advisory_lock_shared` of the
+//! key), taken first and without waiting, so the key's exclusive lock and its permits
+//! exclude each other. MySQL's `GET_LOCK` has no shared mode: an `Advisory` permit there
+//! could not keep the key's exclusive lock out, so it is refused (`Error::Incompatible`).
 
+use super::for_update::row_lock;
 use super::for_update::shared::{share, ForShareHold};
-use super::session::{self, discard, rollback, Session};
+use super::session::{discard, Session};
 use super::{Conn, Hold, ModeLock, RawLock, Taken};
-use crate::backend::fence::no_token;
 use crate::backend::{Flavor, ForUpdateLocked, LockConnection, Sql, Wait};
 use crate::sync::Unpoison;
 use crate::{Error, Result};
@@ -49,6 +55,39 @@ impl SlotCore {
     }
 }
 
+/// Makes `key` a semaphore of `permits` (with its slot rows on `ForUpdate`), or with 0 a
+/// reader-writer key, unless it is a key already, once per `Locker` (`core`): a key stored
+/// as the other kind, or with another number of permits, is `Error::Permits`. What the
+/// session strategies' permits and readers run first.
+pub(super) fn check_kind<C: LockConnection>(
+    core: &SlotCore,
+    conn: &mut C,
+    key: &str,
+    permits: u32,
+) -> Result<()> {
+    let known = (key.to_owned(), permits);
+    let mut set = core.known.lock().unpoisoned();
+    if set.contains(&known) {
+        return Ok(());
+    }
+    let slots = permits > 0 && matches!(core.kind, SlotKind::ForUpdate(_));
+    let stored = share(conn)?.permits_setup(key, i64::from(permits), slots)?;
+    if stored != i64::from(permits) {
+        return Err(Error::Permits {
+            key: key.to_owned(),
+            stored: u32::try_from(stored).unwrap_or(u32::MAX),
+            asked: permits,
+        });
+    }
+    // A bound on what is remembered: a `Locker` naming ever new keys asks again rather
+    // than growing without end.
+    if set.len() >= MAX_KNOWN {
+        set.clear();
+    }
+    set.insert(known);
+    Ok(())
+}
+
 /// The raw lock of a permit of a semaphore of `permits` on `core`, for `strategy`'s
 /// `RawLock::mode`.
 pub(super) fn slot_lock<C: LockConnection>(
@@ -83,64 +122,46 @@ fn slot_key(key: &str, i: u32) -> String {
 impl<C: LockConnection> SlotLock<C> {
     /// Makes the key a semaphore of `permits` (and its slot rows), once per `Locker`.
     fn setup(&self, conn: &mut C, key: &str) -> Result<()> {
-        let known = (key.to_owned(), self.permits);
-        let mut set = self.core.known.lock().unpoisoned();
-        if set.contains(&known) {
-            return Ok(());
-        }
-        let slots = matches!(self.core.kind, SlotKind::ForUpdate(_));
-        let stored = share(conn)?.permits_setup(key, i64::from(self.permits), slots)?;
-        if stored != i64::from(self.permits) {
-            return Err(Error::Permits {
-                key: key.to_owned(),
-                stored: u32::try_from(stored).unwrap_or(u32::MAX),
-                asked: self.permits,
-            });
-        }
-        // A bound on what is remembered: a `Locker` naming ever new keys asks again rather
-        // than growing without end.
-        if set.len() >= MAX_KNOWN {
-            set.clear();
-        }
-        set.insert(known);
-        Ok(())
+        check_kind(&self.core, conn, key, self.permits)
     }
 
     fn for_update(&self, conn: &mut Conn<C>, key: &str, flavor: Flavor) -> Result<Option<Taken>> {
-        // A token that may not go out yet is made ready outside the transaction (as
-        // `ForUpdate` does): three rounds are plenty.
-        for _ in 0..3 {
-            let Some(locked) =
-                session::lock_in_txn(conn, |c| share(c)?.permit_slot_lock(key, flavor))?
-            else {
-                return Ok(None);
-            };
-            match locked {
-                Ok(ForUpdateLocked::Locked(a)) => {
-                    return Ok(Some(Taken {
-                        hold: Box::new(ForShareHold {
-                            session: Session::new(conn.take()),
-                            proof: a.id,
-                        }),
-                        token: a.token,
-                        acquired_at: a.acquired_at,
-                    }))
+        // The key's row in share mode first, as a reader takes it (never waiting; busy while
+        // the key is held exclusively, or a waiting writer has marked it), then a free slot
+        // in the same transaction. A missing key row is created, as for a reader; every slot
+        // taken is busy.
+        row_lock(
+            conn,
+            key,
+            |c| {
+                let share = share(c)?;
+                match share.for_share_lock(key, Wait::No, flavor)? {
+                    ForUpdateLocked::Locked(_) => match share.permit_slot_lock(key, flavor)? {
+                        ForUpdateLocked::Missing => Ok(ForUpdateLocked::Blocked),
+                        slot => Ok(slot),
+                    },
+                    other => Ok(other),
                 }
-                Ok(ForUpdateLocked::Missing | ForUpdateLocked::Blocked) => {
-                    rollback(conn);
-                    return Ok(None); // every slot taken
-                }
-                Ok(ForUpdateLocked::Unfenced(drawn)) => {
-                    rollback(conn);
-                    conn.session_sql()?.fence_prepare(drawn)?;
-                }
-                Err(e) => return session::lock_failed(conn, e),
-            }
-        }
-        Err(Error::Database(no_token()))
+            },
+            |session, proof| Box::new(ForShareHold { session, proof }),
+        )
     }
 
     fn advisory(&self, conn: &mut Conn<C>, key: &str) -> Result<Option<Taken>> {
+        let Some(shared) = conn.sql().shared_sessions() else {
+            return Err(no_shared_mode(key));
+        };
+        // The key's own lock in shared mode first, without waiting: busy while the key is
+        // held exclusively (or an exclusive lock waits for it: PostgreSQL queues a new shared
+        // request behind a waiting exclusive one).
+        match shared.advisory_lock_shared(key, Wait::No) {
+            Ok(Some(_)) => {}
+            Ok(None) => return Ok(None),
+            Err(e) => {
+                discard(&mut **conn);
+                return Err(e.into());
+            }
+        }
         for i in 0..self.permits {
             let slot = slot_key(key, i);
             match conn.session_sql()?.advisory_lock(&slot, Wait::No) {
@@ -163,6 +184,14 @@ impl<C: LockConnection> SlotLock<C> {
                 }
             }
         }
+        // Every slot taken: the key's shared lock goes back before the connection does.
+        let unlocked = conn
+            .sql()
+            .shared_sessions()
+            .map(|s| s.advisory_unlock_shared(key));
+        if !matches!(unlocked, Some(Ok(true))) {
+            discard(&mut **conn);
+        }
         Ok(None)
     }
 }
@@ -175,6 +204,9 @@ impl<C: LockConnection> RawLock<C> for SlotLock<C> {
         _retry: bool,
         _wait: Wait,
     ) -> Result<Option<Taken>> {
+        if matches!(self.core.kind, SlotKind::Advisory) && conn.sql().shared_sessions().is_none() {
+            return Err(no_shared_mode(key));
+        }
         self.setup(&mut **conn, key)?;
         match self.core.kind {
             SlotKind::ForUpdate(flavor) => self.for_update(conn, key, flavor),
@@ -196,12 +228,35 @@ struct AdvisorySlotHold<C: LockConnection> {
 impl<C: LockConnection> Hold for AdvisorySlotHold<C> {
     fn release(self: Box<Self>, key: &str) -> Result<bool> {
         let slot = self.slot;
-        self.session
-            .end(key, |c| c.session_sql()?.advisory_unlock(&slot))
+        self.session.end(key, |c| {
+            let mine = c.session_sql()?.advisory_unlock(&slot)?;
+            let shared = shared_unlock(c, key)?;
+            Ok(mine && shared)
+        })
     }
 
     fn held(&self, key: &str) -> Result<bool> {
         self.session
             .held(key, |c| c.session_sql()?.advisory_held(&self.slot))
+    }
+}
+
+/// The refusal of an `Advisory` permit where the backend has no shared advisory lock
+/// (MySQL), which it would need to keep the key's exclusive lock out.
+fn no_shared_mode(key: &str) -> Error {
+    Error::Incompatible {
+        key: key.to_owned(),
+        reason: "a semaphore permit of the advisory strategy on MySQL could not keep the \
+                 key's exclusive lock out (GET_LOCK has no shared mode), so it is refused: \
+                 use the for-update or lease strategy for semaphores on MySQL"
+            .into(),
+    }
+}
+
+/// Releases the key's shared advisory lock that a permit holds beside its slot.
+fn shared_unlock<C: LockConnection>(c: &mut C, key: &str) -> diesel::QueryResult<bool> {
+    match c.sql().shared_sessions() {
+        Some(s) => s.advisory_unlock_shared(key),
+        None => Ok(true),
     }
 }

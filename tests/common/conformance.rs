@@ -181,7 +181,7 @@ macro_rules! test_db {
                     .execute(self)
                     .expect("steal row");
                 diesel::sql_query(format!(
-                    "UPDATE dlock_leases SET holder = 'thief' WHERE lock_key = {}",
+                    "UPDATE dlock_leases SET holder_id = 'thief' WHERE lock_key = {}",
                     ph(1)
                 ))
                 .bind::<Text, _>(key)

@@ -52,21 +52,21 @@ impl Admin for MysqlConnection {
     fn admin_leases(&mut self, key: Option<&str>) -> QueryResult<Vec<Held>> {
         let rows = match key {
             None => stmt(
-                "SELECT CAST(0 AS SIGNED) AS id, holder, CAST(lock_key AS CHAR) AS lock_key, \
+                "SELECT CAST(0 AS SIGNED) AS id, holder_id AS holder, CAST(lock_key AS CHAR) AS lock_key, \
                         COALESCE(owner, '') AS owner, token, acquired_at, expires_at, \
                         UTC_TIMESTAMP(6) AS observed_at \
                  FROM dlock_leases \
-                 WHERE holder IS NOT NULL AND holder <> '' AND acquired_at IS NOT NULL \
+                 WHERE holder_id IS NOT NULL AND holder_id <> '' AND acquired_at IS NOT NULL \
                    AND expires_at > UTC_TIMESTAMP(6) \
                  ORDER BY lock_key",
             )
             .load(self),
             Some(key) => stmt(
-                "SELECT CAST(0 AS SIGNED) AS id, holder, CAST(lock_key AS CHAR) AS lock_key, \
+                "SELECT CAST(0 AS SIGNED) AS id, holder_id AS holder, CAST(lock_key AS CHAR) AS lock_key, \
                         COALESCE(owner, '') AS owner, token, acquired_at, expires_at, \
                         UTC_TIMESTAMP(6) AS observed_at \
                  FROM dlock_leases \
-                 WHERE lock_key = ? AND holder IS NOT NULL AND holder <> '' AND acquired_at IS NOT NULL \
+                 WHERE lock_key = ? AND holder_id IS NOT NULL AND holder_id <> '' AND acquired_at IS NOT NULL \
                    AND expires_at > UTC_TIMESTAMP(6)",
             )
             .bind::<Text, _>(key)
@@ -92,17 +92,21 @@ impl Admin for MysqlConnection {
         stmt("SET TRANSACTION ISOLATION LEVEL READ COMMITTED").execute(self)?;
         self.transaction(|c| {
             let marked = stmt(
-                "UPDATE dlock_leases SET holder = '', expires_at = UTC_TIMESTAMP(6) \
-                 WHERE (holder IS NULL AND acquired_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND) \
-                    OR expires_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND",
+                "UPDATE dlock_leases SET holder_id = '', expires_at = UTC_TIMESTAMP(6) \
+                 WHERE ((holder_id IS NULL \
+                         AND acquired_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND) \
+                        OR expires_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND) \
+                   AND (shared_until IS NULL \
+                        OR shared_until <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND)",
             )
+            .bind::<BigInt, _>(idle_us)
             .bind::<BigInt, _>(idle_us)
             .bind::<BigInt, _>(idle_us)
             .execute(c)?;
             if marked > 0 {
                 stmt(
                     "INSERT INTO dlock_tokens (lock_key, token) \
-                     SELECT lock_key, token FROM dlock_leases WHERE holder = '' \
+                     SELECT lock_key, token FROM dlock_leases WHERE holder_id = '' \
                      ON DUPLICATE KEY UPDATE token = GREATEST(dlock_tokens.token, VALUES(token))",
                 )
                 .execute(c)?;
@@ -115,7 +119,7 @@ impl Admin for MysqlConnection {
         stmt("SET TRANSACTION ISOLATION LEVEL READ COMMITTED").execute(self)?;
         stmt(
             "DELETE l FROM dlock_leases l JOIN dlock_tokens t ON t.lock_key = l.lock_key \
-             WHERE l.holder = '' AND l.token <= t.token",
+             WHERE l.holder_id = '' AND l.token <= t.token",
         )
         .execute(self)
     }

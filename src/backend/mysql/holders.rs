@@ -18,12 +18,13 @@ use diesel::{Connection, OptionalExtension, QueryResult, QueryableByName, RunQue
 
 holders::holder_row!(Datetime, NaiveDateTime, |t| t.and_utc());
 
-#[derive(QueryableByName)]
-struct HeaderRow {
-    #[diesel(sql_type = BigInt)]
-    permits: i64,
-    #[diesel(sql_type = Nullable<Text>)]
-    live_intent: Option<String>,
+/// For the next transaction only: READ COMMITTED, so that locking reads lock only the rows
+/// they match (no gap locks between neighbouring keys) and plain reads see the newest
+/// committed rows.
+fn read_committed(c: &mut MysqlConnection) -> QueryResult<()> {
+    stmt("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        .execute(c)
+        .map(drop)
 }
 
 #[derive(QueryableByName)]
@@ -35,7 +36,19 @@ struct Counts {
 }
 
 impl HolderSteps for MysqlConnection {
-    crate::backend::shared::statements!(clear_intent);
+    fn create_lease(&mut self, key: &str) -> QueryResult<()> {
+        // The subquery of an INSERT … SELECT is a locking read: it sees the counter a purge
+        // saved even if that committed after this statement began.
+        stmt(
+            "INSERT IGNORE INTO dlock_leases (lock_key, token, acquired_at) \
+             SELECT ?, COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0), \
+                    UTC_TIMESTAMP(6)",
+        )
+        .bind::<Text, _>(key)
+        .bind::<Text, _>(key)
+        .execute(self)
+        .map(drop)
+    }
 
     fn create_header(&mut self, key: &str, permits: i64) -> QueryResult<()> {
         stmt("INSERT IGNORE INTO dlock_shared_keys (lock_key, permits, token) VALUES (?, ?, 0)")
@@ -45,21 +58,40 @@ impl HolderSteps for MysqlConnection {
             .map(drop)
     }
 
-    fn lock_header(&mut self, key: &str) -> QueryResult<Option<Header>> {
+    fn lock_lease(&mut self, key: &str) -> QueryResult<Option<bool>> {
         stmt(
-            "SELECT permits, \
-                    IF(intent_until > UTC_TIMESTAMP(6), intent, NULL) AS live_intent \
-             FROM dlock_shared_keys WHERE lock_key = ? FOR UPDATE",
+            "SELECT CAST(COALESCE(holder_id IS NOT NULL AND expires_at > UTC_TIMESTAMP(6), 0) \
+                         AS SIGNED) AS one \
+             FROM dlock_leases WHERE lock_key = ? FOR UPDATE",
         )
         .bind::<Text, _>(key)
-        .get_result::<HeaderRow>(self)
+        .get_result::<One>(self)
         .optional()
-        .map(|r| {
-            r.map(|r| Header {
-                permits: r.permits,
-                live_intent: r.live_intent,
-            })
-        })
+        .map(|r| r.map(|r| r.one == 1))
+    }
+
+    fn lock_header(&mut self, key: &str) -> QueryResult<Option<Header>> {
+        stmt(
+            "SELECT CAST(permits AS SIGNED) AS one FROM dlock_shared_keys \
+             WHERE lock_key = ? FOR UPDATE",
+        )
+        .bind::<Text, _>(key)
+        .get_result::<One>(self)
+        .optional()
+        .map(|r| r.map(|r| Header { permits: r.one }))
+    }
+
+    fn line_busy(&mut self, key: &str) -> QueryResult<bool> {
+        // A plain read at READ COMMITTED: the newest committed places.
+        exists(
+            stmt(
+                "SELECT CAST(1 AS SIGNED) AS one FROM dlock_waiters \
+                 WHERE lock_key = ? AND expires_at > UTC_TIMESTAMP(6) LIMIT 1",
+            )
+            .bind::<Text, _>(key)
+            .get_result::<One>(self)
+            .optional(),
+        )
     }
 
     fn expire(&mut self, key: &str) -> QueryResult<()> {
@@ -83,35 +115,18 @@ impl HolderSteps for MysqlConnection {
         .map(|c| (c.total, c.writers))
     }
 
-    fn set_intent(&mut self, key: &str, who: &str, us: i64) -> QueryResult<()> {
-        stmt(
-            "UPDATE dlock_shared_keys SET intent = ?, \
-                    intent_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
-             WHERE lock_key = ?",
-        )
-        .bind::<Text, _>(who)
-        .bind::<BigInt, _>(us)
-        .bind::<Text, _>(key)
-        .execute(self)
-        .map(drop)
-    }
-
     fn insert(&mut self, ask: &HolderAsk<'_>) -> QueryResult<Acquired> {
-        // The header row is ours until the commit: the token read back is the one drawn.
+        // The lease row is ours until the commit: the holder row takes the key's next token
+        // from it, then the lease row takes that token and the holder's expiry (one instant,
+        // written once, so that `shared_until` is never short of it).
         stmt(concat!(
-            "UPDATE dlock_shared_keys SET token = GREATEST(token + 1, ",
-            mysql_floor!(),
-            ") WHERE lock_key = ?"
-        ))
-        .bind::<Text, _>(ask.key)
-        .execute(self)?;
-        stmt(
             "INSERT INTO dlock_shared_leases \
-                    (lock_key, holder, owner, mode, token, acquired_at, expires_at) \
-             SELECT ?, ?, ?, ?, token, UTC_TIMESTAMP(6), \
-                    UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
-             FROM dlock_shared_keys WHERE lock_key = ?",
-        )
+                    (lock_key, holder_id, owner, mode, token, acquired_at, expires_at) \
+             SELECT ?, ?, ?, ?, GREATEST(token + 1, ",
+            mysql_floor!(),
+            "), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+             FROM dlock_leases WHERE lock_key = ?"
+        ))
         .bind::<Text, _>(ask.key)
         .bind::<Text, _>(ask.holder)
         .bind::<Text, _>(ask.owner)
@@ -120,8 +135,19 @@ impl HolderSteps for MysqlConnection {
         .bind::<Text, _>(ask.key)
         .execute(self)?;
         stmt(
+            "UPDATE dlock_leases l JOIN dlock_shared_leases s \
+                    ON s.lock_key = l.lock_key AND s.holder_id = ? \
+             SET l.token = s.token, \
+                 l.shared_until = IF(l.shared_until IS NULL OR l.shared_until < s.expires_at, \
+                                     s.expires_at, l.shared_until) \
+             WHERE l.lock_key = ?",
+        )
+        .bind::<Text, _>(ask.holder)
+        .bind::<Text, _>(ask.key)
+        .execute(self)?;
+        stmt(
             "SELECT CAST(0 AS SIGNED) AS id, token, acquired_at FROM dlock_shared_leases \
-             WHERE lock_key = ? AND holder = ?",
+             WHERE lock_key = ? AND holder_id = ?",
         )
         .bind::<Text, _>(ask.key)
         .bind::<Text, _>(ask.holder)
@@ -131,8 +157,6 @@ impl HolderSteps for MysqlConnection {
 }
 
 impl HolderLocks for MysqlConnection {
-    crate::backend::shared::statements!(holders_release);
-
     fn holders_purge(&mut self, idle_us: i64) -> QueryResult<usize> {
         stmt(
             "DELETE FROM dlock_shared_leases \
@@ -141,13 +165,10 @@ impl HolderLocks for MysqlConnection {
         .bind::<BigInt, _>(idle_us)
         .execute(self)
     }
-    fn holders_clear_intent(&mut self, key: &str, who: &str) -> QueryResult<()> {
-        self.clear_intent(key, who)
-    }
+
     fn holders_acquire(&mut self, ask: &HolderAsk<'_>) -> QueryResult<HolderAnswer> {
         holders::acquire_with(self, ask, |c, ask| {
-            // For the next transaction only.
-            stmt("SET TRANSACTION ISOLATION LEVEL READ COMMITTED").execute(c)?;
+            read_committed(c)?;
             c.transaction(|c| holders::decide(c, ask))
         })
     }
@@ -161,17 +182,63 @@ impl HolderLocks for MysqlConnection {
     ) -> QueryResult<bool> {
         let seconds = bound.as_secs() + u64::from(bound.subsec_nanos() > 0);
         with_lock_wait_timeout(self, seconds, |c| {
-            // diesel sets CLIENT_FOUND_ROWS, so the count is of matched rows.
-            stmt(
-                "UPDATE dlock_shared_leases \
-                 SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
-                 WHERE lock_key = ? AND holder = ? AND expires_at > UTC_TIMESTAMP(6)",
-            )
-            .bind::<BigInt, _>(ttl_us)
-            .bind::<Text, _>(key)
-            .bind::<Text, _>(holder)
-            .execute(c)
-            .map(|n| n == 1)
+            read_committed(c)?;
+            // The lease row first (as every writer of the key's holders), raised to the
+            // holder's new expiry only if the holder row is live; then the holder row, to
+            // the same instant (`@dlock_until`).
+            c.transaction(|c| {
+                stmt("SET @dlock_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND")
+                    .bind::<BigInt, _>(ttl_us)
+                    .execute(c)?;
+                stmt(
+                    "UPDATE dlock_leases \
+                     SET shared_until = IF(shared_until IS NULL OR shared_until < @dlock_until, \
+                                           @dlock_until, shared_until) \
+                     WHERE lock_key = ? AND EXISTS (SELECT 1 FROM dlock_shared_leases \
+                         WHERE lock_key = ? AND holder_id = ? AND expires_at > UTC_TIMESTAMP(6))",
+                )
+                .bind::<Text, _>(key)
+                .bind::<Text, _>(key)
+                .bind::<Text, _>(holder)
+                .execute(c)?;
+                // diesel sets CLIENT_FOUND_ROWS, so the count is of matched rows.
+                stmt(
+                    "UPDATE dlock_shared_leases SET expires_at = @dlock_until \
+                     WHERE lock_key = ? AND holder_id = ? AND expires_at > UTC_TIMESTAMP(6)",
+                )
+                .bind::<Text, _>(key)
+                .bind::<Text, _>(holder)
+                .execute(c)
+                .map(|n| n == 1)
+            })
+        })
+    }
+
+    fn holders_release(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
+        // The lease row first: with it locked no holder of the key is added or renewed, and
+        // at READ COMMITTED the subquery reads the newest committed holders.
+        read_committed(self)?;
+        self.transaction(|c| {
+            stmt("SELECT CAST(1 AS SIGNED) AS one FROM dlock_leases WHERE lock_key = ? FOR UPDATE")
+                .bind::<Text, _>(key)
+                .get_result::<One>(c)
+                .optional()?;
+            let gone = stmt("DELETE FROM dlock_shared_leases WHERE lock_key = ? AND holder_id = ?")
+                .bind::<Text, _>(key)
+                .bind::<Text, _>(holder)
+                .execute(c)?;
+            if gone == 1 {
+                stmt(
+                    "UPDATE dlock_leases SET shared_until = \
+                       (SELECT MAX(expires_at) FROM dlock_shared_leases \
+                        WHERE lock_key = ? AND expires_at > UTC_TIMESTAMP(6)) \
+                     WHERE lock_key = ?",
+                )
+                .bind::<Text, _>(key)
+                .bind::<Text, _>(key)
+                .execute(c)?;
+            }
+            Ok(gone == 1)
         })
     }
 
@@ -179,7 +246,7 @@ impl HolderLocks for MysqlConnection {
         exists(
             stmt(
                 "SELECT CAST(1 AS SIGNED) AS one FROM dlock_shared_leases \
-                 WHERE lock_key = ? AND holder = ? AND expires_at > UTC_TIMESTAMP(6)",
+                 WHERE lock_key = ? AND holder_id = ? AND expires_at > UTC_TIMESTAMP(6)",
             )
             .bind::<Text, _>(key)
             .bind::<Text, _>(holder)
@@ -190,7 +257,7 @@ impl HolderLocks for MysqlConnection {
 
     fn admin_holders(&mut self, key: Option<&str>) -> QueryResult<Vec<HolderRow>> {
         let rows = stmt(
-            "SELECT CAST(l.lock_key AS CHAR) AS lock_key, l.holder, l.owner, l.mode, \
+            "SELECT CAST(l.lock_key AS CHAR) AS lock_key, l.holder_id AS holder, l.owner, l.mode, \
                     k.permits, l.token, l.acquired_at, l.expires_at, \
                     UTC_TIMESTAMP(6) AS observed_at \
              FROM dlock_shared_leases l JOIN dlock_shared_keys k ON k.lock_key = l.lock_key \

@@ -68,32 +68,39 @@ pub const ROW_READ_BACK: &str = "SELECT r.id, r.token, r.acquired_at, \
           AND w.expires_at > UTC_TIMESTAMP(6)) AS ahead \
      FROM dlock_rows r WHERE r.id = LAST_INSERT_ID()";
 
+/// Whether the lease row an upsert met is free: no live exclusive lease and no live reader
+/// or permit (`shared_until`, raised by each of them with the row locked: `holders.rs`).
+macro_rules! lease_free {
+    () => {
+        "(expires_at IS NULL OR expires_at <= UTC_TIMESTAMP(6)) \
+         AND (shared_until IS NULL OR shared_until <= UTC_TIMESTAMP(6))"
+    };
+}
+
 /// `lease_acquire`, the upsert.
 ///
 /// MySQL applies ON DUPLICATE KEY UPDATE assignments left to right, each seeing the ones
 /// before it, unless MariaDB's sql_mode SIMULTANEOUS_ASSIGNMENT is set, when each sees the
-/// old row. Every condition reads only `expires_at`, which is assigned last, so both orders
-/// decide alike. (A free lease has expires_at NULL: release clears it together with the
-/// holder.)
+/// old row. Every condition reads only `expires_at`, which is assigned last, and
+/// `shared_until`, which is not assigned, so both orders decide alike. (A free lease has
+/// expires_at NULL: release clears it together with the holder.) The upsert locks the row
+/// and reads its newest committed version, so a reader committed after the statement began
+/// is seen; a key with shared holders always has its row, so the INSERT never runs beside
+/// them.
 /// The token never goes below the server's clock floor (`mysql_floor!`).
 pub const LEASE_UPSERT: &str = concat!(
-    "INSERT INTO dlock_leases (lock_key, owner, holder, token, acquired_at, expires_at) \
+    "INSERT INTO dlock_leases (lock_key, owner, holder_id, token, acquired_at, expires_at) \
      VALUES (?, ?, ?, GREATEST(COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0) + 1, ",
     mysql_floor!(),
     "), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
      ON DUPLICATE KEY UPDATE \
-       token = IF(expires_at IS NULL OR expires_at <= UTC_TIMESTAMP(6), \
-                  GREATEST(token + 1, ",
+       token = IF(", lease_free!(), ", GREATEST(token + 1, ",
     mysql_floor!(),
     "), token), \
-       owner = IF(expires_at IS NULL OR expires_at <= UTC_TIMESTAMP(6), \
-                  VALUES(owner), owner), \
-       holder = IF(expires_at IS NULL OR expires_at <= UTC_TIMESTAMP(6), \
-                   VALUES(holder), holder), \
-       acquired_at = IF(expires_at IS NULL OR expires_at <= UTC_TIMESTAMP(6), \
-                        VALUES(acquired_at), acquired_at), \
-       expires_at = IF(expires_at IS NULL OR expires_at <= UTC_TIMESTAMP(6), \
-                       VALUES(expires_at), expires_at)"
+       owner = IF(", lease_free!(), ", VALUES(owner), owner), \
+       holder_id = IF(", lease_free!(), ", VALUES(holder_id), holder_id), \
+       acquired_at = IF(", lease_free!(), ", VALUES(acquired_at), acquired_at), \
+       expires_at = IF(", lease_free!(), ", VALUES(expires_at), expires_at)"
 );
 
 /// `lease_acquire`, after the upsert: the token and time, if the lease is ours.
@@ -101,7 +108,7 @@ pub const LEASE_UPSERT: &str = concat!(
 pub const LEASE_READ_BACK: &str = "SELECT CAST(0 AS SIGNED) AS id, l.token, l.acquired_at, \
        (SELECT COUNT(*) FROM dlock_waiters w WHERE w.lock_key = l.lock_key AND w.id < ? \
           AND w.expires_at > UTC_TIMESTAMP(6)) AS ahead \
-     FROM dlock_leases l WHERE l.lock_key = ? AND l.holder = ?";
+     FROM dlock_leases l WHERE l.lock_key = ? AND l.holder_id = ?";
 
 /// What the read-backs answer.
 #[derive(QueryableByName)]
@@ -350,7 +357,7 @@ impl Locks for MysqlConnection {
             // diesel sets CLIENT_FOUND_ROWS, so the count is of matched rows.
             stmt(
                 "UPDATE dlock_leases SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
-                 WHERE lock_key = ? AND holder = ? AND expires_at > UTC_TIMESTAMP(6)",
+                 WHERE lock_key = ? AND holder_id = ? AND expires_at > UTC_TIMESTAMP(6)",
             )
             .bind::<BigInt, _>(ttl_us)
             .bind::<Text, _>(key)
@@ -364,7 +371,7 @@ impl Locks for MysqlConnection {
         exists(
             stmt(
                 "SELECT CAST(1 AS SIGNED) AS one FROM dlock_leases \
-                 WHERE lock_key = ? AND holder = ? AND expires_at > UTC_TIMESTAMP(6)",
+                 WHERE lock_key = ? AND holder_id = ? AND expires_at > UTC_TIMESTAMP(6)",
             )
             .bind::<Text, _>(key)
             .bind::<Text, _>(holder)
@@ -374,13 +381,15 @@ impl Locks for MysqlConnection {
     }
 }
 
-/// A plain consistent read: is the lease held and unexpired right now?
+/// A plain consistent read: is the lease held and unexpired right now (exclusively, or by
+/// readers or permits), or others ahead of `place` in the key's line?
 fn lease_visibly_held(conn: &mut MysqlConnection, key: &str, place: i64) -> QueryResult<bool> {
     exists(
         stmt(
             "SELECT CAST(1 AS SIGNED) AS one FROM DUAL \
              WHERE EXISTS (SELECT 1 FROM dlock_leases WHERE lock_key = ? \
-                           AND holder IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)) \
+                           AND (holder_id IS NOT NULL AND expires_at > UTC_TIMESTAMP(6) \
+                                OR shared_until > UTC_TIMESTAMP(6))) \
                 OR EXISTS (SELECT 1 FROM dlock_waiters WHERE lock_key = ? AND id < ? \
                            AND expires_at > UTC_TIMESTAMP(6))",
         )

@@ -38,18 +38,18 @@ impl Admin for PgConnection {
     fn admin_leases(&mut self, key: Option<&str>) -> QueryResult<Vec<Held>> {
         let rows = match key {
             None => stmt(
-                "SELECT 0::int8 AS id, holder, lock_key, COALESCE(owner, '') AS owner, token, \
+                "SELECT 0::int8 AS id, holder_id AS holder, lock_key, COALESCE(owner, '') AS owner, token, \
                         acquired_at, expires_at, now() AS observed_at \
                  FROM dlock_leases \
-                 WHERE holder IS NOT NULL AND holder <> '' AND expires_at > now() AND acquired_at IS NOT NULL \
+                 WHERE holder_id IS NOT NULL AND holder_id <> '' AND expires_at > now() AND acquired_at IS NOT NULL \
                  ORDER BY lock_key",
             )
             .load(self),
             Some(key) => stmt(
-                "SELECT 0::int8 AS id, holder, lock_key, COALESCE(owner, '') AS owner, token, \
+                "SELECT 0::int8 AS id, holder_id AS holder, lock_key, COALESCE(owner, '') AS owner, token, \
                         acquired_at, expires_at, now() AS observed_at \
                  FROM dlock_leases \
-                 WHERE lock_key = ? AND holder IS NOT NULL AND holder <> '' AND expires_at > now() \
+                 WHERE lock_key = ? AND holder_id IS NOT NULL AND holder_id <> '' AND expires_at > now() \
                    AND acquired_at IS NOT NULL",
             )
             .bind::<Text, _>(key)
@@ -67,16 +67,19 @@ impl Admin for PgConnection {
     }
 
     fn purge_mark_leases(&mut self, idle_us: i64) -> QueryResult<usize> {
-        // A free row keeps the time of its last acquisition; an expired one its expiry.
+        // A free row keeps the time of its last acquisition; an expired one its expiry. A
+        // row whose readers or permits were live since is not idle (`shared_until`).
         stmt(
             "WITH m AS ( \
-               UPDATE dlock_leases SET holder = '', expires_at = now() \
-               WHERE (holder IS NULL AND acquired_at <= now() - ? * interval '1 microsecond') \
-                  OR expires_at <= now() - ? * interval '1 microsecond' \
+               UPDATE dlock_leases SET holder_id = '', expires_at = now() \
+               WHERE ((holder_id IS NULL AND acquired_at <= now() - ? * interval '1 microsecond') \
+                      OR expires_at <= now() - ? * interval '1 microsecond') \
+                 AND (shared_until IS NULL OR shared_until <= now() - ? * interval '1 microsecond') \
                RETURNING lock_key, token) \
              INSERT INTO dlock_tokens AS t (lock_key, token) SELECT lock_key, token FROM m \
              ON CONFLICT (lock_key) DO UPDATE SET token = GREATEST(t.token, EXCLUDED.token)",
         )
+        .bind::<BigInt, _>(idle_us)
         .bind::<BigInt, _>(idle_us)
         .bind::<BigInt, _>(idle_us)
         .execute(self)
@@ -85,7 +88,7 @@ impl Admin for PgConnection {
     fn purge_delete_leases(&mut self) -> QueryResult<usize> {
         stmt(
             "DELETE FROM dlock_leases l USING dlock_tokens t \
-             WHERE l.holder = '' AND t.lock_key = l.lock_key AND l.token <= t.token",
+             WHERE l.holder_id = '' AND t.lock_key = l.lock_key AND l.token <= t.token",
         )
         .execute(self)
     }

@@ -16,11 +16,18 @@ use diesel::{Connection, OptionalExtension, QueryResult, QueryableByName, RunQue
 holders::holder_row!(Timestamptz, DateTime<Utc>, |t| t);
 
 #[derive(QueryableByName)]
-struct HeaderRow {
+struct Released {
     #[diesel(sql_type = BigInt)]
-    permits: i64,
-    #[diesel(sql_type = diesel::sql_types::Nullable<Text>)]
-    live_intent: Option<String>,
+    one: i64,
+    #[diesel(sql_type = BigInt)]
+    #[allow(dead_code)] // selected only so that `u` is read
+    lowered: i64,
+}
+
+#[derive(QueryableByName)]
+struct LeaseRow {
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    exclusive: bool,
 }
 
 #[derive(QueryableByName)]
@@ -32,23 +39,55 @@ struct Counts {
 }
 
 impl HolderSteps for PgConnection {
-    crate::backend::shared::statements!(create_header, clear_intent);
+    crate::backend::shared::statements!(create_header);
 
-    fn lock_header(&mut self, key: &str) -> QueryResult<Option<Header>> {
+    fn create_lease(&mut self, key: &str) -> QueryResult<()> {
+        // The counter a purge saved is read through an upsert of dlock_tokens, which acts on
+        // its newest version (a plain read could miss a purge committed mid-statement).
         stmt(
-            "SELECT permits, \
-                    CASE WHEN intent_until > statement_timestamp() THEN intent END AS live_intent \
-             FROM dlock_shared_keys WHERE lock_key = ? FOR UPDATE",
+            "WITH t AS (INSERT INTO dlock_tokens AS t (lock_key, token) VALUES (?, 0) \
+                        ON CONFLICT (lock_key) DO UPDATE SET token = t.token RETURNING token) \
+             INSERT INTO dlock_leases (lock_key, token, acquired_at) \
+             SELECT ?, t.token, statement_timestamp() FROM t \
+             ON CONFLICT (lock_key) DO NOTHING",
         )
         .bind::<Text, _>(key)
-        .get_result::<HeaderRow>(self)
+        .bind::<Text, _>(key)
+        .execute(self)
+        .map(drop)
+    }
+
+    fn lock_lease(&mut self, key: &str) -> QueryResult<Option<bool>> {
+        // A locking read returns the row's newest version, whatever the statement's snapshot.
+        stmt(
+            "SELECT COALESCE(holder_id IS NOT NULL AND expires_at > statement_timestamp(), false) \
+                    AS exclusive \
+             FROM dlock_leases WHERE lock_key = ? FOR UPDATE",
+        )
+        .bind::<Text, _>(key)
+        .get_result::<LeaseRow>(self)
         .optional()
-        .map(|r| {
-            r.map(|r| Header {
-                permits: r.permits,
-                live_intent: r.live_intent,
-            })
-        })
+        .map(|r| r.map(|r| r.exclusive))
+    }
+
+    fn lock_header(&mut self, key: &str) -> QueryResult<Option<Header>> {
+        stmt("SELECT permits AS one FROM dlock_shared_keys WHERE lock_key = ? FOR UPDATE")
+            .bind::<Text, _>(key)
+            .get_result::<One>(self)
+            .optional()
+            .map(|r| r.map(|r| Header { permits: r.one }))
+    }
+
+    fn line_busy(&mut self, key: &str) -> QueryResult<bool> {
+        exists(
+            stmt(
+                "SELECT 1::int8 AS one FROM dlock_waiters \
+                 WHERE lock_key = ? AND expires_at > statement_timestamp() LIMIT 1",
+            )
+            .bind::<Text, _>(key)
+            .get_result::<One>(self)
+            .optional(),
+        )
     }
 
     fn expire(&mut self, key: &str) -> QueryResult<()> {
@@ -71,31 +110,23 @@ impl HolderSteps for PgConnection {
         .map(|c| (c.total, c.writers))
     }
 
-    fn set_intent(&mut self, key: &str, who: &str, us: i64) -> QueryResult<()> {
-        stmt(
-            "UPDATE dlock_shared_keys SET intent = ?, \
-                    intent_until = statement_timestamp() + ? * interval '1 microsecond' \
-             WHERE lock_key = ?",
-        )
-        .bind::<Text, _>(who)
-        .bind::<BigInt, _>(us)
-        .bind::<Text, _>(key)
-        .execute(self)
-        .map(drop)
-    }
-
     fn insert(&mut self, ask: &HolderAsk<'_>) -> QueryResult<Acquired> {
-        // The key's counter never goes below the server's epoch (`pg_epoch!`).
+        // The key's one counter, on its lease row (locked by this transaction), never goes
+        // below the server's epoch (`pg_epoch!`).
         stmt(concat!(
-            "WITH t AS (UPDATE dlock_shared_keys SET token = GREATEST(token + 1, ",
+            "WITH t AS (UPDATE dlock_leases SET token = GREATEST(token + 1, ",
             pg_epoch!(),
-            " + 1) WHERE lock_key = ? RETURNING token) \
+            " + 1), \
+                shared_until = GREATEST(shared_until, \
+                                        statement_timestamp() + ? * interval '1 microsecond') \
+              WHERE lock_key = ? RETURNING token) \
              INSERT INTO dlock_shared_leases \
-                    (lock_key, holder, owner, mode, token, acquired_at, expires_at) \
+                    (lock_key, holder_id, owner, mode, token, acquired_at, expires_at) \
              SELECT ?, ?, ?, ?, t.token, statement_timestamp(), \
                     statement_timestamp() + ? * interval '1 microsecond' FROM t \
              RETURNING 0::int8 AS id, token, acquired_at",
         ))
+        .bind::<BigInt, _>(ask.ttl_us)
         .bind::<Text, _>(ask.key)
         .bind::<Text, _>(ask.key)
         .bind::<Text, _>(ask.holder)
@@ -116,9 +147,6 @@ impl HolderLocks for PgConnection {
         .bind::<BigInt, _>(idle_us)
         .execute(self)
     }
-    fn holders_clear_intent(&mut self, key: &str, who: &str) -> QueryResult<()> {
-        self.clear_intent(key, who)
-    }
     fn holders_acquire(&mut self, ask: &HolderAsk<'_>) -> QueryResult<HolderAnswer> {
         holders::acquire_with(self, ask, |c, ask| {
             c.transaction(|c| holders::decide(c, ask))
@@ -132,39 +160,70 @@ impl HolderLocks for PgConnection {
         ttl_us: i64,
         bound: std::time::Duration,
     ) -> QueryResult<bool> {
+        // One statement: `l` raises the lease row's `shared_until` (locking that row first,
+        // as every statement writing the key's holders does) if the holder row is there and
+        // live, then the holder row is extended to the same instant.
         stmt(
-            "UPDATE dlock_shared_leases \
+            "WITH l AS (UPDATE dlock_leases \
+                 SET shared_until = GREATEST(shared_until, \
+                                             statement_timestamp() + ? * interval '1 microsecond') \
+                 WHERE lock_key = ? AND set_config('lock_timeout', ?, true) IS NOT NULL \
+                   AND EXISTS (SELECT 1 FROM dlock_shared_leases \
+                               WHERE lock_key = ? AND holder_id = ? \
+                                 AND expires_at > statement_timestamp()) \
+                 RETURNING 1) \
+             UPDATE dlock_shared_leases \
              SET expires_at = statement_timestamp() + ? * interval '1 microsecond' \
-             WHERE lock_key = ? AND holder = ? \
-               AND set_config('lock_timeout', ?, true) IS NOT NULL \
-               AND expires_at > statement_timestamp()",
+             WHERE lock_key = ? AND holder_id = ? AND expires_at > statement_timestamp() \
+               AND EXISTS (SELECT 1 FROM l)",
         )
         .bind::<BigInt, _>(ttl_us)
         .bind::<Text, _>(key)
-        .bind::<Text, _>(holder)
         .bind::<Text, _>(lock_timeout_ms(bound))
+        .bind::<Text, _>(key)
+        .bind::<Text, _>(holder)
+        .bind::<BigInt, _>(ttl_us)
+        .bind::<Text, _>(key)
+        .bind::<Text, _>(holder)
         .execute(self)
         .map(|n| n == 1)
     }
 
     fn holders_release(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
-        // Notifies listening lockers, as a lease's release does.
-        stmt(
-            "WITH d AS (DELETE FROM dlock_shared_leases WHERE lock_key = ? AND holder = ? \
-                        RETURNING lock_key) \
-             SELECT count(pg_notify('dlock_release', lock_key)) AS one FROM d",
-        )
-        .bind::<Text, _>(key)
-        .bind::<Text, _>(holder)
-        .get_result::<One>(self)
-        .map(|r| r.one == 1)
+        // The lease row first, locked by a statement of its own: the next statement's
+        // snapshot then shows every holder committed before this one got the lock, and no
+        // holder can be added or renewed until the commit. Notifies listening lockers.
+        self.transaction(|c| {
+            stmt("SELECT 1::int8 AS one FROM dlock_leases WHERE lock_key = ? FOR UPDATE")
+                .bind::<Text, _>(key)
+                .get_result::<One>(c)
+                .optional()?;
+            stmt(
+                "WITH d AS (DELETE FROM dlock_shared_leases WHERE lock_key = ? AND holder_id = ? \
+                            RETURNING lock_key), \
+                 u AS (UPDATE dlock_leases SET shared_until = \
+                         (SELECT max(expires_at) FROM dlock_shared_leases \
+                          WHERE lock_key = ? AND holder_id <> ? \
+                            AND expires_at > statement_timestamp()) \
+                       WHERE lock_key = ? AND EXISTS (SELECT 1 FROM d) RETURNING 1) \
+                 SELECT count(pg_notify('dlock_release', lock_key)) AS one, \
+                        (SELECT count(*) FROM u) AS lowered FROM d",
+            )
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(holder)
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(holder)
+            .bind::<Text, _>(key)
+            .get_result::<Released>(c)
+            .map(|r| r.one == 1)
+        })
     }
 
     fn holders_held(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
         exists(
             stmt(
                 "SELECT 1::int8 AS one FROM dlock_shared_leases \
-                 WHERE lock_key = ? AND holder = ? AND expires_at > statement_timestamp()",
+                 WHERE lock_key = ? AND holder_id = ? AND expires_at > statement_timestamp()",
             )
             .bind::<Text, _>(key)
             .bind::<Text, _>(holder)
@@ -175,7 +234,7 @@ impl HolderLocks for PgConnection {
 
     fn admin_holders(&mut self, key: Option<&str>) -> QueryResult<Vec<HolderRow>> {
         let rows = stmt(
-            "SELECT l.lock_key, l.holder, l.owner, l.mode, k.permits, l.token, \
+            "SELECT l.lock_key, l.holder_id AS holder, l.owner, l.mode, k.permits, l.token, \
                     l.acquired_at, l.expires_at, now() AS observed_at \
              FROM dlock_shared_leases l JOIN dlock_shared_keys k USING (lock_key) \
              WHERE l.expires_at > now() AND (? IS NULL OR l.lock_key = ?) \

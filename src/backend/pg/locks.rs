@@ -77,10 +77,11 @@ macro_rules! lease_acquire {
        SELECT NOT EXISTS (SELECT 1 FROM dlock_waiters \
                           WHERE lock_key = ? AND id < ? AND expires_at > now()) AS turn), \
      u AS ( \
-       UPDATE dlock_leases SET owner = ?, holder = ?, \
+       UPDATE dlock_leases SET owner = ?, holder_id = ?, \
          token = GREATEST(token + 1, ", pg_epoch!(), " + 1), \
          acquired_at = clock_timestamp(), expires_at = clock_timestamp() + ? * interval '1 microsecond' \
-       WHERE lock_key = ? AND (holder IS NULL OR expires_at <= now()) AND (SELECT turn FROM l) \
+       WHERE lock_key = ? AND (holder_id IS NULL OR expires_at <= now()) \
+         AND (shared_until IS NULL OR shared_until <= now()) AND (SELECT turn FROM l) \
        RETURNING token, acquired_at), \
      t AS ( \
        INSERT INTO dlock_tokens AS t (lock_key, token) \
@@ -89,7 +90,7 @@ macro_rules! lease_acquire {
        ON CONFLICT (lock_key) DO UPDATE SET token = GREATEST(t.token + 1, ", pg_epoch!(), " + 1) \
        RETURNING token), \
      i AS ( \
-       INSERT INTO dlock_leases (lock_key, owner, holder, token, acquired_at, expires_at) \
+       INSERT INTO dlock_leases (lock_key, owner, holder_id, token, acquired_at, expires_at) \
        SELECT ?, ?, ?, t.token, clock_timestamp(), clock_timestamp() + ? * interval '1 microsecond' FROM t \
        ON CONFLICT (lock_key) DO NOTHING  \
        RETURNING token, acquired_at) ")
@@ -109,7 +110,10 @@ macro_rules! lease_acquire {
 /// removes its own place (`LEASE_ACQUIRE_IN_LINE`). The new times are clock_timestamp(), not now() (the
 /// statement's start): `u` may wait for another transaction's update of the row, `t` for
 /// the counter's row lock. An expiry a little later than the caller's own count (from
-/// before it sent the statement) is on the safe side.
+/// before it sent the statement) is on the safe side. `u` also waits out the key's readers
+/// and permits: `shared_until` is on the row it updates, so it is re-read after any wait,
+/// as every shared acquisition raises it while holding the row's lock (`holders.rs`); a
+/// key with shared holders always has its row, so `i` never runs beside them.
 pub const LEASE_ACQUIRE: &str = concat!(
     lease_acquire!(),
     "SELECT 0::int8 AS id, token, acquired_at FROM u \
@@ -127,8 +131,8 @@ const LEASE_ACQUIRE_IN_LINE: &str = concat!(
 
 /// `lease_release`, with the notification `ROW_RELEASE` sends.
 pub const LEASE_RELEASE: &str =
-    "WITH u AS (UPDATE dlock_leases SET holder = NULL, expires_at = NULL \
-                WHERE lock_key = ? AND holder = ? RETURNING lock_key), \
+    "WITH u AS (UPDATE dlock_leases SET holder_id = NULL, expires_at = NULL \
+                WHERE lock_key = ? AND holder_id = ? RETURNING lock_key), \
      n AS (SELECT pg_notify(f.channel, f.lock_key) FROM ( \
              SELECT w.channel, w.lock_key FROM dlock_waiters w JOIN u ON w.lock_key = u.lock_key \
              WHERE w.expires_at > now() ORDER BY w.id LIMIT 1) f \
@@ -235,7 +239,7 @@ impl Locks for PgConnection {
         // runs (on the row's filter) before the UPDATE waits for another session's row lock.
         stmt(
             "UPDATE dlock_leases SET expires_at = now() + ? * interval '1 microsecond' \
-             WHERE lock_key = ? AND holder = ? \
+             WHERE lock_key = ? AND holder_id = ? \
                AND set_config('lock_timeout', ?, true) IS NOT NULL AND expires_at > now()",
         )
         .bind::<BigInt, _>(ttl_us)
@@ -258,7 +262,7 @@ impl Locks for PgConnection {
         exists(
             stmt(
                 "SELECT 1::int8 AS one FROM dlock_leases \
-                 WHERE lock_key = ? AND holder = ? AND expires_at > now()",
+                 WHERE lock_key = ? AND holder_id = ? AND expires_at > now()",
             )
             .bind::<Text, _>(key)
             .bind::<Text, _>(holder)

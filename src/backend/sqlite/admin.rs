@@ -40,21 +40,21 @@ impl Admin for SqliteConnection {
     fn admin_leases(&mut self, key: Option<&str>) -> QueryResult<Vec<Held>> {
         let rows = match key {
             None => stmt(
-                "SELECT 0 AS id, holder, lock_key, COALESCE(owner, '') AS owner, token, \
+                "SELECT 0 AS id, holder_id AS holder, lock_key, COALESCE(owner, '') AS owner, token, \
                         acquired_at, expires_at, \
                         strftime('%Y-%m-%d %H:%M:%f', 'now') AS observed_at \
                  FROM dlock_leases \
-                 WHERE holder IS NOT NULL AND holder <> '' AND acquired_at IS NOT NULL \
+                 WHERE holder_id IS NOT NULL AND holder_id <> '' AND acquired_at IS NOT NULL \
                    AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
                  ORDER BY lock_key",
             )
             .load(self),
             Some(key) => stmt(
-                "SELECT 0 AS id, holder, lock_key, COALESCE(owner, '') AS owner, token, \
+                "SELECT 0 AS id, holder_id AS holder, lock_key, COALESCE(owner, '') AS owner, token, \
                         acquired_at, expires_at, \
                         strftime('%Y-%m-%d %H:%M:%f', 'now') AS observed_at \
                  FROM dlock_leases \
-                 WHERE lock_key = ? AND holder IS NOT NULL AND holder <> '' AND acquired_at IS NOT NULL \
+                 WHERE lock_key = ? AND holder_id IS NOT NULL AND holder_id <> '' AND acquired_at IS NOT NULL \
                    AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')",
             )
             .bind::<Text, _>(key)
@@ -78,11 +78,14 @@ impl Admin for SqliteConnection {
     fn purge_mark_leases(&mut self, idle_us: i64) -> QueryResult<usize> {
         self.immediate_transaction(|c| {
             let marked = stmt(
-                "UPDATE dlock_leases SET holder = '', expires_at = strftime('%Y-%m-%d %H:%M:%f', 'now') \
-                 WHERE (holder IS NULL \
-                        AND acquired_at <= strftime('%Y-%m-%d %H:%M:%f', 'now', ?)) \
-                    OR expires_at <= strftime('%Y-%m-%d %H:%M:%f', 'now', ?)",
+                "UPDATE dlock_leases SET holder_id = '', expires_at = strftime('%Y-%m-%d %H:%M:%f', 'now') \
+                 WHERE ((holder_id IS NULL \
+                         AND acquired_at <= strftime('%Y-%m-%d %H:%M:%f', 'now', ?)) \
+                        OR expires_at <= strftime('%Y-%m-%d %H:%M:%f', 'now', ?)) \
+                   AND (shared_until IS NULL \
+                        OR shared_until <= strftime('%Y-%m-%d %H:%M:%f', 'now', ?))",
             )
+            .bind::<Text, _>(seconds('-', idle_us))
             .bind::<Text, _>(seconds('-', idle_us))
             .bind::<Text, _>(seconds('-', idle_us))
             .execute(c)?;
@@ -90,7 +93,7 @@ impl Admin for SqliteConnection {
                 // `WHERE true` tells SQLite's parser that ON CONFLICT is the upsert clause.
                 stmt(
                     "INSERT INTO dlock_tokens (lock_key, token) \
-                     SELECT lock_key, token FROM dlock_leases WHERE holder = '' AND true \
+                     SELECT lock_key, token FROM dlock_leases WHERE holder_id = '' AND true \
                      ON CONFLICT (lock_key) DO UPDATE SET token = max(token, excluded.token)",
                 )
                 .execute(c)?;
@@ -101,7 +104,7 @@ impl Admin for SqliteConnection {
 
     fn purge_delete_leases(&mut self) -> QueryResult<usize> {
         stmt(
-            "DELETE FROM dlock_leases WHERE holder = '' \
+            "DELETE FROM dlock_leases WHERE holder_id = '' \
              AND token <= (SELECT t.token FROM dlock_tokens t \
                            WHERE t.lock_key = dlock_leases.lock_key)",
         )

@@ -16,14 +16,6 @@ use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 holders::holder_row!(Timestamp, NaiveDateTime, |t| t.and_utc());
 
 #[derive(QueryableByName)]
-struct HeaderRow {
-    #[diesel(sql_type = BigInt)]
-    permits: i64,
-    #[diesel(sql_type = Nullable<Text>)]
-    live_intent: Option<String>,
-}
-
-#[derive(QueryableByName)]
 struct Counts {
     #[diesel(sql_type = BigInt)]
     total: i64,
@@ -32,24 +24,52 @@ struct Counts {
 }
 
 impl HolderSteps for SqliteConnection {
-    crate::backend::shared::statements!(create_header, clear_intent);
+    crate::backend::shared::statements!(create_header);
 
-    fn lock_header(&mut self, key: &str) -> QueryResult<Option<Header>> {
+    fn create_lease(&mut self, key: &str) -> QueryResult<()> {
         stmt(
-            "SELECT permits, \
-                    CASE WHEN intent_until > strftime('%Y-%m-%d %H:%M:%f', 'now') \
-                         THEN intent END AS live_intent \
-             FROM dlock_shared_keys WHERE lock_key = ?",
+            "INSERT INTO dlock_leases (lock_key, token, acquired_at) \
+             SELECT ?, COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0), \
+                    strftime('%Y-%m-%d %H:%M:%f', 'now') \
+             WHERE true ON CONFLICT (lock_key) DO NOTHING",
         )
         .bind::<Text, _>(key)
-        .get_result::<HeaderRow>(self)
+        .bind::<Text, _>(key)
+        .execute(self)
+        .map(drop)
+    }
+
+    fn lock_lease(&mut self, key: &str) -> QueryResult<Option<bool>> {
+        // The transaction holds the write lock already: reading is enough.
+        stmt(
+            "SELECT COALESCE(holder_id IS NOT NULL \
+                             AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now'), 0) AS one \
+             FROM dlock_leases WHERE lock_key = ?",
+        )
+        .bind::<Text, _>(key)
+        .get_result::<One>(self)
         .optional()
-        .map(|r| {
-            r.map(|r| Header {
-                permits: r.permits,
-                live_intent: r.live_intent,
-            })
-        })
+        .map(|r| r.map(|r| r.one == 1))
+    }
+
+    fn lock_header(&mut self, key: &str) -> QueryResult<Option<Header>> {
+        stmt("SELECT permits AS one FROM dlock_shared_keys WHERE lock_key = ?")
+            .bind::<Text, _>(key)
+            .get_result::<One>(self)
+            .optional()
+            .map(|r| r.map(|r| Header { permits: r.one }))
+    }
+
+    fn line_busy(&mut self, key: &str) -> QueryResult<bool> {
+        exists(
+            stmt(
+                "SELECT 1 AS one FROM dlock_waiters \
+                 WHERE lock_key = ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') LIMIT 1",
+            )
+            .bind::<Text, _>(key)
+            .get_result::<One>(self)
+            .optional(),
+        )
     }
 
     fn expire(&mut self, key: &str) -> QueryResult<()> {
@@ -72,29 +92,16 @@ impl HolderSteps for SqliteConnection {
         .map(|c| (c.total, c.writers))
     }
 
-    fn set_intent(&mut self, key: &str, who: &str, us: i64) -> QueryResult<()> {
-        stmt(
-            "UPDATE dlock_shared_keys SET intent = ?, \
-                    intent_until = strftime('%Y-%m-%d %H:%M:%f', 'now', ?) \
-             WHERE lock_key = ?",
-        )
-        .bind::<Text, _>(who)
-        .bind::<Text, _>(seconds('+', us))
-        .bind::<Text, _>(key)
-        .execute(self)
-        .map(drop)
-    }
-
     fn insert(&mut self, ask: &HolderAsk<'_>) -> QueryResult<Acquired> {
-        stmt("UPDATE dlock_shared_keys SET token = token + 1 WHERE lock_key = ?")
-            .bind::<Text, _>(ask.key)
-            .execute(self)?;
-        stmt(
+        // The holder row takes the key's next token from the lease row, then the lease row
+        // takes that token and the holder's expiry (one instant, written once, so that
+        // `shared_until` is never short of it).
+        let acquired = stmt(
             "INSERT INTO dlock_shared_leases \
-                    (lock_key, holder, owner, mode, token, acquired_at, expires_at) \
-             SELECT ?, ?, ?, ?, token, strftime('%Y-%m-%d %H:%M:%f', 'now'), \
+                    (lock_key, holder_id, owner, mode, token, acquired_at, expires_at) \
+             SELECT ?, ?, ?, ?, token + 1, strftime('%Y-%m-%d %H:%M:%f', 'now'), \
                     strftime('%Y-%m-%d %H:%M:%f', 'now', ?) \
-             FROM dlock_shared_keys WHERE lock_key = ? \
+             FROM dlock_leases WHERE lock_key = ? \
              RETURNING 0 AS id, token, acquired_at",
         )
         .bind::<Text, _>(ask.key)
@@ -103,14 +110,23 @@ impl HolderSteps for SqliteConnection {
         .bind::<Text, _>(ask.mode.as_str())
         .bind::<Text, _>(seconds('+', ask.ttl_us))
         .bind::<Text, _>(ask.key)
-        .get_result::<AcquiredRow>(self)
-        .map(Into::into)
+        .get_result::<AcquiredRow>(self)?;
+        stmt(
+            "UPDATE dlock_leases SET token = s.token, \
+                    shared_until = max(COALESCE(dlock_leases.shared_until, ''), s.expires_at) \
+             FROM (SELECT token, expires_at FROM dlock_shared_leases \
+                   WHERE lock_key = ? AND holder_id = ?) AS s \
+             WHERE dlock_leases.lock_key = ?",
+        )
+        .bind::<Text, _>(ask.key)
+        .bind::<Text, _>(ask.holder)
+        .bind::<Text, _>(ask.key)
+        .execute(self)?;
+        Ok(acquired.into())
     }
 }
 
 impl HolderLocks for SqliteConnection {
-    crate::backend::shared::statements!(holders_release);
-
     fn holders_purge(&mut self, idle_us: i64) -> QueryResult<usize> {
         stmt(
             "DELETE FROM dlock_shared_leases \
@@ -119,9 +135,7 @@ impl HolderLocks for SqliteConnection {
         .bind::<Text, _>(seconds('-', idle_us))
         .execute(self)
     }
-    fn holders_clear_intent(&mut self, key: &str, who: &str) -> QueryResult<()> {
-        self.clear_intent(key, who)
-    }
+
     fn holders_acquire(&mut self, ask: &HolderAsk<'_>) -> QueryResult<HolderAnswer> {
         holders::acquire_with(self, ask, |c, ask| {
             c.immediate_transaction(|c| holders::decide(c, ask))
@@ -135,24 +149,65 @@ impl HolderLocks for SqliteConnection {
         ttl_us: i64,
         _bound: std::time::Duration,
     ) -> QueryResult<bool> {
-        stmt(
-            "UPDATE dlock_shared_leases \
-             SET expires_at = strftime('%Y-%m-%d %H:%M:%f', 'now', ?) \
-             WHERE lock_key = ? AND holder = ? \
-               AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')",
-        )
-        .bind::<Text, _>(seconds('+', ttl_us))
-        .bind::<Text, _>(key)
-        .bind::<Text, _>(holder)
-        .execute(self)
-        .map(|n| n == 1)
+        // The holder row, then the lease row raised to the holder's new expiry, under the
+        // one write lock.
+        self.immediate_transaction(|c| {
+            let renewed = stmt(
+                "UPDATE dlock_shared_leases \
+                 SET expires_at = strftime('%Y-%m-%d %H:%M:%f', 'now', ?) \
+                 WHERE lock_key = ? AND holder_id = ? \
+                   AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')",
+            )
+            .bind::<Text, _>(seconds('+', ttl_us))
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(holder)
+            .execute(c)?
+                == 1;
+            if renewed {
+                stmt(
+                    "UPDATE dlock_leases SET shared_until = max(COALESCE(shared_until, ''), \
+                        (SELECT expires_at FROM dlock_shared_leases \
+                         WHERE lock_key = ? AND holder_id = ?)) \
+                     WHERE lock_key = ?",
+                )
+                .bind::<Text, _>(key)
+                .bind::<Text, _>(holder)
+                .bind::<Text, _>(key)
+                .execute(c)?;
+            }
+            Ok(renewed)
+        })
+    }
+
+    fn holders_release(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
+        // Under the one write lock: the holder row goes, and `shared_until` comes down to
+        // the latest expiry of the key's other live holders.
+        self.immediate_transaction(|c| {
+            let gone = stmt("DELETE FROM dlock_shared_leases WHERE lock_key = ? AND holder_id = ?")
+                .bind::<Text, _>(key)
+                .bind::<Text, _>(holder)
+                .execute(c)?
+                == 1;
+            if gone {
+                stmt(
+                    "UPDATE dlock_leases SET shared_until = \
+                       (SELECT max(expires_at) FROM dlock_shared_leases \
+                        WHERE lock_key = ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')) \
+                     WHERE lock_key = ?",
+                )
+                .bind::<Text, _>(key)
+                .bind::<Text, _>(key)
+                .execute(c)?;
+            }
+            Ok(gone)
+        })
     }
 
     fn holders_held(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
         exists(
             stmt(
                 "SELECT 1 AS one FROM dlock_shared_leases \
-                 WHERE lock_key = ? AND holder = ? \
+                 WHERE lock_key = ? AND holder_id = ? \
                    AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')",
             )
             .bind::<Text, _>(key)
@@ -164,7 +219,7 @@ impl HolderLocks for SqliteConnection {
 
     fn admin_holders(&mut self, key: Option<&str>) -> QueryResult<Vec<HolderRow>> {
         let rows = stmt(
-            "SELECT l.lock_key, l.holder, l.owner, l.mode, k.permits, l.token, \
+            "SELECT l.lock_key, l.holder_id AS holder, l.owner, l.mode, k.permits, l.token, \
                     l.acquired_at, l.expires_at, \
                     strftime('%Y-%m-%d %H:%M:%f', 'now') AS observed_at \
              FROM dlock_shared_leases l JOIN dlock_shared_keys k ON k.lock_key = l.lock_key \

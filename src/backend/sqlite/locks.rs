@@ -28,20 +28,24 @@ pub const ROW_ACQUIRE: &str =
      ON CONFLICT (lock_key) DO NOTHING \
      RETURNING id, token, acquired_at";
 
-/// `lease_acquire`.
+/// `lease_acquire`. A row with live readers or permits (`shared_until`, raised by each of
+/// them under the same single write lock: `holders.rs`) is not taken; a key with shared
+/// holders always has its row, so the INSERT never runs beside them.
 pub const LEASE_ACQUIRE: &str =
-    "INSERT INTO dlock_leases (lock_key, owner, holder, token, acquired_at, expires_at) \
+    "INSERT INTO dlock_leases (lock_key, owner, holder_id, token, acquired_at, expires_at) \
      SELECT ?, ?, ?, COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0) + 1, \
              strftime('%Y-%m-%d %H:%M:%f', 'now'), \
              strftime('%Y-%m-%d %H:%M:%f', 'now', ?) \
      WHERE NOT EXISTS (SELECT 1 FROM dlock_waiters WHERE lock_key = ? AND id < ? \
                        AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')) \
      ON CONFLICT (lock_key) DO UPDATE SET \
-       owner = excluded.owner, holder = excluded.holder, \
+       owner = excluded.owner, holder_id = excluded.holder_id, \
        token = dlock_leases.token + 1, \
        acquired_at = excluded.acquired_at, expires_at = excluded.expires_at \
-     WHERE dlock_leases.holder IS NULL \
-        OR dlock_leases.expires_at <= excluded.acquired_at \
+     WHERE (dlock_leases.holder_id IS NULL \
+            OR dlock_leases.expires_at <= excluded.acquired_at) \
+       AND (dlock_leases.shared_until IS NULL \
+            OR dlock_leases.shared_until <= excluded.acquired_at) \
      RETURNING 0 AS id, token, acquired_at";
 
 impl Locks for SqliteConnection {
@@ -109,8 +113,9 @@ impl Locks for SqliteConnection {
             && held_or_behind(
                 self,
                 "SELECT 1 AS one WHERE EXISTS (SELECT 1 FROM dlock_leases WHERE lock_key = ? \
-                     AND holder IS NOT NULL \
-                     AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')) \
+                     AND (holder_id IS NOT NULL \
+                          AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
+                          OR shared_until > strftime('%Y-%m-%d %H:%M:%f', 'now'))) \
                    OR EXISTS (SELECT 1 FROM dlock_waiters WHERE lock_key = ? AND id < ? \
                               AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now'))",
                 key,
@@ -144,7 +149,7 @@ impl Locks for SqliteConnection {
     ) -> QueryResult<bool> {
         stmt(
             "UPDATE dlock_leases SET expires_at = strftime('%Y-%m-%d %H:%M:%f', 'now', ?) \
-             WHERE lock_key = ? AND holder = ? \
+             WHERE lock_key = ? AND holder_id = ? \
                AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')",
         )
         .bind::<Text, _>(seconds('+', ttl_us))
@@ -157,7 +162,7 @@ impl Locks for SqliteConnection {
     fn lease_held(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
         exists(
             stmt(
-                "SELECT 1 AS one FROM dlock_leases WHERE lock_key = ? AND holder = ? \
+                "SELECT 1 AS one FROM dlock_leases WHERE lock_key = ? AND holder_id = ? \
                  AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')",
             )
             .bind::<Text, _>(key)

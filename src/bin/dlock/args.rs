@@ -152,20 +152,22 @@ pub(crate) struct RunArgs {
     pub(crate) kill_after: Duration,
 
     /// Take the key as one of many readers (a shared lock): other `--shared` runs of the key
-    /// run beside this one; `--write` runs exclude them. lease (every backend) and advisory
-    /// (PostgreSQL) only. With lease, a reader-writer key is a lock of its own: a plain run
-    /// of the key (without `--shared` or `--write`) does not wait for its readers.
+    /// run beside this one; a plain or `--write` run of the key waits for them (or, without
+    /// --wait, is refused), and they wait for it. lease (every backend), for-update
+    /// (PostgreSQL, MySQL) and advisory (PostgreSQL).
     #[arg(long, conflicts_with_all = ["semaphore", "write"])]
     pub(crate) shared: bool,
 
-    /// Take the key as the one writer of a reader-writer lock: no `--shared` run and no other
-    /// writer holds it meanwhile, and a waiting writer keeps new readers out. With advisory
-    /// this is the same lock as a plain run.
+    /// Take the key as the one writer of a reader-writer lock: the same lock as a plain run
+    /// (no `--shared` run, no `--semaphore` run and no other writer holds the key meanwhile),
+    /// and a waiting writer keeps new readers out.
     #[arg(long, conflicts_with = "semaphore")]
     pub(crate) write: bool,
 
-    /// Take one of N permits of the key (a semaphore): at most N runs hold the key at once.
-    /// N is fixed by the key's first run. lease only.
+    /// Take one of N permits of the key (a semaphore): at most N runs hold the key at once,
+    /// and none while a plain or `--write` run holds it. N is fixed by the key's first run; a
+    /// key is a semaphore or a reader-writer lock, never both (`--shared` on a semaphore key
+    /// is an error). lease, for-update (PostgreSQL, MySQL) and advisory (PostgreSQL).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) semaphore: Option<u32>,
 
@@ -253,7 +255,8 @@ impl From<Error> for Failure {
             Error::InvalidUrl(_)
             | Error::InvalidKey { .. }
             | Error::InvalidConfig(_)
-            | Error::Unsupported { .. } => EXIT_USAGE,
+            | Error::Unsupported { .. }
+            | Error::Incompatible { .. } => EXIT_USAGE,
             _ => EXIT_RUNTIME,
         };
         Failure::new(code, chain(&e))

@@ -24,14 +24,16 @@ impl<C: LockConnection> AdvisoryLock<C> {
     pub(super) fn new(setup: Setup<C>, strategy: Strategy) -> Result<Self> {
         session::require_sessions(&setup, strategy)?;
         let shared = setup.pool.get()?.sql().shared_sessions().is_some();
+        let slots = SlotCore::new(SlotKind::Advisory);
         Ok(AdvisoryLock {
             read: shared.then(|| {
                 Arc::new(AdvisorySharedLock {
                     pool: setup.pool.clone(),
+                    kinds: slots.clone(),
                 })
             }),
             pool: setup.pool,
-            slots: SlotCore::new(SlotKind::Advisory),
+            slots,
         })
     }
 }

@@ -4,11 +4,15 @@
 
 use crate::backend::{LockConnection, Sql, Wait};
 use crate::strategy::session::{self, discard, Session};
+use crate::strategy::session_permits::{check_kind, SlotCore};
 use crate::strategy::{Conn, Hold, Interrupter, Pool, RawLock, Taken};
 use crate::{Error, Result};
+use std::sync::Arc;
 
 pub(super) struct AdvisorySharedLock<C: LockConnection> {
     pub(super) pool: Pool<C>,
+    /// The keys known to be reader-writer keys, not semaphores (shared with the permits).
+    pub(super) kinds: Arc<SlotCore>,
 }
 
 /// The shared session locks of `conn` (never missing: `build_modes` offers this lock on
@@ -32,6 +36,8 @@ impl<C: LockConnection> RawLock<C> for AdvisorySharedLock<C> {
         _retry: bool,
         wait: Wait,
     ) -> Result<Option<Taken>> {
+        // A semaphore's key is not a reader-writer lock (`Error::Permits`).
+        check_kind(&self.kinds, &mut **conn, key, 0)?;
         match shared(&mut **conn)?.advisory_lock_shared(key, wait) {
             Ok(Some(a)) => Ok(Some(Taken {
                 hold: Box::new(AdvisorySharedHold {

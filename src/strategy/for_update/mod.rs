@@ -44,10 +44,12 @@ impl<C: LockConnection> ForUpdateLock<C> {
             .sql()
             .for_share()
             .is_some_and(|s| s.needs_writer_mark());
+        let slots = SlotCore::new(SlotKind::ForUpdate(flavor));
         let modes = Modes {
             read: Arc::new(ForUpdateReadLock {
                 pool: setup.pool.clone(),
                 flavor,
+                kinds: slots.clone(),
             }),
             write: Arc::new(ForUpdateWriteLock {
                 inner: ForUpdateLock {
@@ -58,7 +60,7 @@ impl<C: LockConnection> ForUpdateLock<C> {
                 mark: marks.then(crate::random::holder_id),
                 mark_us: micros(MARK_FOR + setup.max_backoff).unwrap_or(i64::MAX),
             }),
-            slots: SlotCore::new(SlotKind::ForUpdate(flavor)),
+            slots,
         };
         Ok(ForUpdateLock {
             pool: setup.pool,

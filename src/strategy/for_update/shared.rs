@@ -19,10 +19,12 @@ use super::{row_lock, ForUpdateLock};
 use crate::backend::for_share::ForShareLocks;
 use crate::backend::{Flavor, LockConnection, Sql, Wait};
 use crate::strategy::session::{self, Session};
+use crate::strategy::session_permits::{check_kind, SlotCore};
 use crate::strategy::{Conn, Hold, Interrupter, Pool, Pooled, RawLock, Taken};
 use crate::Result;
 use diesel::connection::{Connection, TransactionManager};
 use diesel::QueryResult;
+use std::sync::Arc;
 use std::time::Duration;
 
 type Tm<C> = <C as Connection>::TransactionManager;
@@ -44,6 +46,8 @@ pub(crate) fn share<C: LockConnection>(conn: &mut C) -> QueryResult<&mut dyn For
 pub(super) struct ForUpdateReadLock<C: LockConnection> {
     pub(super) pool: Pool<C>,
     pub(super) flavor: Flavor,
+    /// The keys known to be reader-writer keys, not semaphores (shared with the permits).
+    pub(super) kinds: Arc<SlotCore>,
 }
 
 impl<C: LockConnection> RawLock<C> for ForUpdateReadLock<C> {
@@ -55,6 +59,8 @@ impl<C: LockConnection> RawLock<C> for ForUpdateReadLock<C> {
         wait: Wait,
     ) -> Result<Option<Taken>> {
         let flavor = self.flavor;
+        // A semaphore's key is not a reader-writer lock (`Error::Permits`).
+        check_kind(&self.kinds, &mut **conn, key, 0)?;
         row_lock(
             conn,
             key,

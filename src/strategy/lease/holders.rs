@@ -1,20 +1,18 @@
-//! Shared leases (readers and writers) and semaphore permits of a `Lease` `Locker`: one row
-//! per holder with its own expiry on the database clock, renewed by a heartbeat of their own
-//! (`dlock_shared_leases`; the SQL and the decision are in `backend/holders.rs`).
+//! Readers and semaphore permits of a `Lease` `Locker`: one row per holder with its own
+//! expiry on the database clock, renewed by a heartbeat of their own
+//! (`dlock_shared_leases`; the SQL and the decision are in `backend/holders.rs`). The
+//! writer is the `Locker`'s exclusive lease (`LeaseLock`), which excludes them and which
+//! they exclude.
 //!
-//! Writers do not starve: a writer that will wait (not a single `try_write`) and finds the
-//! key busy leaves an *intent* on the key's header row, which keeps every new reader out
-//! while it lasts; each of the writer's attempts renews it for `intent` (4 × `max_backoff`,
-//! at least 100 ms, so it outlasts the pauses between attempts), its acquisition clears it,
-//! and so does a writer that gives up waiting (`RawLock::gave_up`; one that dies lets it
-//! run out). So a writer waits at most for the readers
-//! holding the key when it first tried to leave, plus one pause between attempts.
+//! Writers do not starve: a waiting exclusive lock has a place in the key's line
+//! (`locker/line.rs`), and while a live place is there no new reader or permit gets in. So
+//! a writer waits at most for the readers holding the key when it took its place.
 
 use super::heartbeat::Heartbeat;
 use super::{LeaseHold, Rows};
 use crate::backend::holders::{HolderAnswer, HolderAsk, HolderMode};
 use crate::backend::{LockConnection, Sql, Wait};
-use crate::strategy::{check_duration, contention_is_busy, micros, with_pooled};
+use crate::strategy::{check_duration, contention_is_busy, micros};
 use crate::strategy::{Conn, Pool, RawLock, Setup, Taken};
 use crate::{Error, Result};
 use std::sync::Arc;
@@ -25,10 +23,6 @@ pub(crate) struct HolderCore<C: LockConnection> {
     pool: Pool<C>,
     owner: String,
     ttl_us: i64,
-    /// A waiting writer's intent lasts this long unless its next attempt renews it.
-    intent_us: i64,
-    /// Names this `Locker`'s waiting writers (with their thread) in the key's intent.
-    id: String,
     heartbeat: Arc<Heartbeat<C>>,
 }
 
@@ -41,7 +35,6 @@ impl<C: LockConnection> HolderCore<C> {
                 "the heartbeat must be longer than zero and shorter than the ttl".into(),
             ));
         }
-        let intent = (setup.max_backoff * 4).clamp(Duration::from_millis(100), MAX_INTENT);
         Ok(HolderCore {
             heartbeat: Arc::new(Heartbeat::with_renewal(
                 setup.pool.clone(),
@@ -54,28 +47,22 @@ impl<C: LockConnection> HolderCore<C> {
             pool: setup.pool.clone(),
             owner: setup.owner.clone(),
             ttl_us: micros(ttl).unwrap_or(i64::MAX),
-            intent_us: micros(intent).unwrap_or(i64::MAX),
-            id: format!("{:016x}", crate::random::random_u64()),
         })
     }
 }
 
-/// The longest a writer's intent lasts without renewal.
-const MAX_INTENT: Duration = Duration::from_secs(5);
-
-/// A reader, a writer or a semaphore permit of one key.
+/// A reader or a semaphore permit of one key.
 pub(crate) struct HolderLock<C: LockConnection> {
     pub(crate) core: Arc<HolderCore<C>>,
     pub(crate) mode: HolderMode,
-    /// 0 for readers and writers.
+    /// 0 for readers.
     pub(crate) permits: u32,
 }
 
 impl<C: LockConnection> HolderLock<C> {
-    fn attempt(&self, conn: &mut C, key: &str, wait: Wait) -> Result<Option<Taken>> {
+    fn attempt(&self, conn: &mut C, key: &str) -> Result<Option<Taken>> {
         let core = &*self.core;
         let holder = crate::random::holder_id();
-        let who = format!("{}:{:?}", core.id, std::thread::current().id());
         let ask = HolderAsk {
             key,
             owner: &core.owner,
@@ -83,8 +70,6 @@ impl<C: LockConnection> HolderLock<C> {
             mode: self.mode,
             permits: i64::from(self.permits),
             ttl_us: core.ttl_us,
-            intent: (self.mode == HolderMode::Write && wait != Wait::No)
-                .then_some((who.as_str(), core.intent_us)),
         };
         let sent = Instant::now();
         match conn.sql().holders_acquire(&ask)? {
@@ -118,33 +103,13 @@ impl<C: LockConnection> RawLock<C> for HolderLock<C> {
         conn: &mut Conn<C>,
         key: &str,
         _retry: bool,
-        wait: Wait,
+        _wait: Wait,
     ) -> Result<Option<Taken>> {
-        let attempt = self.attempt(conn, key, wait);
+        let attempt = self.attempt(conn, key);
         contention_is_busy(&mut **conn, key, attempt)
     }
 
-    fn gave_up(&self, key: &str) {
-        if self.mode != HolderMode::Write {
-            return;
-        }
-        // The same name as the attempts gave it: this thread's, of this `Locker`.
-        let who = format!("{}:{:?}", self.core.id, std::thread::current().id());
-        // Only a connection free at once: the caller's deadline has passed already.
-        let Some(conn) = self.core.pool.try_get() else {
-            log::debug!(
-                "lock {key:?}: no free connection to clear the writer's intent; it runs out"
-            );
-            return;
-        };
-        if let Err(e) = with_pooled(conn, |c| c.sql().holders_clear_intent(key, &who)) {
-            log::debug!(
-                "lock {key:?}: the writer's intent could not be cleared ({e}); it runs out"
-            );
-        }
-    }
-
     fn exclusive(&self) -> bool {
-        self.mode == HolderMode::Write
+        false
     }
 }

@@ -24,7 +24,7 @@ pub(super) struct LeaseLock<C: LockConnection> {
     ttl_us: i64,
     /// Shared with the guards, so that a guard that outlives its `Locker` is still renewed.
     heartbeat: Arc<Heartbeat<C>>,
-    /// Its readers, writers and semaphore permits: shared leases, one row per holder.
+    /// Its readers and semaphore permits: shared leases, one row per holder.
     holders: Arc<HolderCore<C>>,
 }
 
@@ -70,10 +70,12 @@ impl<C: LockConnection> LeaseLock<C> {
                     log::debug!("lock {key:?}: contention ({e}); trying again");
                 }
                 Err(e) => return Err(e.into()),
-                // Held, or free with others waiting their turn in the key's line.
+                // Held (exclusively, or by readers or permits), or free with others waiting
+                // their turn in the key's line.
                 Ok(None)
                     if last
                         || !conn.sql().admin_leases(Some(key))?.is_empty()
+                        || !conn.sql().admin_holders(Some(key))?.is_empty()
                         || !conn.sql().line_stats(Some(key))?.is_empty() =>
                 {
                     return Ok(None)
@@ -100,9 +102,11 @@ impl<C: LockConnection> LeaseLock<C> {
 
 impl<C: LockConnection> RawLock<C> for LeaseLock<C> {
     fn mode(&self, mode: Mode) -> Result<Option<ModeLock<C>>> {
+        // The writer is the exclusive lease itself: one lock per key, which excludes the
+        // key's readers and permits and which they exclude (`backend/holders.rs`).
         let (mode, permits) = match mode {
             Mode::Read => (HolderMode::Read, 0),
-            Mode::Write => (HolderMode::Write, 0),
+            Mode::Write => return Ok(Some(ModeLock::Own)),
             Mode::Permits(n) => (HolderMode::Permit, n),
         };
         Ok(Some(ModeLock::Other(Arc::new(HolderLock {
@@ -144,8 +148,8 @@ impl<C: LockConnection> RawLock<C> for LeaseLock<C> {
     }
 }
 
-/// Which rows a lease hold keeps: the key's own lease (`dlock_leases`), or one holder of
-/// the key's readers, writers or permits (`dlock_shared_leases`).
+/// Which rows a lease hold keeps: the key's own lease (`dlock_leases`; the exclusive lock
+/// and the writer), or one holder of the key's readers or permits (`dlock_shared_leases`).
 #[derive(Debug, Clone, Copy)]
 enum Rows {
     Lease,

@@ -1,0 +1,3 @@
+ALTER TABLE dlock_leases DROP COLUMN IF EXISTS shared_until;
+ALTER TABLE dlock_shared_leases RENAME COLUMN holder_id TO holder;
+ALTER TABLE dlock_leases RENAME COLUMN holder_id TO holder;

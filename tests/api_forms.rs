@@ -58,10 +58,10 @@ fn until_forms<C: LockConnection>(h: &Harness<C>, strategy: Strategy) {
     let s = unique_key("until-sem");
     match other.permit(&s, 1) {
         Ok(p) => until_form("try_permit_until", p, |d| locker.try_permit_until(&s, 1, d)),
-        Err(Error::Unsupported { .. }) => {
+        Err(Error::Unsupported { .. } | Error::Incompatible { .. }) => {
             assert!(matches!(
                 locker.try_permit_until(&s, 1, Instant::now()),
-                Err(Error::Unsupported { .. })
+                Err(Error::Unsupported { .. } | Error::Incompatible { .. })
             ));
         }
         Err(e) => panic!("permit: {e}"),

@@ -108,6 +108,26 @@ impl Sessions for diesel::MysqlConnection {
         diesel::sql_query(format!("KILL CONNECTION {id}"))
             .execute(self)
             .unwrap();
+        // KILL only marks the session: it ends (and rolls back, freeing its locks) when its
+        // thread next looks. Wait for it to be gone, as PostgreSQL's kill waits for the exit.
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let left = diesel::sql_query(
+                "SELECT COUNT(*) AS id FROM information_schema.PROCESSLIST WHERE ID = ?",
+            )
+            .bind::<BigInt, _>(id)
+            .get_result::<Id>(self)
+            .unwrap()
+            .id;
+            if left == 0 {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < until,
+                "session {id} still there 10 s after KILL"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
     }
 }
 

@@ -259,13 +259,17 @@ impl From<diesel::ConnectionError> for Error {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ConnectFailure {
-    /// Nothing accepts connections at that address and port (connection refused).
+    /// Nothing accepts connections at that address and port: connection refused (or no
+    /// route to the host).
     Refused,
-    /// The server refused the user name or the password.
+    /// The server refused the user name or the password (or has no such user).
     Authentication,
-    /// The server has no database of that name.
+    /// The server has no database of that name (MySQL: or none of that name that this user
+    /// may use; it says the same of both).
     UnknownDatabase,
-    /// TLS was required, by the URL or by the server, and could not be had.
+    /// TLS was required, by the URL or by the server, and could not be had. (MariaDB words
+    /// a refusal of a connection without TLS as it words a wrong password, "Access denied":
+    /// that one is `Authentication`.)
     TlsRequired,
     /// SQLite: the database file could not be opened or created.
     CannotOpen,
@@ -285,23 +289,33 @@ impl ConnectFailure {
             "tls/ssl error",
             "ssl connection error",
             "requires secure transport",
+            "insecure transport are prohibited",
         ]) || m.contains("no pg_hba.conf entry") && m.contains("no encryption")
         {
             ConnectFailure::TlsRequired
-        } else if has(&["connection refused", "(111)", "(111 "]) {
+        } else if has(&[
+            "connection refused",
+            "can't connect to",
+            "no route to host",
+            "network is unreachable",
+        ]) {
             ConnectFailure::Refused
+        } else if m.contains("unknown database")
+            || m.contains("database \"") && m.contains("does not exist")
+            // MySQL says the same of a database that does not exist and of one the user may
+            // not use, once the password was accepted.
+            || m.contains("access denied for user") && m.contains("to database")
+        {
+            ConnectFailure::UnknownDatabase
         } else if has(&[
             "password authentication failed",
             "authentication failed",
             "no password supplied",
             "no pg_hba.conf entry",
             "access denied for user",
-        ]) {
-            ConnectFailure::Authentication
-        } else if m.contains("unknown database")
-            || m.contains("database \"") && m.contains("does not exist")
+        ]) || m.contains("role \"") && m.contains("does not exist")
         {
-            ConnectFailure::UnknownDatabase
+            ConnectFailure::Authentication
         } else if has(&["unable to open"]) {
             ConnectFailure::CannotOpen
         } else {
@@ -430,11 +444,15 @@ mod tests {
             ("connection to server at \"127.0.0.1\", port 1 failed: Connection refused\n\tIs the server running on that host and accepting TCP/IP connections?", F::Refused),
             ("Can't connect to server on '127.0.0.1' (111)", F::Refused),
             ("Can't connect to MySQL server on '127.0.0.1:1' (111)", F::Refused),
+            ("Can't connect to server on '127.0.0.1' (115)", F::Refused),
+            ("connection to server at \"127.0.0.1\", port 5432 failed: FATAL:  role \"nobody\" does not exist", F::Authentication),
             ("connection to server at \"127.0.0.1\", port 5432 failed: FATAL:  password authentication failed for user \"dlock\"", F::Authentication),
             ("Access denied for user 'dlock'@'localhost' (using password: YES)", F::Authentication),
             ("connection to server at \"127.0.0.1\", port 5432 failed: FATAL:  database \"nope\" does not exist", F::UnknownDatabase),
             ("Unknown database 'nope'", F::UnknownDatabase),
+            ("Access denied for user 'dlock'@'127.0.0.1' to database 'nope'", F::UnknownDatabase),
             ("connection to server at \"127.0.0.1\", port 5432 failed: server does not support SSL, but SSL was required", F::TlsRequired),
+            ("Connections using insecure transport are prohibited while --require_secure_transport=ON.", F::TlsRequired),
             ("Unable to open the database file", F::CannotOpen),
             ("could not translate host name \"nohost\" to address", F::Other),
         ] {

@@ -100,10 +100,13 @@ fn pg_connect_names_the_cause() {
         "connection refused",
         secret,
     );
+    // The shared server trusts loopback clients (no password asked): an unknown user.
+    let nobody = url.replacen("://dlock", "://no_such_user_dlock", 1);
+    assert_ne!(nobody, url);
     refused_as(
-        &with(&url, Some(secret), None, None),
+        &nobody,
         ConnectFailure::Authentication,
-        "password authentication failed",
+        "does not exist",
         secret,
     );
     refused_as(
@@ -112,12 +115,39 @@ fn pg_connect_names_the_cause() {
         "does not exist",
         secret,
     );
-    // TLS required of a server without it: a private server runs with ssl=off.
-    if common::private_server::available("pg") {
-        let server = common::private_server::PrivatePg::start();
-        let url = server.url().replace("sslmode=disable", "sslmode=require");
-        refused_as(&url, ConnectFailure::TlsRequired, "SSL", secret);
+    if !common::private_server::available("pg") {
+        return;
     }
+    // A private server, which asks loopback clients for a password, and has no TLS.
+    let server = common::private_server::PrivatePg::start();
+    {
+        use diesel::connection::SimpleConnection;
+        use diesel::Connection;
+        let mut admin = diesel::PgConnection::establish(&server.url()).unwrap();
+        admin
+            .batch_execute("ALTER ROLE postgres PASSWORD 'R1ghtPassword'")
+            .unwrap();
+        std::fs::write(
+            server.data_dir().join("pg_hba.conf"),
+            "local all all trust\nhost all all 127.0.0.1/32 scram-sha-256\n",
+        )
+        .unwrap();
+        admin.batch_execute("SELECT pg_reload_conf()").unwrap();
+    }
+    let wrong = server
+        .url()
+        .replace("postgres@", &format!("postgres:{secret}@"));
+    refused_as(
+        &wrong,
+        ConnectFailure::Authentication,
+        "password authentication failed",
+        secret,
+    );
+    let url = server
+        .url()
+        .replace("postgres@", "postgres:R1ghtPassword@")
+        .replace("sslmode=disable", "sslmode=require");
+    refused_as(&url, ConnectFailure::TlsRequired, "SSL", "R1ghtPassword");
 }
 
 #[cfg(feature = "mysql")]
@@ -142,15 +172,30 @@ fn mysql_connect_names_the_cause() {
     refused_as(
         &with(&url, None, None, Some("no_such_db_dlock")),
         ConnectFailure::UnknownDatabase,
-        "unknown database",
+        // To a user without rights on every database, MariaDB does not say "unknown".
+        "to database 'no_such_db_",
         secret,
     );
-    // The shared MariaDB has no TLS (have_ssl DISABLED): a URL that requires it is refused.
-    let sep = if url.contains('?') { '&' } else { '?' };
+    // TLS required by the server (MariaDB's client library ignores the URL's ssl_mode): a
+    // private server, without TLS, told to refuse connections without it. MariaDB words
+    // that refusal as it words a wrong password ("Access denied"), so the driver's message
+    // cannot tell the two apart: `Authentication`, as documented on `TlsRequired`.
+    if !common::private_server::available("mysql") {
+        return;
+    }
+    let server = common::private_server::PrivateMaria::start();
+    {
+        use diesel::connection::SimpleConnection;
+        use diesel::Connection;
+        let mut admin = diesel::MysqlConnection::establish(&server.admin_url()).unwrap();
+        admin
+            .batch_execute("SET GLOBAL require_secure_transport = ON")
+            .unwrap();
+    }
     refused_as(
-        &format!("{url}{sep}ssl_mode=required"),
-        ConnectFailure::TlsRequired,
-        "ssl",
+        &server.url(),
+        ConnectFailure::Authentication,
+        "access denied",
         secret,
     );
 }

@@ -303,10 +303,15 @@ impl Failures {
         *self.last.lock().unpoisoned() = None;
     }
 
-    /// Keeps the reason of a failure; learns it by connecting directly when r2d2's error is
-    /// diesel's `MultiConnection` one, which says nothing (at most once a second: r2d2
-    /// retries every 200 ms or more during an outage).
+    /// Keeps the reason of a failure to connect; learns it by connecting directly when the
+    /// error is diesel's `MultiConnection` one, which says nothing (at most once a second:
+    /// r2d2 retries every 200 ms or more during an outage).
     fn record(&self, e: &diesel::r2d2::Error) {
+        // A pooled connection found dead when checked out (a `QueryError`) says nothing of
+        // why new ones cannot be opened.
+        let diesel::r2d2::Error::ConnectionError(e) = e else {
+            return;
+        };
         let told = e.to_string();
         let message = if told.contains("multiconnection") {
             let fresh = self

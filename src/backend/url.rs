@@ -269,9 +269,14 @@ fn password_of(url: &str) -> Option<&str> {
     fn user_part(from: &str) -> Option<&str> {
         from.rsplit_once('@').map(|(u, _)| u)
     }
+    let is_scheme = |s: &str| {
+        s.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+    };
     let user = match head.split_once("://") {
-        Some((_, rest)) => user_part(rest)?,
-        None => {
+        Some((scheme, rest)) if is_scheme(scheme) => user_part(rest)?,
+        _ => {
             let whole = user_part(head)?;
             match whole.split_once(':') {
                 Some((scheme, rest)) if rest.contains(':') && !scheme.contains('/') => {
@@ -422,6 +427,7 @@ mod tests {
             ("postgres:/dlock:S3CRETPW@127.0.0.1:5432/usab", "S3CRETPW"),
             ("mysql:/dlock:S3CRETPW@127.0.0.1/usab", "S3CRETPW"),
             ("dlock:S3CRETPW@127.0.0.1:5432/usab", "S3CRETPW"),
+            ("dlock:S3CRETPW@127.0.0.1://usab", "S3CRETPW"),
             ("postgres://dlock:S3%43RETPW@h/d", "S3CRETPW"),
             ("postgres://dlock:S3%43RETPW@h/d", "S3%43RETPW"),
             ("postgres://dlock:p@ss@word@h/d", "p@ss@word"),

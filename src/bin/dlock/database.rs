@@ -156,9 +156,14 @@ fn password_of(url: &str) -> Option<&str> {
         from.rsplit_once('@').map(|(u, _)| u)
     }
     let head = url.split_once('?').map_or(url, |(h, _)| h);
+    let is_scheme = |s: &str| {
+        s.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+    };
     let user = match head.split_once("://") {
-        Some((_, rest)) => user_part(rest)?,
-        None => {
+        Some((scheme, rest)) if is_scheme(scheme) => user_part(rest)?,
+        _ => {
             let whole = user_part(head)?;
             match whole.split_once(':') {
                 Some((scheme, rest)) if rest.contains(':') && !scheme.contains('/') => {

@@ -50,9 +50,12 @@ pub(super) enum Source<C: LockConnection> {
     Url {
         target: Target,
         /// Builds the pool (`backend::pool`, for `AnyConnection`).
-        make: fn(&Target, u32, Arc<Failures>) -> Result<Pool<ConnectionManager<C>>>,
+        make: MakePool<C>,
     },
 }
+
+/// What builds a pool of `size` connections to a URL, its failures kept in `Failures`.
+pub(super) type MakePool<C> = fn(&Target, u32, Arc<Failures>) -> Result<Pool<ConnectionManager<C>>>;
 
 impl LockerBuilder<AnyConnection> {
     /// Starts configuring a `Locker` over a pool it builds itself from `url`, which it keeps:

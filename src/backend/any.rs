@@ -359,13 +359,19 @@ struct ReportErrors(Arc<Failures>);
 impl r2d2::HandleError<diesel::r2d2::Error> for ReportErrors {
     fn handle_error(&self, e: diesel::r2d2::Error) {
         self.0.record(&e);
-        let why = self
-            .0
-            .last
-            .lock()
-            .unpoisoned()
-            .as_ref()
-            .map_or_else(|| e.to_string(), |(_, m)| m.clone());
+        let recorded = || {
+            self.0
+                .last
+                .lock()
+                .unpoisoned()
+                .as_ref()
+                .map(|(_, m)| m.clone())
+        };
+        let why = match &e {
+            diesel::r2d2::Error::ConnectionError(_) => recorded(),
+            diesel::r2d2::Error::QueryError(_) => None,
+        }
+        .unwrap_or_else(|| self.0.target.secrets.scrub(&e.to_string()));
         let why = why.split_whitespace().collect::<Vec<_>>().join(" ");
         if self.0.time_to_warn() {
             log::warn!(

@@ -281,13 +281,16 @@ impl<C: LockConnection> Locker<C> {
     /// # Errors
     /// [`Error::InvalidKey`](crate::Error::InvalidKey) before any SQL runs;
     /// [`Error::Pool`](crate::Error::Pool) when no connection can be had in the pool's
-    /// `connection_timeout`; [`Error::MissingTable`](crate::Error::MissingTable) before
-    /// `migrate`; [`Error::Database`](crate::Error::Database) for other database failures.
-    /// Contention is never an error, and neither is a connection lost while waiting (a
-    /// database restarting, a network cut): the wait tries again with a new connection until
-    /// the deadline, logging one warning per outage. Only a `Locker` that has never reached
-    /// the database (no acquisition or `migrate` yet) whose pool cannot connect on its first
-    /// attempt returns `Error::Pool` at once: a wrong URL, or a database down from the start.
+    /// `connection_timeout` ([`Error::Connection`](crate::Error::Connection), naming the
+    /// driver's reason, from a `Locker` built by [`Locker::connect`];
+    /// [`Error::PoolExhausted`](crate::Error::PoolExhausted) when this `Locker`'s own guards
+    /// hold the pool's connections); [`Error::MissingTable`](crate::Error::MissingTable)
+    /// before `migrate`; [`Error::Database`](crate::Error::Database) for other database
+    /// failures. Contention is never an error, and neither is a connection lost while waiting
+    /// (a database restarting, a network cut): the wait tries again with a new connection
+    /// until the deadline, logging one warning per outage. Only a `Locker` that has never
+    /// reached the database (no acquisition or `migrate` yet) whose pool cannot connect on
+    /// its first attempt returns at once: a wrong URL, or a database down from the start.
     ///
     /// # Examples
     /// ```
@@ -307,11 +310,13 @@ impl<C: LockConnection> Locker<C> {
         }
     }
 
-    /// One attempt: `Ok(None)` when someone else holds the key. It never waits for the lock;
-    /// it does wait for a pooled connection, as long as the pool's `connection_timeout`.
+    /// One attempt: `Ok(None)` when someone else holds the key. It never waits for the lock,
+    /// and for a pooled connection only briefly: up to a second for one being opened (at most
+    /// the pool's `connection_timeout`), 20 ms for one to come back to a pool whose
+    /// connections are all taken.
     ///
     /// # Errors
-    /// As for [`lock`](Self::lock).
+    /// As for [`lock`](Self::lock); the pool's errors come after that brief wait.
     ///
     /// # Examples
     /// ```
@@ -339,9 +344,13 @@ impl<C: LockConnection> Locker<C> {
     /// year) is asked again when that runs out, until the deadline.
     ///
     /// # Errors
-    /// As for [`lock`](Self::lock); [`Error::Pool`](crate::Error::Pool) also when the pool has
-    /// no free connection before the deadline (every connection held elsewhere, e.g. by
-    /// session strategies' guards: each keeps one).
+    /// As for [`lock`](Self::lock); [`Error::Pool`](crate::Error::Pool) (or
+    /// [`Error::PoolExhausted`](crate::Error::PoolExhausted)) also when the pool has no free
+    /// connection before the deadline (every connection held elsewhere, e.g. by session
+    /// strategies' guards: each keeps one); [`Error::Unreachable`](crate::Error::Unreachable)
+    /// when the deadline passes while the last attempts could not reach the database (a
+    /// server down or restarting, a network cut), with the last attempt's error as its
+    /// source: `Ok(None)` always means that the key was found held.
     ///
     /// # Examples
     /// ```

@@ -1,5 +1,7 @@
 //! `AnyConnection`: one connection type over every enabled backend, for programs that pick
-//! the database at run time (the `dlock` CLI does), and `connect(url)` to build its pool.
+//! the database at run time (the `dlock` CLI does); `open(url)` (the URL read, and one
+//! connection opened directly to say why it fails), the pool built for it (`pool`,
+//! `connect`), and `Failures`, the pool's last failure to connect with the driver's reason.
 
 use super::sealed::{Dialect, Seal, Sealed};
 use super::url::{self, Target};

@@ -434,3 +434,71 @@ fn mysql_a_pool_emptied_by_guards_says_so() {
         a_pool_emptied_by_guards_says_so(&url);
     }
 }
+
+/// A `Locker` built from a URL keeps it: on PostgreSQL its waiters hear releases on a
+/// `LISTEN`ing connection to that URL (our own parameters taken out: libpq would refuse
+/// `dlock_pool_size`), with no process-wide list of URLs and no mark on the pool's
+/// connections.
+#[cfg(feature = "postgres")]
+#[test]
+fn pg_a_locker_from_a_url_listens_on_it() {
+    use diesel::sql_types::BigInt;
+    use diesel::{Connection, QueryableByName, RunQueryDsl};
+    let Some(url) = common::url("DLOCK_TEST_PG_URL", "pg") else {
+        return;
+    };
+    let app = format!("dlock-h2-{}", std::process::id());
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let own = format!("{url}{sep}dlock_pool_size=3&application_name={app}");
+    let lease = Strategy::Lease {
+        ttl: Duration::from_secs(30),
+    };
+    let locker = Locker::connect(&own)
+        .unwrap()
+        .strategy(lease)
+        .max_backoff(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    locker.migrate().unwrap();
+    let holder = Locker::builder(common::pool::<diesel::PgConnection>(&url, 2))
+        .strategy(lease)
+        .build()
+        .unwrap();
+    let key = common::unique_key("listens");
+    let held = holder.lock(&key).unwrap();
+    let waiter = {
+        let (l, k) = (locker.clone(), key.clone());
+        std::thread::spawn(move || {
+            l.try_lock_for(&k, Duration::from_secs(60))
+                .map(|g| g.is_some())
+        })
+    };
+    #[derive(QueryableByName)]
+    struct N {
+        #[diesel(sql_type = BigInt)]
+        n: i64,
+    }
+    let mut watch = diesel::PgConnection::establish(&url).unwrap();
+    let give_up = Instant::now() + Duration::from_secs(30);
+    loop {
+        let n = diesel::sql_query(
+            "SELECT count(*) AS n FROM pg_stat_activity \
+             WHERE application_name = $1 AND query LIKE 'LISTEN%'",
+        )
+        .bind::<diesel::sql_types::Text, _>(&app)
+        .get_result::<N>(&mut watch)
+        .unwrap()
+        .n;
+        if n == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < give_up,
+            "no LISTEN session on the Locker's URL"
+        );
+        std::thread::yield_now();
+    }
+    held.release().unwrap();
+    assert!(waiter.join().unwrap().unwrap(), "the waiter got the key");
+    assert_eq!(locker.pool().max_size(), 3);
+}

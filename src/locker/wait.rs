@@ -362,16 +362,15 @@ impl<C: LockConnection> Locker<C> {
     /// A pooled connection for one attempt; `None` if the wait was cancelled meanwhile.
     fn connection(&self, deadline: Deadline, cancel: Option<&Cancel>) -> Result<Option<Pooled<C>>> {
         let pool = &self.inner.pool;
-        if let Some(conn) = pool.try_get() {
-            return Ok(Some(conn));
-        }
         let patience = match deadline {
             // One attempt does not wait for the lock: it waits for a connection being
-            // opened (which can take more than a few ms on a loaded machine) up to a second,
-            // and for one to come back to a pool whose connections are all taken a moment.
+            // opened (which can take more than a few ms on a loaded machine, and is needed
+            // too when the idle ones turn out dead) up to a second, and for one to come back
+            // to a pool whose connections are all taken a moment. (`get_timeout` hands out
+            // an idle connection at once.)
             Deadline::Once => {
                 let state = pool.state();
-                if state.connections < pool.max_size() {
+                if state.connections < pool.max_size() || state.idle_connections > 0 {
                     pool.connection_timeout().min(Duration::from_secs(1))
                 } else {
                     Duration::from_millis(20)

@@ -10,7 +10,7 @@
 //! reports. A replica prints `LEADER <term>` when elected and `DEPOSED <term>` when it loses
 //! the lock, and "runs the scheduler" (prints a tick) while it leads.
 
-use diesel_lock::{connect, Election, Leadership, Locker, Strategy};
+use diesel_lock::{Election, Leadership, Locker, Strategy};
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 const TTL: Duration = Duration::from_secs(2);
 
 fn replica(url: &str) -> diesel_lock::Result<()> {
-    let locker = Locker::builder(connect(url)?)
+    let locker = Locker::connect(url)?
         .strategy(Strategy::Lease { ttl: TTL })
         .build()?;
     locker.migrate()?;
@@ -76,7 +76,7 @@ fn main() -> diesel_lock::Result<()> {
             .to_owned(),
     };
     // Create the tables once, before the replicas race to.
-    Locker::builder(connect(&url)?).build()?.migrate()?;
+    Locker::connect(&url)?.build()?.migrate()?;
     let (tx, rx) = mpsc::channel();
     let mut replicas: Vec<Child> = (0..3).map(|i| spawn(i, &url, tx.clone())).collect();
     let (leader, term, _) = next_leader(&rx);

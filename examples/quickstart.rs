@@ -13,7 +13,7 @@ fn main() -> diesel_lock::Result<()> {
     let url = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "quickstart.db".into());
-    let locker = Locker::builder(diesel_lock::connect(&url)?)
+    let locker = Locker::connect(&url)?
         .strategy(Strategy::Lease {
             ttl: Duration::from_secs(10),
         })

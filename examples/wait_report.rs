@@ -1,7 +1,7 @@
 //! Waiting across processes (`Row` and `Lease` waiters in the key's line): writes
 //! docs/waiting.md, which `bench_report` carries into BENCHMARKS.md.
 //!
-//! Every `Locker` is built as a user gets it: `Locker::builder(connect(url)?).build()`.
+//! Every `Locker` is built as a user gets it: `Locker::connect(url)?.build()`.
 //! - Hand-overs: 8 threads with a `Locker` each, and 8 OS processes (this program run
 //!   again), lock and release one key for a few seconds; hand-overs per second and fairness
 //!   (fewest acquisitions of one over the most), beside PostgreSQL `Advisory` in the same run.
@@ -14,7 +14,7 @@
 //! cargo run --release --all-features --example wait_report -- --out docs/waiting.md
 //! ```
 
-use diesel_lock::{connect, Locker, Strategy};
+use diesel_lock::{Locker, Strategy};
 use std::fmt::Write as _;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,7 +35,8 @@ fn strategy(name: &str) -> Strategy {
 }
 
 fn locker(url: &str, s: &str) -> Locker<diesel_lock::AnyConnection> {
-    let l = Locker::builder(connect(url).unwrap())
+    let l = Locker::connect(url)
+        .unwrap()
         .strategy(strategy(s))
         .build()
         .unwrap();
@@ -280,7 +281,7 @@ fn main() {
     let mut m = String::new();
     writeln!(
         m,
-        "## Waiting across processes\n\nProduced by `cargo run --release --all-features --example wait_report -- --out docs/waiting.md` on {} (UTC), {} cores; the configuration a user gets from `Locker::builder(connect(url)?).build()` (on PostgreSQL that includes the listener). 8 waiters on one key, each lock released at once, for {} s per figure. Fairness is the fewest acquisitions of one waiter over the most.\n",
+        "## Waiting across processes\n\nProduced by `cargo run --release --all-features --example wait_report -- --out docs/waiting.md` on {} (UTC), {} cores; the configuration a user gets from `Locker::connect(url)?.build()` (on PostgreSQL that includes the listener). 8 waiters on one key, each lock released at once, for {} s per figure. Fairness is the fewest acquisitions of one waiter over the most.\n",
         chrono::Utc::now().format("%Y-%m-%d %H:%M"),
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         WINDOW.as_secs()

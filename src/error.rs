@@ -41,7 +41,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 ///     Ok(Some(_guard)) => "ran",
 ///     Ok(None) => "busy", // contention is not an error
 ///     Err(Error::MissingTable(_)) => "run `dlock migrate` first",
-///     Err(Error::Pool(_) | Error::Connection(_)) => "database unreachable, try later",
+///     Err(Error::Pool(_) | Error::Connection { .. } | Error::Unreachable { .. }) => {
+///         "database unreachable, try later"
+///     }
 ///     Err(e) => return Err(e), // the enum is non-exhaustive
 /// };
 /// assert_eq!(outcome, "run `dlock migrate` first");
@@ -84,12 +86,39 @@ pub enum Error {
         /// How many attempts were made.
         attempts: u32,
     },
-    /// No connection could be had from the pool in time (exhausted or unreachable database).
+    /// No connection could be had from the pool in time (exhausted, or a database that
+    /// could not be reached when the pool does not know why: a pool built by hand).
     Pool(r2d2::Error),
+    /// No connection could be had from the pool: all of its `size` connections were in use,
+    /// `held_by_guards` of them by this `Locker`'s own guards (a guard of a session strategy,
+    /// `ForUpdate`, `Advisory` or `AdvisoryXact`, keeps one for its whole life). Size the
+    /// pool with [`LockerBuilder::pool_size`](crate::LockerBuilder::pool_size) or the URL's
+    /// `dlock_pool_size`, or hold fewer guards at once.
+    PoolExhausted {
+        /// The pool's size.
+        size: u32,
+        /// How many of its connections this `Locker`'s guards hold.
+        held_by_guards: usize,
+    },
     /// A database error that is not contention.
     Database(diesel::result::Error),
-    /// Opening a connection failed.
-    Connection(diesel::ConnectionError),
+    /// Opening a connection failed: `failure` says why in a word, the source is the
+    /// driver's own message (with the URL's password masked).
+    Connection {
+        /// Why, as far as the driver's message tells.
+        failure: ConnectFailure,
+        /// The driver's error.
+        source: diesel::ConnectionError,
+    },
+    /// A wait gave up at its deadline while its last attempts could not reach the database
+    /// (a server down or restarting, a network cut): unlike `Ok(None)`, this does not mean
+    /// that another process holds the key. The source is the last attempt's error.
+    Unreachable {
+        /// The key waited for.
+        key: String,
+        /// Why the last attempt failed.
+        source: Box<Error>,
+    },
     /// Running the embedded migrations failed.
     Migration(Box<dyn std::error::Error + Send + Sync>),
     /// A database URL could not be understood.
@@ -137,8 +166,30 @@ impl fmt::Display for Error {
                 "the version of {key:?} changed under every one of {attempts} attempts"
             ),
             Error::Pool(_) => write!(f, "no database connection could be had from the pool"),
+            Error::PoolExhausted { size, held_by_guards: 0 } => write!(
+                f,
+                "no database connection could be had: the pool's {size} connections are all in use \
+                 (size the pool with LockerBuilder::pool_size or dlock_pool_size=N in the url)"
+            ),
+            Error::PoolExhausted { size, held_by_guards } => write!(
+                f,
+                "no database connection could be had: the pool's {size} connections are in use, \
+                 {held_by_guards} of them by this Locker's guards (ForUpdate, Advisory and \
+                 AdvisoryXact guards keep one each); size the pool with LockerBuilder::pool_size \
+                 or dlock_pool_size=N in the url, or hold fewer guards at once"
+            ),
             Error::Database(_) => write!(f, "database error"),
-            Error::Connection(_) => write!(f, "could not connect to the database"),
+            Error::Connection {
+                failure: ConnectFailure::Other,
+                ..
+            } => write!(f, "could not connect to the database"),
+            Error::Connection { failure, .. } => {
+                write!(f, "could not connect to the database: {failure}")
+            }
+            Error::Unreachable { key, .. } => write!(
+                f,
+                "gave up waiting for {key:?}: the database could not be reached"
+            ),
             Error::Migration(_) => write!(f, "could not create or upgrade the lock tables"),
             Error::InvalidUrl(why) => write!(f, "invalid database url: {why}"),
             Error::Thread(_) => write!(f, "could not start a thread"),
@@ -167,7 +218,8 @@ impl std::error::Error for Error {
         match self {
             Error::MissingTable(e) | Error::Database(e) => Some(e),
             Error::Pool(e) => Some(e),
-            Error::Connection(e) => Some(e),
+            Error::Connection { source, .. } => Some(source),
+            Error::Unreachable { source, .. } => Some(&**source),
             Error::Migration(e) => Some(&**e),
             Error::Thread(e) => Some(e),
             _ => None,
@@ -193,7 +245,108 @@ impl From<r2d2::Error> for Error {
 
 impl From<diesel::ConnectionError> for Error {
     fn from(e: diesel::ConnectionError) -> Self {
-        Error::Connection(e)
+        Error::Connection {
+            failure: ConnectFailure::of(&e.to_string()),
+            source: e,
+        }
+    }
+}
+
+/// Why a connection could not be opened, as far as the driver's message tells: the
+/// [`Error::Connection`] of a wrong URL, a wrong password or a server that is down.
+///
+/// ```
+/// use diesel_lock::{ConnectFailure, Error, Locker};
+///
+/// # fn main() -> diesel_lock::Result<()> {
+/// // A SQLite file in a directory that does not exist:
+/// match Locker::connect("/nonexistent-dir/locks.db") {
+///     Err(Error::Connection { failure, source }) => {
+///         assert_eq!(failure, ConnectFailure::CannotOpen);
+///         assert!(source.to_string().contains("Unable to open the database file"));
+///     }
+///     other => panic!("{other:?}"),
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConnectFailure {
+    /// Nothing accepts connections at that address and port: connection refused (or no
+    /// route to the host).
+    Refused,
+    /// The server refused the user name or the password (or has no such user).
+    Authentication,
+    /// The server has no database of that name (MySQL: or none of that name that this user
+    /// may use; it says the same of both).
+    UnknownDatabase,
+    /// TLS was required, by the URL or by the server, and could not be had. (MariaDB words
+    /// a refusal of a connection without TLS as it words a wrong password, "Access denied":
+    /// that one is `Authentication`.)
+    TlsRequired,
+    /// SQLite: the database file could not be opened or created.
+    CannotOpen,
+    /// Anything else: the error's source says what.
+    Other,
+}
+
+impl ConnectFailure {
+    /// Reads a driver's message (libpq, the MySQL/MariaDB client, SQLite).
+    pub(crate) fn of(message: &str) -> Self {
+        let m = message.to_ascii_lowercase();
+        let has = |t: &[&str]| t.iter().any(|t| m.contains(t));
+        if has(&[
+            "ssl was required",
+            "ssl is required",
+            "ssl connection is required",
+            "tls/ssl error",
+            "ssl connection error",
+            "requires secure transport",
+            "insecure transport are prohibited",
+        ]) || m.contains("no pg_hba.conf entry") && m.contains("no encryption")
+        {
+            ConnectFailure::TlsRequired
+        } else if has(&[
+            "connection refused",
+            "can't connect to",
+            "no route to host",
+            "network is unreachable",
+        ]) {
+            ConnectFailure::Refused
+        } else if m.contains("unknown database")
+            || m.contains("database \"") && m.contains("does not exist")
+            // MySQL says the same of a database that does not exist and of one the user may
+            // not use, once the password was accepted.
+            || m.contains("access denied for user") && m.contains("to database")
+        {
+            ConnectFailure::UnknownDatabase
+        } else if has(&[
+            "password authentication failed",
+            "authentication failed",
+            "no password supplied",
+            "no pg_hba.conf entry",
+            "access denied for user",
+        ]) || m.contains("role \"") && m.contains("does not exist")
+        {
+            ConnectFailure::Authentication
+        } else if has(&["unable to open"]) {
+            ConnectFailure::CannotOpen
+        } else {
+            ConnectFailure::Other
+        }
+    }
+}
+
+impl fmt::Display for ConnectFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ConnectFailure::Refused => "connection refused",
+            ConnectFailure::Authentication => "authentication failed",
+            ConnectFailure::UnknownDatabase => "unknown database",
+            ConnectFailure::TlsRequired => "TLS required",
+            ConnectFailure::CannotOpen => "cannot open the database file",
+            ConnectFailure::Other => "the driver's error follows",
+        })
     }
 }
 
@@ -294,6 +447,29 @@ mod tests {
             Error::LockLost { key: "k".into() },
         ] {
             assert!(!is_connection_lost(&real), "{real:?}");
+        }
+    }
+
+    #[test]
+    fn drivers_messages_are_read() {
+        use ConnectFailure as F;
+        for (m, f) in [
+            ("connection to server at \"127.0.0.1\", port 1 failed: Connection refused\n\tIs the server running on that host and accepting TCP/IP connections?", F::Refused),
+            ("Can't connect to server on '127.0.0.1' (111)", F::Refused),
+            ("Can't connect to MySQL server on '127.0.0.1:1' (111)", F::Refused),
+            ("Can't connect to server on '127.0.0.1' (115)", F::Refused),
+            ("connection to server at \"127.0.0.1\", port 5432 failed: FATAL:  role \"nobody\" does not exist", F::Authentication),
+            ("connection to server at \"127.0.0.1\", port 5432 failed: FATAL:  password authentication failed for user \"dlock\"", F::Authentication),
+            ("Access denied for user 'dlock'@'localhost' (using password: YES)", F::Authentication),
+            ("connection to server at \"127.0.0.1\", port 5432 failed: FATAL:  database \"nope\" does not exist", F::UnknownDatabase),
+            ("Unknown database 'nope'", F::UnknownDatabase),
+            ("Access denied for user 'dlock'@'127.0.0.1' to database 'nope'", F::UnknownDatabase),
+            ("connection to server at \"127.0.0.1\", port 5432 failed: server does not support SSL, but SSL was required", F::TlsRequired),
+            ("Connections using insecure transport are prohibited while --require_secure_transport=ON.", F::TlsRequired),
+            ("Unable to open the database file", F::CannotOpen),
+            ("could not translate host name \"nohost\" to address", F::Other),
+        ] {
+            assert_eq!(ConnectFailure::of(m), f, "{m}");
         }
     }
 

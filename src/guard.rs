@@ -44,6 +44,9 @@ pub struct LockGuard<C: LockConnection> {
     loss: Arc<Loss>,
     /// When the guard was made, for the time held (metrics).
     made: Instant,
+    /// Whether the hold keeps a pooled connection (the session strategies'), counted in
+    /// `Shared::guards_with_connections` until released.
+    keeps_connection: bool,
     _connection: PhantomData<fn() -> C>,
 }
 
@@ -71,11 +74,29 @@ impl<C: LockConnection> LockGuard<C> {
             hold: Arc::new(RwLock::new(Some(taken.hold))),
             loss,
             made: Instant::now(),
+            keeps_connection: false,
             _connection: PhantomData,
         }
     }
 
     /// The same guard with its hold replaced (the hold of a reentrant `Locker`'s nest).
+    /// Counts this guard among those of its `Locker` that keep a pooled connection.
+    pub(crate) fn keeping_connection(mut self) -> Self {
+        self.shared
+            .guards_with_connections
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.keeps_connection = true;
+        self
+    }
+
+    fn uncount_connection(&mut self) {
+        if std::mem::take(&mut self.keeps_connection) {
+            self.shared
+                .guards_with_connections
+                .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
     pub(crate) fn map_taken(self, f: impl FnOnce(Taken) -> Taken) -> Self {
         // The guard keeps the loss status of the strategy's own hold (a lease's heartbeat
         // marks it); a nested guard made later has its own, which its watcher probes.
@@ -367,6 +388,7 @@ impl<C: LockConnection> LockGuard<C> {
         self.loss.begin_release();
         let taken = self.hold.write().unpoisoned().take();
         let Some(hold) = taken else {
+            self.uncount_connection();
             return Ok(());
         };
         let result = match hold.release(&self.key) {
@@ -374,6 +396,7 @@ impl<C: LockConnection> LockGuard<C> {
             Ok(false) => Err(self.lost()),
             Err(e) => Err(e),
         };
+        self.uncount_connection();
         self.loss
             .end_release(matches!(result, Err(Error::LockLost { .. })));
         let failed = matches!(result, Err(ref e) if !matches!(e, Error::LockLost { .. }));

@@ -13,7 +13,7 @@
 //! # let path = dir.path().join("locks.db");
 //! # let url = path.to_str().unwrap();
 //! // `url` is a file path here (SQLite); postgres:// and mysql:// URLs work the same way.
-//! let locker = Locker::builder(diesel_lock::connect(url)?)
+//! let locker = Locker::connect(url)?
 //!     .strategy(Strategy::Lease { ttl: Duration::from_secs(30) })
 //!     .build()?;
 //! locker.migrate()?; // creates the tables once; safe to call at every start
@@ -46,7 +46,8 @@
 //! - [`Strategy::AdvisoryXact`] (PostgreSQL `pg_advisory_xact_lock`): the same lock held by
 //!   a transaction the guard keeps open; release is `COMMIT`. What works behind a
 //!   transaction-pooling PgBouncer (with `dlock_pooler=transaction` in the URL given to
-//!   [`connect`]; docs/guide.md, "Behind a connection pooler"), where `Advisory` does not.
+//!   [`Locker::connect`]; docs/guide.md, "Behind a connection pooler"), where `Advisory`
+//!   does not.
 //!
 //! The last three are *session strategies*: the guard owns a pooled connection for its whole
 //! life, waiting happens in the server's lock queue, and a holder that dies frees its lock
@@ -124,10 +125,71 @@
 //!
 //! # Backends
 //! Features `sqlite` (default, compiled in), `postgres` and `mysql` (link the system's
-//! `libpq` and `libmysqlclient`), `cli` for the `dlock` binary, and `metrics` (above). [`connect`] builds a pool
-//! of [`AnyConnection`] from a URL; a pool of a concrete diesel connection works too. For
-//! SQLite pools you build yourself, add [`SqliteTuning`] as the connection customizer
-//! (`build` refuses a SQLite pool without WAL and a busy timeout).
+//! `libpq` and `libmysqlclient`), `cli` for the `dlock` binary, and `metrics` (above).
+//! [`Locker::connect`] builds the `Locker`'s own pool of [`AnyConnection`] from a URL and
+//! keeps the URL (to listen for releases on PostgreSQL, and to say why a connection failed:
+//! [`Error::Connection`] with a [`ConnectFailure`]); size it with
+//! [`LockerBuilder::pool_size`] or `dlock_pool_size=N` in the URL (default 10).
+//! [`Locker::builder`] takes a pool of yours instead: one from [`connect`], or of a concrete
+//! diesel connection. For SQLite pools you build yourself, add [`SqliteTuning`] as the
+//! connection customizer (`build` refuses a SQLite pool without WAL and a busy timeout).
+//!
+//! # Your own queries
+//! [`Locker::pool`] lends the `Locker`'s pool to the application. Its connections are
+//! [`AnyConnection`]s, diesel `MultiConnection`s: diesel's query builder works on them, but a
+//! raw `sql_query` is sent as written, and its bind placeholders differ per database (`?` on
+//! SQLite and MySQL, `$1` on PostgreSQL), so one text cannot serve every backend. Match the
+//! connection to reach the concrete one:
+//!
+//! ```
+//! use diesel::connection::SimpleConnection;
+//! use diesel::sql_types::{Integer, Text};
+//! use diesel::RunQueryDsl;
+//! use diesel_lock::{AnyConnection, Locker};
+//!
+//! # fn main() -> diesel_lock::Result<()> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! # let url = dir.path().join("app.db").display().to_string();
+//! let locker = Locker::connect(&url)?.build()?;
+//! locker.migrate()?;
+//! let mut conn = locker.pool().get()?;
+//! conn.batch_execute("CREATE TABLE jobs (id INTEGER PRIMARY KEY, state TEXT NOT NULL)")?;
+//! let inserted = match &mut *conn {
+//!     AnyConnection::Sqlite(c) => diesel::sql_query("INSERT INTO jobs VALUES (?, ?)")
+//!         .bind::<Integer, _>(1)
+//!         .bind::<Text, _>("queued")
+//!         .execute(c)?,
+//!     # #[allow(unreachable_patterns)]
+//!     _ => unreachable!("this example opened a SQLite file"),
+//! };
+//! assert_eq!(inserted, 1);
+//! # Ok(()) }
+//! ```
+//!
+//! Or keep a pool of the concrete type beside the `Locker` (or under it), and write the
+//! queries for that database (a `Locker` over a pool of yours listens for releases on
+//! PostgreSQL only when given [`LockerBuilder::listen_url`]):
+//!
+//! ```no_run
+//! # #[cfg(feature = "postgres")]
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use diesel::r2d2::{ConnectionManager, Pool};
+//! use diesel::sql_types::Integer;
+//! use diesel::{PgConnection, RunQueryDsl};
+//! use diesel_lock::Locker;
+//!
+//! let url = "postgres://app:secret@db/app";
+//! let pool: Pool<ConnectionManager<PgConnection>> =
+//!     Pool::builder().max_size(16).build(ConnectionManager::new(url))?;
+//! let locker = Locker::builder(pool.clone()).listen_url(url).build()?;
+//! let _guard = locker.lock("invoices")?;
+//! diesel::sql_query("UPDATE jobs SET state = 'running' WHERE id = $1")
+//!     .bind::<Integer, _>(7)
+//!     .execute(&mut *pool.get()?)?;
+//! # Ok(()) }
+//! # #[cfg(not(feature = "postgres"))]
+//! # fn main() {}
+//! ```
 
 #![deny(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
@@ -153,7 +215,7 @@ mod sync;
 pub use backend::SqliteTuning;
 pub use backend::{connect, AnyConnection, Backend, LockConnection};
 pub use election::{Election, Leadership, Term};
-pub use error::{Error, Result};
+pub use error::{ConnectFailure, Error, Result};
 pub use guard::LockGuard;
 pub use key::{key_hash, MAX_KEY_LEN};
 pub use lock_info::{LockInfo, LockMode, StrategyKind};

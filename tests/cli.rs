@@ -1451,4 +1451,153 @@ fn default_database_is_dlock_db_in_the_current_directory() {
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "hello\n");
     assert!(dir.path().join("dlock.db").exists());
+    // Said on stderr, in one line naming the file (cron does not read the shell's
+    // DLOCK_URL: two machines would each lock their own file).
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("no --url and no DLOCK_URL"), "{err}");
+    let file = dir.path().canonicalize().unwrap().join("dlock.db");
+    assert!(err.contains(&file.display().to_string()), "{err}");
+    // Every command that opens the default says so; a URL given says nothing.
+    for args in [&["list"][..], &["status", "first"], &["migrate"]] {
+        let out = Command::new(DLOCK)
+            .args(args)
+            .current_dir(dir.path())
+            .env_remove("DLOCK_URL")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("no --url and no DLOCK_URL"), "{args:?}: {err}");
+        let out = Command::new(DLOCK)
+            .args(args)
+            .current_dir(dir.path())
+            .env("DLOCK_URL", "dlock.db")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("warning"), "{args:?}: {err}");
+    }
+}
+
+/// URLs meant for a server but mistyped are usage errors that quote none of the URL (and so
+/// none of its password), with --verbose too; the scheme decides the backend, so a file
+/// whose name begins with "postgres" is a SQLite file, not a libpq connection string.
+#[test]
+fn urls_are_read_by_their_scheme_and_never_show_their_password() {
+    let secret = "S3CRETPW";
+    for url in [
+        "postgres:/dlock:S3CRETPW@127.0.0.1:5432/usab",
+        "postgresql:dlock:S3CRETPW@127.0.0.1:5432/usab",
+        "mysql:/dlock:S3CRETPW@127.0.0.1:3306/usab",
+        "dlock:S3CRETPW@127.0.0.1:5432/usab",
+        "dlock:S3CRETPW@127.0.0.1://usab",
+    ] {
+        let err = usage_error(&["--url", url, "run", "--key", "k", "--", "true"]);
+        assert!(err.contains("malformed url"), "{url}: {err}");
+        assert!(!err.contains(secret), "{url}: {err}");
+        let out = Command::new(DLOCK)
+            .args(["-v", "--url", url, "list"])
+            .env_remove("RUST_LOG")
+            .output()
+            .unwrap();
+        assert_eq!(code(&out.status), 2);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains(secret), "{url}: {err}");
+    }
+    assert!(usage_error(&["--url", "redis://h/0", "list"]).contains("\"redis\""));
+    // Well-formed but unreachable, with passwords %-encoded or holding '@' or '/': the
+    // driver's message is shown, no form of the password.
+    let mut urls = vec![];
+    if cfg!(feature = "postgres") {
+        urls.extend([
+            ("postgres://dlock:S3%43RETPW@127.0.0.1:1/x", "S3CRETPW"),
+            ("postgres://dlock:S3%43RETPW@127.0.0.1:1/x", "S3%43RETPW"),
+            ("postgres://dlock:p@ssW0rd!x@127.0.0.1:1/x", "ssW0rd!x"),
+            ("postgres://dlock:pa/ssW0rdx@127.0.0.1:1/x", "ssW0rdx"),
+        ]);
+    }
+    if cfg!(feature = "mysql") {
+        urls.extend([
+            ("mysql://dlock:S3%43RETPW@127.0.0.1:1/x", "S3CRETPW"),
+            ("mysql://dlock:p@ssW0rd!x@127.0.0.1:1/x", "ssW0rd!x"),
+            ("mysql://dlock:pa/ssW0rdx@127.0.0.1:1/x", "ssW0rdx"),
+        ]);
+    }
+    for (url, secret) in urls {
+        for args in [&["list"][..], &["-v", "run", "--key", "k", "--", "true"]] {
+            let out = Command::new(DLOCK)
+                .arg("--url")
+                .arg(url)
+                .args(args)
+                .env_remove("RUST_LOG")
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            eprintln!("{url} {args:?}: {err}");
+            assert!(matches!(code(&out.status), 1 | 2), "{url}: {err}");
+            assert!(!err.contains(secret), "{url}: {err}");
+            assert_clean(&out.stderr);
+        }
+    }
+    // A file path that begins with "postgres" is a SQLite file.
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(DLOCK)
+        .args([
+            "--url",
+            "postgres-locks.db",
+            "run",
+            "--key",
+            "k",
+            "--",
+            "echo",
+            "hi",
+        ])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(
+        code(&out.status),
+        0,
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(dir.path().join("postgres-locks.db").exists());
+}
+
+/// What `--help` says of the kinds of lock is true per strategy; a kind the strategy or
+/// backend lacks is a usage error (exit 2), as docs/cli.md says; every exit code is listed.
+#[test]
+fn help_and_exit_codes_agree_with_the_kinds() {
+    let out = Command::new(DLOCK)
+        .args(["run", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout).to_string();
+    let flat = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    for code in ["75", "126", "127", "129", "130", "143"] {
+        assert!(flat.contains(code), "exit code {code} missing: {help}");
+    }
+    for option in ["--shared", "--semaphore"] {
+        let at = flat.find(&format!("{option} ")).unwrap();
+        let text = &flat[at..at + 400.min(flat.len() - at)];
+        assert!(text.contains("for-update"), "{option}: {text}");
+        assert!(!text.contains("lease only"), "{option}: {text}");
+    }
+    let db = Db::sqlite();
+    for kind in [&["--shared"][..], &["--semaphore", "2"], &["--write"]] {
+        let mut args = vec!["run", "--key", "k", "--strategy", "row"];
+        args.extend_from_slice(kind);
+        args.extend(["--", "true"]);
+        let out = db.output(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code(&out.status), 2, "{kind:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+    let docs =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/cli.md")).unwrap();
+    assert!(
+        !docs.contains("refusal (exit 1)"),
+        "docs/cli.md still says exit 1"
+    );
+    assert!(docs.contains("| 129"), "docs/cli.md lists no exit code 129");
 }

@@ -420,23 +420,23 @@ fn advisory_switchover() {
     switchover(Strategy::Advisory);
 }
 
-/// Waiters of a `connect` pool look every 5 to 10 s when nothing wakes them.
+/// Waiters of a `Locker::connect` pool look every 5 to 10 s when nothing wakes them.
 const WAITER_BACKOFF: Duration = Duration::from_secs(10);
 
 /// Whether the server at `url` has a `LISTEN`ing session, and a look of the waiter's pool
-/// (`diesel-lock-N`, not LISTEN) that began after it LISTENed.
+/// (`application_name` `dlock-waiter`, not LISTEN) that began after it LISTENed.
 fn listened_then_looked(url: &str) -> Result<bool, String> {
     let v = query_text(
         url,
         "SELECT (EXISTS (SELECT 1 FROM pg_stat_activity l, pg_stat_activity w \
            WHERE l.query LIKE 'LISTEN%' AND w.pid <> l.pid \
-             AND w.application_name LIKE 'diesel-lock-%' AND w.query NOT LIKE 'LISTEN%' \
+             AND w.application_name = 'dlock-waiter' AND w.query NOT LIKE 'LISTEN%' \
              AND w.state = 'idle' AND w.query_start > l.query_start))::text AS v",
     )?;
     Ok(v.as_deref() == Some("true"))
 }
 
-/// A waiter blocked in `lock()` (a `connect` pool: its `Locker` listens) while the primary
+/// A waiter blocked in `lock()` (a `Locker::connect` one: it listens) while the primary
 /// crashes and the standby is promoted gets the lock on the new primary as soon as the
 /// holder releases it there: its listener reconnected (a LISTEN session on the new primary,
 /// waited for) and heard the release. A listening waiter looks only every 5 to 10 s: with
@@ -458,7 +458,9 @@ fn listener_follows_the_promotion(s: Strategy) {
     let g = holder.lock(key).unwrap();
     let held_token = g.token();
 
-    let waiter = Locker::builder(diesel_lock::connect(&url).unwrap())
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let waiter = Locker::connect(&format!("{url}{sep}application_name=dlock-waiter"))
+        .unwrap()
         .strategy(s)
         .owner("listen-waiter")
         .max_backoff(WAITER_BACKOFF)

@@ -196,8 +196,8 @@ fn dropped_in_panic<C: TestDb>(h: &Harness<C>) {
 }
 
 /// Every guard owns a connection: with a pool of one held by a guard, try_lock_for on another
-/// key returns Err(Error::Pool) at its deadline (it cannot even ask), and try_lock after its
-/// short grace period of 20 ms. Never a hang.
+/// key returns Err(Error::PoolExhausted), naming the guard, at its deadline (it cannot even
+/// ask), and try_lock after its short grace period of 20 ms. Never a hang.
 fn exhausted_pool<C: TestDb>(h: &Harness<C>) {
     for s in session_strategies(h) {
         let pool = common::pool::<C>(&h.url, 1);
@@ -210,7 +210,16 @@ fn exhausted_pool<C: TestDb>(h: &Harness<C>) {
             let start = Instant::now();
             let r = l.try_lock_for(&unique_key("other"), timeout);
             let took = start.elapsed();
-            assert!(matches!(r, Err(Error::Pool(_))), "{r:?}");
+            assert!(
+                matches!(
+                    r,
+                    Err(Error::PoolExhausted {
+                        size: 1,
+                        held_by_guards: 1
+                    })
+                ),
+                "{r:?}"
+            );
             assert!(
                 took >= at_least && took < at_least + Duration::from_millis(150),
                 "{took:?}"

@@ -1,5 +1,5 @@
 //! The line of waiters (`dlock_waiters`) of `Row` and `Lease`, with the configuration a user
-//! gets from `Locker::builder(connect(url)?)`: processes are served in the order they came,
+//! gets from `Locker::connect(url)?`: processes are served in the order they came,
 //! a killed waiter's place lapses, a waiter that times out, is cancelled or panics leaves
 //! no place behind, and `admin` counts who waits. On every backend.
 
@@ -40,10 +40,7 @@ fn url(backend: &str, dir: &tempfile::TempDir) -> Option<String> {
 }
 
 fn locker(url: &str, s: Strategy) -> Locker<AnyConnection> {
-    Locker::builder(connect(url).unwrap())
-        .strategy(s)
-        .build()
-        .unwrap()
+    Locker::connect(url).unwrap().strategy(s).build().unwrap()
 }
 
 /// How many wait for `key` in its line, as `admin` reads it (0 when nobody holds it).

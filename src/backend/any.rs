@@ -1,13 +1,17 @@
 //! `AnyConnection`: one connection type over every enabled backend, for programs that pick
-//! the database at run time (the `dlock` CLI does), and `connect(url)` to build its pool.
+//! the database at run time (the `dlock` CLI does); `open(url)` (the URL read, and one
+//! connection opened directly to say why it fails), the pool built for it (`pool`,
+//! `connect`), and `Failures`, the pool's last failure to connect with the driver's reason.
 
 use super::sealed::{Dialect, Seal, Sealed};
+use super::url::{self, Target};
 use super::Backend;
 use crate::sync::Unpoison;
 use crate::{Error, Result};
 use diesel::r2d2::{ConnectionManager, CustomizeConnection, Pool};
 use diesel::Connection;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 #[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
 compile_error!("diesel-lock needs at least one backend feature: sqlite, postgres or mysql");
@@ -115,16 +119,18 @@ impl Sealed for AnyConnection {
 
 /// Applies [`SqliteTuning`](crate::SqliteTuning) to the SQLite connections of an
 /// `AnyConnection` pool, and `autocommit = 1` to MySQL ones; turns diesel's prepared-statement
-/// cache off on PostgreSQL connections through a transaction pooler (`dlock_pooler`).
-#[derive(Debug, Clone, Copy)]
+/// cache off on PostgreSQL connections through a transaction pooler (`dlock_pooler`). A
+/// connection that opens clears the pool's last connection failure.
+#[derive(Debug)]
 struct AnyTuning {
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     behind_pooler: bool,
+    failures: Arc<Failures>,
 }
 
 impl CustomizeConnection<AnyConnection, diesel::r2d2::Error> for AnyTuning {
     fn on_acquire(&self, conn: &mut AnyConnection) -> Result<(), diesel::r2d2::Error> {
-        match conn {
+        let tuned = match conn {
             // Named prepared statements live in one server session, which a transaction
             // pooler hands to other clients between transactions: without the cache diesel
             // sends each statement with its parameters in one message (PQsendQueryParams),
@@ -149,181 +155,232 @@ impl CustomizeConnection<AnyConnection, diesel::r2d2::Error> for AnyTuning {
             }
             #[allow(unreachable_patterns)]
             _ => Ok(()),
-        }
-    }
-}
-
-/// The query parameter of a PostgreSQL URL that says the connections go through a
-/// transaction-pooling PgBouncer (or a pooler like it): `dlock_pooler=transaction`.
-pub(crate) const POOLER_PARAM: &str = "dlock_pooler";
-
-/// Takes `dlock_pooler=transaction` out of a URL's query (libpq refuses parameters it does not
-/// know): the URL without it, and whether it was there.
-fn take_pooler_param(url: &str) -> Result<(String, bool)> {
-    let Some((base, query)) = url.split_once('?') else {
-        return Ok((url.to_owned(), false));
-    };
-    let mut pooled = false;
-    let mut kept = Vec::new();
-    for pair in query.split('&') {
-        let name = pair.split_once('=').map_or(pair, |(name, _)| name);
-        if name != POOLER_PARAM {
-            kept.push(pair);
-        } else if pair == "dlock_pooler=transaction" {
-            pooled = true;
-        } else {
-            return Err(Error::InvalidUrl(
-                "dlock_pooler takes one value: transaction (for session pooling, leave it out)"
-                    .into(),
-            ));
-        }
-    }
-    if pooled && !(base.starts_with("postgres://") || base.starts_with("postgresql://")) {
-        return Err(Error::InvalidUrl(
-            "dlock_pooler is for PostgreSQL URLs (PgBouncer)".into(),
-        ));
-    }
-    let url = match kept.join("&") {
-        q if q.is_empty() => base.to_owned(),
-        q => format!("{base}?{q}"),
-    };
-    Ok((url, pooled))
-}
-
-/// True if `url` says it goes through a transaction pooler (`dlock_pooler=transaction`).
-pub(crate) fn behind_pooler(url: &str) -> bool {
-    take_pooler_param(url.trim()).map_or(true, |(_, pooled)| pooled)
-}
-
-/// Turns a user's URL into the one diesel expects, refusing what cannot work.
-fn normalize(url: &str) -> Result<String> {
-    let url = url.trim();
-    if url.is_empty() {
-        return Err(Error::InvalidUrl("the url is empty".into()));
-    }
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return if cfg!(feature = "sqlite") {
-            sqlite_path(url)
-        } else {
-            Err(Error::InvalidUrl(
-                "a plain path means SQLite, which this build does not include".into(),
-            ))
         };
-    };
-    match scheme {
-        "postgres" | "postgresql" if cfg!(feature = "postgres") => Ok(url.to_owned()),
-        "mysql" | "mariadb" if cfg!(feature = "mysql") => Ok(format!("mysql://{rest}")),
-        "sqlite" if cfg!(feature = "sqlite") => sqlite_path(rest),
-        "postgres" | "postgresql" | "mysql" | "mariadb" | "sqlite" => Err(Error::InvalidUrl(
-            "this build of diesel-lock does not include that backend's feature".into(),
-        )),
-        _ => Err(Error::InvalidUrl(
-            "unknown scheme: use postgres://, mysql://, sqlite:// or a file path".into(),
+        if tuned.is_ok() {
+            self.failures.clear();
+        }
+        tuned
+    }
+}
+
+/// Opens one connection to `target`'s backend directly: diesel's `MultiConnection` tries
+/// every backend in turn and keeps none of their errors, so its failure never says why.
+fn establish(target: &Target) -> Result<(), diesel::ConnectionError> {
+    match target.backend {
+        #[cfg(feature = "postgres")]
+        Backend::Postgres => diesel::PgConnection::establish(&target.url).map(drop),
+        #[cfg(feature = "mysql")]
+        Backend::Mysql => diesel::MysqlConnection::establish(&target.url).map(drop),
+        #[cfg(feature = "sqlite")]
+        Backend::Sqlite => diesel::SqliteConnection::establish(&target.url).map(drop),
+        #[allow(unreachable_patterns)]
+        _ => Err(diesel::ConnectionError::InvalidConnectionUrl(
+            "this build does not include that backend".into(),
         )),
     }
 }
 
-fn sqlite_path(path: &str) -> Result<String> {
-    if path.is_empty() {
-        return Err(Error::InvalidUrl("the sqlite path is empty".into()));
-    }
-    if path == ":memory:" || path.contains("mode=memory") {
-        // Each pooled connection would get its own private database: locks in it would
-        // exclude nobody.
-        return Err(Error::InvalidUrl(
-            "an in-memory SQLite database cannot be shared between connections; use a file".into(),
+/// Reads `url` and opens one connection to it, so that a wrong URL, a wrong password or a
+/// server that is down fails at once with the driver's reason (passwords masked).
+pub(crate) fn open(url: &str) -> Result<Target> {
+    let target = url::parse(url)?;
+    establish(&target).map_err(|e| Error::from(target.secrets.scrub_connection(e)))?;
+    Ok(target)
+}
+
+/// The pool for `target`: `size` connections at most, waiting at most 10 s for one, its
+/// connection failures kept (with the driver's reason) in `failures`.
+pub(crate) fn pool(
+    target: &Target,
+    size: u32,
+    failures: Arc<Failures>,
+) -> Result<Pool<ConnectionManager<AnyConnection>>> {
+    if size == 0 {
+        return Err(Error::InvalidConfig(
+            "the pool needs at least 1 connection".into(),
         ));
     }
-    Ok(path.to_owned())
+    Pool::builder()
+        .max_size(size)
+        // No idle minimum: r2d2 refills idle connections on a background thread, and a refill
+        // still connecting when a short-lived program exits can crash in libpq's TLS code.
+        .min_idle(Some(0))
+        .connection_timeout(CONNECTION_TIMEOUT)
+        .connection_customizer(Box::new(AnyTuning {
+            behind_pooler: target.behind_pooler,
+            failures: failures.clone(),
+        }))
+        .error_handler(Box::new(ReportErrors(failures)))
+        .build(ConnectionManager::new(target.url.clone()))
+        .map_err(Error::Pool)
 }
 
-/// Builds a connection pool for `url`: `postgres://…`, `mysql://…`, `sqlite://path` or a
-/// plain file path (SQLite). One connection is opened first, so a wrong URL or an unreachable
-/// server fails at once with the driver's reason (which never contains the password).
+/// How long a pool the library builds waits for a connection.
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Builds a connection pool for `url`: `postgres://…` or `postgresql://…`, `mysql://…` (or
+/// `mariadb://…`), `sqlite://PATH` or a plain file path (SQLite). The scheme decides the
+/// backend; a URL meant for a server but mistyped (`postgres:/…`, `user:pw@host` without a
+/// scheme) is refused rather than taken for a file name. One connection is opened first, so
+/// a wrong URL or an unreachable server fails at once with the driver's reason (the URL's
+/// password masked in it).
+///
+/// For a [`Locker`](crate::Locker), [`Locker::connect`](crate::Locker::connect) is the better
+/// door: the pool it builds keeps the driver's reason for every later connection failure
+/// (a pool built here reports them as r2d2's bare timeout), and on PostgreSQL the `Locker`
+/// knows the URL to listen on for releases. Use this one for a pool of your own, for your
+/// application's queries or to share between several `Locker`s.
 ///
 /// SQLite connections get [`SqliteTuning`](crate::SqliteTuning). A PostgreSQL URL with the
 /// query parameter `dlock_pooler=transaction` goes through a transaction-pooling PgBouncer
 /// (or a pooler like it): the parameter is taken out of the URL before libpq sees it, and
 /// the pool's connections run without diesel's cache of named prepared statements, which
-/// such a pooler breaks (docs/guide.md, "Behind a connection pooler": which strategies work there).
-/// The pool holds at most 10
-/// connections and waits at most 10 s for one. Its failures to connect (a database
-/// restarting, say) are logged at `warn` at most once per 10 s, the rest at `debug`.
+/// such a pooler breaks (docs/guide.md, "Behind a connection pooler": which strategies work
+/// there). The pool holds at most 10 connections unless the URL says
+/// `dlock_pool_size=N` (taken out too), and waits at most 10 s for one. Its failures to
+/// connect (a database restarting, say) are logged at `warn` at most once per 10 s, the rest
+/// at `debug`.
+///
+/// The pool's connections are [`AnyConnection`]s, diesel `MultiConnection`s: diesel's query
+/// builder works on them, but raw `sql_query` with bind parameters does not on PostgreSQL
+/// (see the crate docs, "Your own queries").
 ///
 /// ```
 /// # fn main() -> diesel_lock::Result<()> {
 /// # let dir = tempfile::tempdir().unwrap();
 /// # let path = dir.path().join("locks.db");
-/// let pool = diesel_lock::connect(path.to_str().unwrap())?;
+/// let pool = diesel_lock::connect(&format!("{}?dlock_pool_size=4", path.display()))?;
+/// assert_eq!(pool.max_size(), 4);
 /// let locker = diesel_lock::Locker::builder(pool).build()?;
 /// locker.migrate()?;
 /// # Ok(()) }
 /// ```
 ///
 /// # Errors
-/// [`Error::InvalidUrl`] for an empty URL, an unknown scheme, a backend this build lacks, or an
-/// in-memory SQLite database; [`Error::Connection`] if the first connection fails;
-/// [`Error::Pool`] if the pool cannot be built.
+/// [`Error::InvalidUrl`] for an empty or malformed URL, an unknown scheme, a backend this
+/// build lacks (naming the Cargo feature to turn on), or an in-memory SQLite database;
+/// [`Error::Connection`] if the first connection fails; [`Error::Pool`] if the pool cannot
+/// be built.
 pub fn connect(url: &str) -> Result<Pool<ConnectionManager<AnyConnection>>> {
-    let (url, behind_pooler) = take_pooler_param(&normalize(url)?)?;
-    #[cfg(feature = "postgres")]
-    let url = if url.starts_with("postgres") && !behind_pooler {
-        listen_urls::remember(url)
-    } else {
-        url
-    };
-    // diesel's MultiConnection::establish tries every backend in turn and keeps none of their
-    // errors; the backend the URL names is asked directly, so a failure says why.
-    #[cfg(feature = "postgres")]
-    if url.starts_with("postgres") {
-        drop(diesel::PgConnection::establish(&url)?);
-    }
-    #[cfg(feature = "mysql")]
-    if url.starts_with("mysql://") {
-        drop(diesel::MysqlConnection::establish(&url)?);
-    }
-    #[cfg(feature = "sqlite")]
-    if !url.contains("://") {
-        drop(diesel::SqliteConnection::establish(&url)?);
-    }
-    Pool::builder()
-        .max_size(10)
-        // No idle minimum: r2d2 refills idle connections on a background thread, and a refill
-        // still connecting when a short-lived program exits can crash in libpq's TLS code.
-        .min_idle(Some(0))
-        .connection_timeout(Duration::from_secs(10))
-        .connection_customizer(Box::new(AnyTuning { behind_pooler }))
-        .error_handler(Box::new(QuietErrors::default()))
-        .build(ConnectionManager::new(url))
-        .map_err(Error::Pool)
+    let target = open(url)?;
+    let size = target.pool_size.unwrap_or(url::DEFAULT_POOL_SIZE);
+    pool(&target, size, Arc::new(Failures::new(target.clone())))
 }
 
-/// The pool's connection errors, at `warn` at most once per 10 s and at `debug` in between:
-/// r2d2's default handler logs every failed attempt at `error`, a line every few hundred
-/// milliseconds per pool while a database restarts. Callers hear of an outage from the calls that fail, and waits log it once.
-#[derive(Debug, Default)]
-struct QuietErrors {
-    last_warned: std::sync::Mutex<Option<std::time::Instant>>,
+/// A pool's last connection failure, with the driver's reason, for the errors of a `Locker`
+/// that cannot get a connection (r2d2 keeps only diesel's "Invalid connection url for
+/// multiconnection", and gives it to one caller). Written by the pool's error handler,
+/// cleared by the next connection that opens.
+pub(crate) struct Failures {
+    target: Target,
+    last: Mutex<Option<(Instant, String)>>,
+    last_warned: Mutex<Option<Instant>>,
 }
 
-impl QuietErrors {
+impl std::fmt::Debug for Failures {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Failures").finish_non_exhaustive()
+    }
+}
+
+impl Failures {
+    pub(crate) fn new(target: Target) -> Self {
+        Failures {
+            target,
+            last: Mutex::new(None),
+            last_warned: Mutex::new(None),
+        }
+    }
+
+    /// The error of the pool's last failure to connect, if one came within `within` (and
+    /// none has opened since).
+    pub(crate) fn recent(&self, within: Duration) -> Option<Error> {
+        let last = self.last.lock().unpoisoned();
+        let (at, message) = last.as_ref()?;
+        (at.elapsed() <= within)
+            .then(|| Error::from(diesel::ConnectionError::BadConnection(message.clone())))
+    }
+
+    fn clear(&self) {
+        *self.last.lock().unpoisoned() = None;
+    }
+
+    /// Keeps the reason of a failure to connect; learns it by connecting directly when the
+    /// error is diesel's `MultiConnection` one, which says nothing (at most once a second:
+    /// r2d2 retries every 200 ms or more during an outage).
+    fn record(&self, e: &diesel::r2d2::Error) {
+        // A pooled connection found dead when checked out (a `QueryError`) says nothing of
+        // why new ones cannot be opened.
+        let diesel::r2d2::Error::ConnectionError(e) = e else {
+            return;
+        };
+        let told = e.to_string();
+        let message = if told.contains("multiconnection") {
+            let fresh = self
+                .last
+                .lock()
+                .unpoisoned()
+                .as_ref()
+                .is_some_and(|(at, _)| at.elapsed() < Duration::from_secs(1));
+            if fresh {
+                if let Some((at, _)) = self.last.lock().unpoisoned().as_mut() {
+                    *at = Instant::now();
+                }
+                return;
+            }
+            match establish(&self.target) {
+                Err(e) => e.to_string(),
+                // It answers now: the next attempt of the pool's will connect.
+                Ok(()) => return,
+            }
+        } else {
+            told
+        };
+        let message = self.target.secrets.scrub(&message);
+        *self.last.lock().unpoisoned() = Some((Instant::now(), message));
+    }
+
     /// True for the first error in 10 s (which then starts the next 10 s).
     fn time_to_warn(&self) -> bool {
         let mut last = self.last_warned.lock().unpoisoned();
         if last.is_some_and(|t| t.elapsed() < Duration::from_secs(10)) {
             return false;
         }
-        *last = Some(std::time::Instant::now());
+        *last = Some(Instant::now());
         true
     }
 }
 
-impl r2d2::HandleError<diesel::r2d2::Error> for QuietErrors {
+/// The pool's connection errors: their reason kept in `Failures`, and logged at `warn` at
+/// most once per 10 s and at `debug` in between: r2d2's default handler logs every failed
+/// attempt at `error`, a line every few hundred milliseconds per pool while a database
+/// restarts. Callers hear of an outage from the calls that fail, and waits log it once.
+#[derive(Debug)]
+struct ReportErrors(Arc<Failures>);
+
+impl r2d2::HandleError<diesel::r2d2::Error> for ReportErrors {
     fn handle_error(&self, e: diesel::r2d2::Error) {
-        if self.time_to_warn() {
-            log::warn!("database connection failed: {e} (repeats within 10 s are logged at debug)");
+        self.0.record(&e);
+        let recorded = || {
+            self.0
+                .last
+                .lock()
+                .unpoisoned()
+                .as_ref()
+                .map(|(_, m)| m.clone())
+        };
+        let why = match &e {
+            diesel::r2d2::Error::ConnectionError(_) => recorded(),
+            diesel::r2d2::Error::QueryError(_) => None,
+        }
+        .unwrap_or_else(|| self.0.target.secrets.scrub(&e.to_string()));
+        let why = why.split_whitespace().collect::<Vec<_>>().join(" ");
+        if self.0.time_to_warn() {
+            log::warn!(
+                "database connection failed: {why} (repeats within 10 s are logged at debug)"
+            );
         } else {
-            log::debug!("database connection failed: {e}");
+            log::debug!("database connection failed: {why}");
         }
     }
 }
@@ -335,92 +392,37 @@ mod tests {
     /// A storm of connection errors makes one warning, not one per error.
     #[test]
     fn connection_errors_warn_once_per_interval() {
-        let quiet = QuietErrors::default();
+        let quiet = Failures::new(url::parse("x.db").unwrap());
         let warned: Vec<bool> = (0..5).map(|_| quiet.time_to_warn()).collect();
         assert_eq!(warned, [true, false, false, false, false]);
         // Ten seconds on, the next one warns again.
-        *quiet.last_warned.lock().unwrap() =
-            std::time::Instant::now().checked_sub(Duration::from_secs(11));
+        *quiet.last_warned.lock().unwrap() = Instant::now().checked_sub(Duration::from_secs(11));
         assert!(quiet.time_to_warn());
     }
 
+    /// diesel's MultiConnection error says nothing: the pool's failures keep the driver's
+    /// own reason instead, masked, until a connection opens.
+    #[cfg(feature = "sqlite")]
     #[test]
-    fn urls() {
-        assert!(matches!(normalize(""), Err(Error::InvalidUrl(_))));
-        assert!(matches!(normalize("redis://x"), Err(Error::InvalidUrl(_))));
-        #[cfg(feature = "sqlite")]
-        {
-            assert_eq!(normalize("sqlite://dlock.db").unwrap(), "dlock.db");
-            assert_eq!(normalize("/tmp/x.db").unwrap(), "/tmp/x.db");
-            assert!(matches!(normalize(":memory:"), Err(Error::InvalidUrl(_))));
-        }
-        #[cfg(feature = "mysql")]
-        assert_eq!(normalize("mariadb://u@h/d").unwrap(), "mysql://u@h/d");
-    }
-
-    #[test]
-    fn the_pooler_parameter_is_taken_out() {
-        let t = |u: &str| take_pooler_param(u).map_err(|e| e.to_string());
-        assert_eq!(t("postgres://h/d"), Ok(("postgres://h/d".into(), false)));
-        assert_eq!(
-            t("postgres://h/d?dlock_pooler=transaction"),
-            Ok(("postgres://h/d".into(), true))
+    fn a_failure_keeps_the_drivers_reason() {
+        let failures = Failures::new(url::parse("/nonexistent-dir/x.db").unwrap());
+        failures.record(&diesel::r2d2::Error::ConnectionError(
+            diesel::ConnectionError::BadConnection(
+                "Invalid connection url for multiconnection".into(),
+            ),
+        ));
+        let e = failures.recent(Duration::from_secs(10)).unwrap();
+        assert!(
+            matches!(
+                e,
+                Error::Connection {
+                    failure: crate::ConnectFailure::CannotOpen,
+                    ..
+                }
+            ),
+            "{e:?}"
         );
-        assert_eq!(
-            t("postgresql://h/d?sslmode=disable&dlock_pooler=transaction&application_name=x"),
-            Ok((
-                "postgresql://h/d?sslmode=disable&application_name=x".into(),
-                true
-            ))
-        );
-        assert_eq!(
-            t("postgres://h/d?sslmode=disable"),
-            Ok(("postgres://h/d?sslmode=disable".into(), false))
-        );
-        assert!(t("postgres://h/d?dlock_pooler=session").is_err());
-        assert!(t("postgres://h/d?dlock_pooler").is_err());
-        assert!(t("mysql://h/d?dlock_pooler=transaction").is_err());
-        assert!(behind_pooler("postgres://h/d?dlock_pooler=transaction"));
-        assert!(!behind_pooler("postgres://h/d"));
-    }
-}
-
-/// The URLs of the PostgreSQL pools `connect` built, so that a `Locker` over one of them
-/// can open its own listening connection (`pg/listen.rs`) without being told the URL: a
-/// pool does not say which URL it connects to. Each pool's URL gets
-/// `fallback_application_name=diesel-lock-N` (libpq uses it only where neither the URL nor
-/// `PGAPPNAME` names an application), and `LockerBuilder::build` asks a connection its
-/// `application_name` and looks N up here. A pool whose connections carry another name
-/// gets no listener unless given `listen_url`; its waiters poll.
-#[cfg(feature = "postgres")]
-pub(crate) mod listen_urls {
-    use crate::sync::Unpoison;
-    use std::sync::Mutex;
-
-    const PREFIX: &str = "diesel-lock-";
-
-    static URLS: Mutex<Vec<String>> = Mutex::new(Vec::new());
-
-    /// Records `url` and returns it with its number as fallback application name.
-    pub(super) fn remember(url: String) -> String {
-        if url.contains("fallback_application_name=") {
-            return url;
-        }
-        let mut urls = URLS.lock().unpoisoned();
-        let n = match urls.iter().position(|u| *u == url) {
-            Some(n) => n,
-            None => {
-                urls.push(url.clone());
-                urls.len() - 1
-            }
-        };
-        let sep = if url.contains('?') { '&' } else { '?' };
-        format!("{url}{sep}fallback_application_name={PREFIX}{n}")
-    }
-
-    /// The URL of the pool whose connections carry `application_name`, if `connect` built it.
-    pub(crate) fn of(application_name: &str) -> Option<String> {
-        let n: usize = application_name.strip_prefix(PREFIX)?.parse().ok()?;
-        URLS.lock().unpoisoned().get(n).cloned()
+        failures.clear();
+        assert!(failures.recent(Duration::from_secs(10)).is_none());
     }
 }

@@ -23,13 +23,13 @@ mod shared;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 pub(crate) mod stmt;
+mod url;
 
-pub(crate) use any::behind_pooler;
-#[cfg(feature = "postgres")]
-pub(crate) use any::listen_urls;
 pub use any::{connect, AnyConnection};
+pub(crate) use any::{open, pool, Failures};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteTuning;
+pub(crate) use url::{behind_pooler, Target, DEFAULT_POOL_SIZE};
 
 /// The database a connection talks to.
 ///
@@ -37,7 +37,7 @@ pub use sqlite::SqliteTuning;
 /// # fn main() -> diesel_lock::Result<()> {
 /// # let dir = tempfile::tempdir().unwrap();
 /// # let url = dir.path().join("l.db");
-/// let locker = diesel_lock::Locker::builder(diesel_lock::connect(url.to_str().unwrap())?).build()?;
+/// let locker = diesel_lock::Locker::connect(url.to_str().unwrap())?.build()?;
 /// assert_eq!(locker.backend(), diesel_lock::Backend::Sqlite);
 /// # Ok(()) }
 /// ```
@@ -260,11 +260,6 @@ pub(crate) mod sealed {
         /// `@@wsrep_on`), where they lock one node only. Asked once, when a `ForUpdate` or
         /// `Advisory` `Locker` is built.
         fn session_locks_local(&mut self) -> QueryResult<Option<&'static str>> {
-            Ok(None)
-        }
-        /// PostgreSQL: the session's `application_name` (how a `Locker` over a pool from
-        /// `connect` finds the URL to listen on, `any::listen_urls`); `None` elsewhere.
-        fn application_name(&mut self) -> QueryResult<Option<String>> {
             Ok(None)
         }
         /// True if `e` means "someone else is competing for this lock right now" (deadlock,

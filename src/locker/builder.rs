@@ -2,12 +2,15 @@
 
 use super::queue::Queues;
 use super::{Inner, Locker, Shared};
-use crate::backend::{static_backend, Backend, LockConnection, Sql};
+use crate::backend::{
+    static_backend, AnyConnection, Backend, Failures, LockConnection, Sql, Target,
+    DEFAULT_POOL_SIZE,
+};
 use crate::strategy::{self, Setup, Strategy};
 use crate::{random, Error, Result};
 use diesel::r2d2::ConnectionManager;
 use r2d2::Pool;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,13 +34,68 @@ use std::time::Duration;
 /// # Ok(()) }
 /// ```
 pub struct LockerBuilder<C: LockConnection> {
-    pub(super) pool: Pool<ConnectionManager<C>>,
+    pub(super) source: Source<C>,
+    pub(super) pool_size: Option<u32>,
     pub(super) strategy: Strategy,
     pub(super) owner: Option<String>,
     pub(super) heartbeat: Option<Duration>,
     pub(super) max_backoff: Duration,
     pub(super) listen_url: Option<String>,
     pub(super) reentrant: bool,
+}
+
+/// Where the `Locker`'s pool comes from: the caller's, or one `build` makes from a URL.
+pub(super) enum Source<C: LockConnection> {
+    Pool(Pool<ConnectionManager<C>>),
+    Url {
+        target: Target,
+        /// Builds the pool (`backend::pool`, for `AnyConnection`).
+        make: MakePool<C>,
+    },
+}
+
+/// What builds a pool of `size` connections to a URL, its failures kept in `Failures`.
+pub(super) type MakePool<C> = fn(&Target, u32, Arc<Failures>) -> Result<Pool<ConnectionManager<C>>>;
+
+impl LockerBuilder<AnyConnection> {
+    /// Starts configuring a `Locker` over a pool it builds itself from `url`, which it keeps:
+    /// the same as [`Locker::connect`], which see.
+    ///
+    /// ```
+    /// use diesel_lock::LockerBuilder;
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let url = dir.path().join("locks.db").display().to_string();
+    /// let locker = LockerBuilder::from_url(&url)?.pool_size(4).build()?;
+    /// assert_eq!(locker.pool().max_size(), 4);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As for [`Locker::connect`].
+    pub fn from_url(url: &str) -> Result<Self> {
+        let target = crate::backend::open(url)?;
+        Ok(LockerBuilder::new(Source::Url {
+            target,
+            make: crate::backend::pool,
+        }))
+    }
+}
+
+impl<C: LockConnection> LockerBuilder<C> {
+    pub(super) fn new(source: Source<C>) -> Self {
+        LockerBuilder {
+            source,
+            pool_size: None,
+            strategy: Strategy::default(),
+            owner: None,
+            heartbeat: None,
+            max_backoff: Duration::from_millis(50),
+            listen_url: None,
+            reentrant: false,
+        }
+    }
 }
 
 impl<C: LockConnection> std::fmt::Debug for LockerBuilder<C> {
@@ -166,11 +224,11 @@ impl<C: LockConnection> LockerBuilder<C> {
     /// held key and ends when the last clone of the `Locker` is dropped. Should the
     /// connection fail, it is opened again and the waiters poll meanwhile.
     ///
-    /// Defaults to the URL of the pool when [`connect`](crate::connect) built it (which
-    /// marks its PostgreSQL connections with `fallback_application_name=diesel-lock-N` to
-    /// know it again; a URL or `PGAPPNAME` naming another application turns that off);
-    /// otherwise to none: waiters in line then poll. Ignored on other backends and by the
-    /// session strategies, which wait on the server.
+    /// Defaults to the URL the `Locker` was built from ([`Locker::connect`]) unless that
+    /// goes through a transaction pooler; a `Locker` over a pool of your own
+    /// ([`Locker::builder`], [`connect`](crate::connect)) has none unless given one here:
+    /// waiters in line then poll. Ignored on other backends and by the session strategies,
+    /// which wait on the server.
     ///
     /// Behind a transaction-pooling PgBouncer (a pool from a `dlock_pooler=transaction`
     /// URL), give the server's own address here: `LISTEN` holds a server session, which
@@ -184,7 +242,8 @@ impl<C: LockConnection> LockerBuilder<C> {
     ///
     /// # fn main() -> diesel_lock::Result<()> {
     /// let url = "postgres://app@db/app";
-    /// let locker = Locker::builder(diesel_lock::connect(url)?)
+    /// let pool = diesel_lock::connect(url)?; // a pool of the application's, shared
+    /// let locker = Locker::builder(pool.clone())
     ///     .strategy(Strategy::Lease { ttl: Duration::from_secs(30) })
     ///     .listen_url(url)
     ///     .build()?;
@@ -192,6 +251,31 @@ impl<C: LockConnection> LockerBuilder<C> {
     /// ```
     pub fn listen_url(mut self, url: impl Into<String>) -> Self {
         self.listen_url = Some(url.into());
+        self
+    }
+
+    /// The most connections the pool that the `Locker` builds from a URL
+    /// ([`Locker::connect`]) may hold. Defaults to the URL's `dlock_pool_size=N`, or else
+    /// to 10.
+    ///
+    /// Each guard of a session strategy (`ForUpdate`, `Advisory`, `AdvisoryXact`) keeps one
+    /// connection for its whole life, and a waiting thread uses one per attempt: a process
+    /// that holds N such guards at once needs a pool of more than N. A pool you build
+    /// yourself ([`Locker::builder`]) has the size you gave it: `build` refuses this option
+    /// there.
+    ///
+    /// ```
+    /// use diesel_lock::{Locker, Strategy};
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let url = dir.path().join("locks.db").display().to_string();
+    /// let locker = Locker::connect(&url)?.pool_size(32).build()?;
+    /// assert_eq!(locker.pool().max_size(), 32);
+    /// # Ok(()) }
+    /// ```
+    pub fn pool_size(mut self, connections: u32) -> Self {
+        self.pool_size = Some(connections);
         self
     }
 
@@ -234,9 +318,9 @@ impl<C: LockConnection> LockerBuilder<C> {
 
     /// Checks the configuration and builds the `Locker`.
     ///
-    /// For [`AnyConnection`](crate::AnyConnection) pools this takes one connection from the
-    /// pool to learn the backend (and, on PostgreSQL, whether [`connect`](crate::connect)
-    /// built the pool: see [`listen_url`](Self::listen_url)). On MySQL it takes one to check that the pool's sessions
+    /// A builder from a URL ([`Locker::connect`]) builds its pool here. For
+    /// [`AnyConnection`](crate::AnyConnection) pools this takes one connection from the
+    /// pool to learn the backend. On MySQL it takes one to check that the pool's sessions
     /// commit each statement (`autocommit = 1`, as [`connect`](crate::connect) sets it):
     /// with autocommit off, every lock would stay uncommitted on its pooled connection. On
     /// SQLite it checks that the connections run in WAL mode with a busy timeout, as
@@ -246,10 +330,12 @@ impl<C: LockConnection> LockerBuilder<C> {
     /// # Errors
     /// [`Error::InvalidConfig`] for a ttl or `stale_after` under 1 ms, a heartbeat not shorter
     /// than the ttl, an empty or oversized owner, a zero `max_backoff`, a `listen_url` through
-    /// a transaction pooler (`dlock_pooler=transaction`), a MySQL pool with
+    /// a transaction pooler (`dlock_pooler=transaction`), a `pool_size` of 0 or for a pool
+    /// of your own, a MySQL pool with
     /// autocommit off, or a SQLite pool without WAL or a busy timeout;
-    /// [`Error::Unsupported`] for a strategy the backend cannot honour; [`Error::Pool`] if a
-    /// connection was needed and none could be had; [`Error::Thread`] if the listener's
+    /// [`Error::Unsupported`] for a strategy the backend cannot honour;
+    /// [`Error::Connection`] or [`Error::Pool`] if a connection was needed and none could be
+    /// had; [`Error::Thread`] if the listener's
     /// wake-up socket could not be made (its thread starts with the first wait).
     ///
     /// # Examples
@@ -291,24 +377,42 @@ impl<C: LockConnection> LockerBuilder<C> {
                 "listen_url must reach PostgreSQL directly (or through session pooling), not through a transaction pooler".into(),
             ));
         }
-        // A pool of a fixed connection type says its backend; an `AnyConnection` pool (what
-        // `connect` builds) is asked on one of its connections, which on PostgreSQL also
-        // says which `connect` pool it is (`application_name`: the URL to listen on).
-        #[cfg_attr(not(feature = "postgres"), allow(unused_variables))]
-        let (backend, application_name) = match static_backend::<C>() {
-            Some(b) => (b, None),
-            None => {
-                let mut conn = self.pool.get()?;
-                let backend = conn.sql().backend();
-                let name = match backend {
-                    Backend::Postgres => conn.sql().application_name()?,
-                    _ => None,
-                };
-                (backend, name)
+        // A pool built here from a URL keeps its connection failures' reasons, and its URL
+        // is the default one to listen on.
+        let (pool, failures, own_url) = match self.source {
+            Source::Pool(pool) => {
+                if self.pool_size.is_some() {
+                    return Err(Error::InvalidConfig(
+                        "pool_size sizes the pool a Locker builds from a url (Locker::connect); give your own pool its size with r2d2's Pool::builder().max_size".into(),
+                    ));
+                }
+                (pool, None, None)
+            }
+            Source::Url { target, make } => {
+                let failures = Arc::new(Failures::new(target.clone()));
+                let size = self
+                    .pool_size
+                    .or(target.pool_size)
+                    .unwrap_or(DEFAULT_POOL_SIZE);
+                let pool = make(&target, size, failures.clone())?;
+                let url = (!target.behind_pooler).then_some(target.url);
+                (pool, Some(failures), url)
             }
         };
+        let pool_error = |e: r2d2::Error| match &failures {
+            Some(f) => f
+                .recent(pool.connection_timeout())
+                .unwrap_or(Error::Pool(e)),
+            None => Error::Pool(e),
+        };
+        // A pool of a fixed connection type says its backend; an `AnyConnection` pool (what
+        // `connect` builds) is asked on one of its connections.
+        let backend = match static_backend::<C>() {
+            Some(b) => b,
+            None => pool.get().map_err(pool_error)?.sql().backend(),
+        };
         let setup = Setup {
-            pool: self.pool.clone(),
+            pool: pool.clone(),
             owner: owner.clone(),
             backend,
             heartbeat: self.heartbeat,
@@ -316,7 +420,7 @@ impl<C: LockConnection> LockerBuilder<C> {
         };
         let raw = strategy::build(self.strategy, setup)?;
         if backend != Backend::Postgres {
-            if let Some(why) = self.pool.get()?.sql().misconfigured()? {
+            if let Some(why) = pool.get().map_err(pool_error)?.sql().misconfigured()? {
                 return Err(Error::InvalidConfig(why));
             }
         }
@@ -325,17 +429,17 @@ impl<C: LockConnection> LockerBuilder<C> {
             queues: Queues::default(),
             meter: crate::instrument::Meter::new(self.strategy.name(), backend.name()),
             nests: self.reentrant.then(Arc::default),
+            guards_with_connections: AtomicUsize::new(0),
         });
         // Row and Lease waiters on PostgreSQL hear their turn come on a connection of the
-        // `Locker`'s own: at `listen_url`, or by default at the URL of a pool `connect` built.
+        // `Locker`'s own: at `listen_url`, or by default at the URL it was built from.
         #[cfg(feature = "postgres")]
-        let listener = match self.listen_url {
+        let listener = match self.listen_url.or(own_url) {
             Some(url) if backend == Backend::Postgres && raw.lines() => Some(url),
-            None if raw.lines() => application_name
-                .as_deref()
-                .and_then(crate::backend::listen_urls::of),
             _ => None,
         };
+        #[cfg(not(feature = "postgres"))]
+        drop(own_url);
         #[cfg(feature = "postgres")]
         let listener = match listener {
             Some(url) => {
@@ -352,7 +456,8 @@ impl<C: LockConnection> LockerBuilder<C> {
         };
         Ok(Locker {
             inner: Arc::new(Inner {
-                pool: self.pool,
+                pool,
+                failures,
                 strategy: self.strategy,
                 raw,
                 shared,

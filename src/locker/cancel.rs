@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex};
 /// # fn main() -> diesel_lock::Result<()> {
 /// # let dir = tempfile::tempdir().unwrap();
 /// # let url = dir.path().join("locks.db");
-/// let locker = Locker::builder(diesel_lock::connect(url.to_str().unwrap())?).build()?;
+/// let locker = Locker::connect(url.to_str().unwrap())?.build()?;
 /// locker.migrate()?;
 /// let held = locker.lock("deploy")?;
 ///

@@ -17,10 +17,11 @@ mod wait;
 use shared::Shared;
 
 pub use builder::LockerBuilder;
+use builder::Source;
 pub use cancel::Cancel;
 pub use multi::MultiGuard;
 
-use crate::backend::{Backend, LockConnection, Sql};
+use crate::backend::{AnyConnection, Backend, Failures, LockConnection, Sql};
 use crate::guard::LockGuard;
 use crate::strategy::{RawLock, Strategy};
 use crate::Result;
@@ -100,6 +101,9 @@ pub struct Locker<C: LockConnection> {
 
 pub(crate) struct Inner<C: LockConnection> {
     pool: Pool<ConnectionManager<C>>,
+    /// The pool's last connection failure with the driver's reason, when the `Locker` built
+    /// the pool from a URL ([`Locker::connect`]).
+    failures: Option<Arc<Failures>>,
     strategy: Strategy,
     /// What the strategy does with a key (built once from `strategy`), and the raw locks of
     /// its other modes (`RawLock::mode`).
@@ -138,6 +142,50 @@ impl<C: LockConnection> std::fmt::Debug for Locker<C> {
     }
 }
 
+impl Locker<AnyConnection> {
+    /// Starts configuring a `Locker` over a pool of its own, built from `url`:
+    /// `postgres://…` or `postgresql://…`, `mysql://…` (or `mariadb://…`), `sqlite://PATH` or
+    /// a plain file path (SQLite). One connection is opened at once, so that a wrong URL or
+    /// a server that is down fails here with the driver's reason; the pool itself is built
+    /// by [`build`](LockerBuilder::build), of [`pool_size`](LockerBuilder::pool_size)
+    /// connections (default: the URL's `dlock_pool_size=N`, else 10).
+    ///
+    /// The `Locker` keeps the URL: on PostgreSQL its waiters hear releases on a connection
+    /// of their own to it (see [`LockerBuilder::listen_url`]), and its errors say why the
+    /// pool could not connect ([`Error::Connection`](crate::Error::Connection): connection
+    /// refused, authentication failed, unknown database, TLS required) where a pool built by
+    /// hand can only say that it timed out. The URL accepts the same parameters as
+    /// [`connect`](crate::connect) (`dlock_pooler=transaction` for PgBouncer), and its
+    /// password appears in no message. [`Locker::pool`] gives the pool, for the
+    /// application's own queries.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`](crate::Error::InvalidUrl) for an empty or malformed URL, an
+    /// unknown scheme, a backend this build lacks (naming the Cargo feature to turn on) or
+    /// an in-memory SQLite database; [`Error::Connection`](crate::Error::Connection) if the
+    /// first connection fails.
+    ///
+    /// # Examples
+    /// ```
+    /// use diesel_lock::{Locker, Strategy};
+    /// use std::time::Duration;
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let url = dir.path().join("locks.db").display().to_string();
+    /// // `url`: "postgres://app:secret@db/app", "mysql://…", or a file path as here.
+    /// let locker = Locker::connect(&url)?
+    ///     .strategy(Strategy::Lease { ttl: Duration::from_secs(30) })
+    ///     .build()?;
+    /// locker.migrate()?;
+    /// let _guard = locker.lock("nightly-report")?;
+    /// # Ok(()) }
+    /// ```
+    pub fn connect(url: &str) -> Result<LockerBuilder<AnyConnection>> {
+        LockerBuilder::from_url(url)
+    }
+}
+
 impl<C: LockConnection> Locker<C> {
     /// Starts configuring a `Locker` over `pool`.
     ///
@@ -158,15 +206,57 @@ impl<C: LockConnection> Locker<C> {
     /// # Ok(()) }
     /// ```
     pub fn builder(pool: Pool<ConnectionManager<C>>) -> LockerBuilder<C> {
-        LockerBuilder {
-            pool,
-            strategy: Strategy::default(),
-            owner: None,
-            heartbeat: None,
-            max_backoff: Duration::from_millis(50),
-            listen_url: None,
-            reentrant: false,
+        LockerBuilder::new(Source::Pool(pool))
+    }
+
+    /// The pool the `Locker` takes its connections from: the one it was given, or the one
+    /// it built from a URL. For the application's own queries (see the crate docs, "Your own
+    /// queries"); a connection taken from it is one fewer for the locks.
+    ///
+    /// ```
+    /// use diesel::connection::SimpleConnection;
+    /// use diesel_lock::Locker;
+    ///
+    /// # fn main() -> diesel_lock::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let url = dir.path().join("locks.db").display().to_string();
+    /// let locker = Locker::connect(&url)?.build()?;
+    /// let mut conn = locker.pool().get()?;
+    /// conn.batch_execute("CREATE TABLE IF NOT EXISTS jobs (id INTEGER PRIMARY KEY)")?;
+    /// # Ok(()) }
+    /// ```
+    pub fn pool(&self) -> &Pool<ConnectionManager<C>> {
+        &self.inner.pool
+    }
+
+    /// The error for a connection the pool could not give: the driver's reason if the pool
+    /// knows it, else whether this `Locker`'s own guards hold the pool's connections.
+    pub(crate) fn pool_error(&self, e: r2d2::Error) -> crate::Error {
+        let pool = &self.inner.pool;
+        let state = pool.state();
+        let full = state.connections >= pool.max_size() && state.idle_connections == 0;
+        if !full {
+            if let Some(why) = self
+                .inner
+                .failures
+                .as_ref()
+                .and_then(|f| f.recent(pool.connection_timeout()))
+            {
+                return why;
+            }
         }
+        let held_by_guards = self
+            .inner
+            .shared
+            .guards_with_connections
+            .load(Ordering::Relaxed);
+        if full && held_by_guards > 0 {
+            return crate::Error::PoolExhausted {
+                size: pool.max_size(),
+                held_by_guards,
+            };
+        }
+        crate::Error::Pool(e)
     }
 
     /// Creates or upgrades the library's tables (embedded diesel migrations). Idempotent, and
@@ -196,7 +286,8 @@ impl<C: LockConnection> Locker<C> {
     /// # Ok(()) }
     /// ```
     pub fn migrate(&self) -> Result<()> {
-        self.inner.pool.get()?.sql().run_migrations()?;
+        let mut conn = self.inner.pool.get().map_err(|e| self.pool_error(e))?;
+        conn.sql().run_migrations()?;
         self.inner.schema_current.store(true, Ordering::Relaxed);
         Ok(())
     }
@@ -209,13 +300,16 @@ impl<C: LockConnection> Locker<C> {
     /// # Errors
     /// [`Error::InvalidKey`](crate::Error::InvalidKey) before any SQL runs;
     /// [`Error::Pool`](crate::Error::Pool) when no connection can be had in the pool's
-    /// `connection_timeout`; [`Error::MissingTable`](crate::Error::MissingTable) before
-    /// `migrate`; [`Error::Database`](crate::Error::Database) for other database failures.
-    /// Contention is never an error, and neither is a connection lost while waiting (a
-    /// database restarting, a network cut): the wait tries again with a new connection until
-    /// the deadline, logging one warning per outage. Only a `Locker` that has never reached
-    /// the database (no acquisition or `migrate` yet) whose pool cannot connect on its first
-    /// attempt returns `Error::Pool` at once: a wrong URL, or a database down from the start.
+    /// `connection_timeout` ([`Error::Connection`](crate::Error::Connection), naming the
+    /// driver's reason, from a `Locker` built by [`Locker::connect`];
+    /// [`Error::PoolExhausted`](crate::Error::PoolExhausted) when this `Locker`'s own guards
+    /// hold the pool's connections); [`Error::MissingTable`](crate::Error::MissingTable)
+    /// before `migrate`; [`Error::Database`](crate::Error::Database) for other database
+    /// failures. Contention is never an error, and neither is a connection lost while waiting
+    /// (a database restarting, a network cut): the wait tries again with a new connection
+    /// until the deadline, logging one warning per outage. Only a `Locker` that has never
+    /// reached the database (no acquisition or `migrate` yet) whose pool cannot connect on
+    /// its first attempt returns at once: a wrong URL, or a database down from the start.
     ///
     /// # Examples
     /// ```
@@ -235,11 +329,13 @@ impl<C: LockConnection> Locker<C> {
         }
     }
 
-    /// One attempt: `Ok(None)` when someone else holds the key. It never waits for the lock;
-    /// it does wait for a pooled connection, as long as the pool's `connection_timeout`.
+    /// One attempt: `Ok(None)` when someone else holds the key. It never waits for the lock,
+    /// and for a pooled connection only briefly: up to a second for one being opened (at most
+    /// the pool's `connection_timeout`), 20 ms for one to come back to a pool whose
+    /// connections are all taken.
     ///
     /// # Errors
-    /// As for [`lock`](Self::lock).
+    /// As for [`lock`](Self::lock); the pool's errors come after that brief wait.
     ///
     /// # Examples
     /// ```
@@ -267,9 +363,13 @@ impl<C: LockConnection> Locker<C> {
     /// year) is asked again when that runs out, until the deadline.
     ///
     /// # Errors
-    /// As for [`lock`](Self::lock); [`Error::Pool`](crate::Error::Pool) also when the pool has
-    /// no free connection before the deadline (every connection held elsewhere, e.g. by
-    /// session strategies' guards: each keeps one).
+    /// As for [`lock`](Self::lock); [`Error::Pool`](crate::Error::Pool) (or
+    /// [`Error::PoolExhausted`](crate::Error::PoolExhausted)) also when the pool has no free
+    /// connection before the deadline (every connection held elsewhere, e.g. by session
+    /// strategies' guards: each keeps one); [`Error::Unreachable`](crate::Error::Unreachable)
+    /// when the deadline passes while the last attempts could not reach the database (a
+    /// server down or restarting, a network cut), with the last attempt's error as its
+    /// source: `Ok(None)` always means that the key was found held.
     ///
     /// # Examples
     /// ```
@@ -463,8 +563,7 @@ impl<C: LockConnection> Locker<C> {
     /// # fn main() -> diesel_lock::Result<()> {
     /// # let dir = tempfile::tempdir().unwrap();
     /// # let path = dir.path().join("l.db");
-    /// let pool = diesel_lock::connect(path.to_str().unwrap())?; // a file path: SQLite
-    /// let locker = Locker::builder(pool).build()?;
+    /// let locker = Locker::connect(path.to_str().unwrap())?.build()?; // a file path: SQLite
     /// assert_eq!(locker.backend(), Backend::Sqlite);
     /// # Ok(()) }
     /// ```

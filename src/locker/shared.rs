@@ -3,6 +3,7 @@
 
 use super::queue::Queues;
 use super::reentrant::Nests;
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
 /// The part of a `Locker` its guards keep: its owner name, and its line of waiters, which a
@@ -15,4 +16,7 @@ pub(crate) struct Shared {
     pub(crate) meter: crate::instrument::Meter,
     /// `LockerBuilder::reentrant`: the keys held, by thread.
     pub(crate) nests: Option<Arc<Nests>>,
+    /// How many of this `Locker`'s guards keep a pooled connection (the session
+    /// strategies'), for the error of a pool they have emptied.
+    pub(crate) guards_with_connections: AtomicUsize,
 }

@@ -10,7 +10,7 @@ use crate::backend::{LockConnection, Sql, Wait};
 use crate::backoff::{self, Backoff};
 use crate::guard::LockGuard;
 use crate::strategy::session::discard;
-use crate::strategy::{Conn, Pooled, RawLock, Taken};
+use crate::strategy::{Conn, Pooled, RawLock, Strategy, Taken};
 use crate::sync::Unpoison;
 use crate::{key, Error, Result};
 use std::sync::atomic::Ordering;
@@ -75,6 +75,9 @@ impl<C: LockConnection> Locker<C> {
         // this call.
         let mut reached = self.inner.schema_current.load(Ordering::Relaxed);
         let mut outage: Option<Instant> = None;
+        // The error of the last attempt, while the attempts fail for want of the database:
+        // a wait that ends so is an error (`Error::Unreachable`), not "held elsewhere".
+        let mut unreachable: Option<Error>;
         // This thread's place in the key's line in the database (strategies with a line),
         // taken once the key was found held; given up when dropped without the lock.
         let mut place: Option<Place<'_, C>> = None;
@@ -101,6 +104,7 @@ impl<C: LockConnection> Locker<C> {
                     return Ok(Some(guard));
                 }
                 Ok(None) => {
+                    unreachable = None;
                     if let Some(since) = outage.take() {
                         log::warn!(
                             "lock {key:?}: the database answers again after {:?}; still waiting",
@@ -124,6 +128,7 @@ impl<C: LockConnection> Locker<C> {
                     } else {
                         log::debug!("lock {key:?}: the database is still unreachable ({e})");
                     }
+                    unreachable = Some(e);
                 }
                 Err(e) => return Err(e),
             }
@@ -138,7 +143,13 @@ impl<C: LockConnection> Locker<C> {
                 None => backoff.next_pause(),
             };
             if deadline.remaining().is_some_and(|left| left.is_zero()) {
-                return Ok(None);
+                return match unreachable {
+                    Some(e) => Err(Error::Unreachable {
+                        key: key.to_owned(),
+                        source: Box::new(e),
+                    }),
+                    None => Ok(None),
+                };
             }
             ticket.pause(cap(pause), cap(max), cancel);
         }
@@ -306,6 +317,7 @@ impl<C: LockConnection> Locker<C> {
                 let pool = &self.inner.pool;
                 reached && pool.state().connections < pool.max_size()
             }
+            Error::Connection { .. } => reached,
             e => crate::error::is_connection_lost(e),
         }
     }
@@ -351,10 +363,20 @@ impl<C: LockConnection> Locker<C> {
     fn connection(&self, deadline: Deadline, cancel: Option<&Cancel>) -> Result<Option<Pooled<C>>> {
         let pool = &self.inner.pool;
         let patience = match deadline {
-            // One attempt does not wait for the lock, but may wait for a connection as the
-            // pool allows: a new connection can take more than a few ms to open on a loaded
-            // machine.
-            Deadline::Once | Deadline::Never => pool.connection_timeout(),
+            // One attempt does not wait for the lock: it waits for a connection being
+            // opened (which can take more than a few ms on a loaded machine, and is needed
+            // too when the idle ones turn out dead) up to a second, and for one to come back
+            // to a pool whose connections are all taken a moment. (`get_timeout` hands out
+            // an idle connection at once.)
+            Deadline::Once => {
+                let state = pool.state();
+                if state.connections < pool.max_size() || state.idle_connections > 0 {
+                    pool.connection_timeout().min(Duration::from_secs(1))
+                } else {
+                    Duration::from_millis(20)
+                }
+            }
+            Deadline::Never => pool.connection_timeout(),
             Deadline::At(_) => {
                 let state = pool.state();
                 if state.idle_connections == 0 && state.connections < pool.max_size() {
@@ -379,7 +401,10 @@ impl<C: LockConnection> Locker<C> {
             }
         };
         let Some(cancel) = cancel else {
-            return Ok(Some(pool.get_timeout(patience)?));
+            return match pool.get_timeout(patience) {
+                Ok(conn) => Ok(Some(conn)),
+                Err(e) => Err(self.pool_error(e)),
+            };
         };
         // Cancellable: in short slices (r2d2 has no other way to give up a wait).
         let start = Instant::now();
@@ -390,7 +415,7 @@ impl<C: LockConnection> Locker<C> {
             let left = patience.saturating_sub(start.elapsed());
             match pool.get_timeout(left.min(Duration::from_millis(20))) {
                 Ok(conn) => return Ok(Some(conn)),
-                Err(e) if left <= Duration::from_millis(20) => return Err(e.into()),
+                Err(e) if left <= Duration::from_millis(20) => return Err(self.pool_error(e)),
                 Err(_) => {}
             }
         }
@@ -431,14 +456,20 @@ impl<C: LockConnection> Locker<C> {
             self.inner.strategy.name(),
             taken.token
         );
-        LockGuard::new(self.inner.shared.clone(), key.to_owned(), taken)
+        let guard = LockGuard::new(self.inner.shared.clone(), key.to_owned(), taken);
+        // A session strategy's hold keeps its pooled connection until released.
+        match self.inner.strategy {
+            Strategy::ForUpdate | Strategy::Advisory | Strategy::AdvisoryXact => {
+                guard.keeping_connection()
+            }
+            Strategy::Row { .. } | Strategy::Lease { .. } => guard,
+        }
     }
 }
 
 #[cfg(all(test, feature = "postgres"))]
 mod tests {
     use super::*;
-    use crate::Strategy;
     use std::cell::Cell;
 
     thread_local! {

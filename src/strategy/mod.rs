@@ -95,8 +95,9 @@ use std::sync::Arc;
 /// use std::time::Duration;
 ///
 /// # fn main() -> diesel_lock::Result<()> {
-/// let pool = diesel_lock::connect("postgres://app@db/app")?;
-/// let locker = Locker::builder(pool).strategy(Strategy::Advisory).build()?;
+/// let locker = Locker::connect("postgres://app@db/app")?
+///     .strategy(Strategy::Advisory)
+///     .build()?;
 /// locker.migrate()?;
 /// if let Some(guard) = locker.try_lock_for("billing-run", Duration::from_secs(5))? {
 ///     // waited in the server's queue; the lock is ours until `guard` goes

@@ -62,8 +62,8 @@ pub fn child() -> bool {
     let p: Vec<&str> = spec.split('\t').collect();
     let (url, strategy_name, key, dir, n) = (p[0], p[1], p[2], Path::new(p[3]), p[4]);
     let n: usize = n.parse().unwrap();
-    let pool = diesel_lock::connect(url).expect("connect");
-    let locker = Locker::builder(pool)
+    let locker = Locker::connect(url)
+        .expect("connect")
         .strategy(strategy(strategy_name))
         .build()
         .expect("build");

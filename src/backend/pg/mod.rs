@@ -101,17 +101,6 @@ impl Dialect for PgConnection {
         Backend::Postgres
     }
 
-    fn application_name(&mut self) -> diesel::QueryResult<Option<String>> {
-        #[derive(diesel::QueryableByName)]
-        struct Name {
-            #[diesel(sql_type = diesel::sql_types::Text)]
-            name: String,
-        }
-        stmt("SELECT current_setting('application_name') AS name")
-            .get_result::<Name>(self)
-            .map(|n| Some(n.name))
-    }
-
     fn run_migrations(&mut self) -> Result<()> {
         // One transaction for all of them (diesel runs each in a savepoint inside it): DDL is
         // transactional here, so other sessions see the old schema or the new, never half.

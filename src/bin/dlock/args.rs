@@ -21,14 +21,19 @@ Exit codes:
   N    run: the command's own exit status; 128+S if it was killed by signal S
   1    runtime error (database unreachable, lock lost while the command ran, ...);
        status: the key is held
-  2    usage error (bad option, duration, key or URL; strategy the backend lacks)
+  2    usage error (bad option, duration, key or URL; a strategy, or a --shared,
+       --write or --semaphore, that the strategy or backend lacks)
   75   run: the lock is held elsewhere and was not acquired (0 with --skip-ok)
   126  run: the command could not be executed
   127  run: the command was not found
-  130/143  run: interrupted by SIGINT/SIGTERM while waiting for the lock
+  129/130/143  run: interrupted by SIGHUP/SIGINT/SIGTERM while waiting for the lock
 
 Environment:
-  DLOCK_URL   the database URL when --url is not given
+  DLOCK_URL   the database URL when --url is not given. Without either, dlock uses
+              sqlite://dlock.db in the current directory and says so on stderr: that
+              file excludes only runs in the same directory on the same machine. cron
+              does not read your shell's exports: put DLOCK_URL=... in the crontab line
+              (or use --url).
   RUST_LOG    log filter for --verbose (default: debug)";
 
 /// Runs a command under a distributed lock kept in PostgreSQL, MySQL/MariaDB or SQLite.
@@ -36,16 +41,16 @@ Environment:
 #[command(name = "dlock", version, after_help = EXIT_CODES)]
 pub(crate) struct Cli {
     /// Database: postgres://…, mysql://…, sqlite://PATH or a plain file path (SQLite).
-    /// Passwords in it are never printed.
+    /// Passwords in it are never printed. Default: sqlite://dlock.db in the current
+    /// directory, with a warning on stderr (it excludes nothing on other machines).
     #[arg(
         long,
         global = true,
         env = "DLOCK_URL",
         hide_env_values = true,
-        default_value = "sqlite://dlock.db",
         value_name = "URL"
     )]
-    pub(crate) url: String,
+    pub(crate) url: Option<String>,
 
     /// Log what dlock and the lock library do, on stderr (filter with RUST_LOG).
     #[arg(long, short, global = true)]
@@ -154,7 +159,7 @@ pub(crate) struct RunArgs {
     /// Take the key as one of many readers (a shared lock): other `--shared` runs of the key
     /// run beside this one; a plain or `--write` run of the key waits for them (or, without
     /// --wait, is refused), and they wait for it. lease (every backend), for-update
-    /// (PostgreSQL, MySQL) and advisory (PostgreSQL).
+    /// (PostgreSQL, MySQL) and advisory (PostgreSQL); elsewhere exit 2.
     #[arg(long, conflicts_with_all = ["semaphore", "write"])]
     pub(crate) shared: bool,
 
@@ -167,7 +172,8 @@ pub(crate) struct RunArgs {
     /// Take one of N permits of the key (a semaphore): at most N runs hold the key at once,
     /// and none while a plain or `--write` run holds it. N is fixed by the key's first run; a
     /// key is a semaphore or a reader-writer lock, never both (`--shared` on a semaphore key
-    /// is an error). lease, for-update (PostgreSQL, MySQL) and advisory (PostgreSQL).
+    /// is an error). lease, for-update (PostgreSQL, MySQL) and advisory (PostgreSQL);
+    /// elsewhere exit 2.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) semaphore: Option<u32>,
 

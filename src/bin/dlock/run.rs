@@ -21,16 +21,7 @@ use std::process::Command as ProcessCommand;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::{Duration, Instant};
 
-fn locker(
-    db: &Database,
-    args: &RunArgs,
-) -> Result<
-    (
-        Locker<AnyConnection>,
-        Pool<ConnectionManager<AnyConnection>>,
-    ),
-    Failure,
-> {
+fn locker(db: &Database, args: &RunArgs) -> Result<Locker<AnyConnection>, Failure> {
     // `--stale-after` belongs to the row strategy: given with another, it would be ignored
     // while the user believes a dead holder's lock to be taken over after it.
     if args.stale_after.is_some() && !matches!(args.strategy, StrategyArg::Row) {
@@ -50,14 +41,15 @@ fn locker(
         StrategyArg::Advisory => Strategy::Advisory,
         StrategyArg::AdvisoryXact => Strategy::AdvisoryXact,
     };
-    let pool = db.connect()?;
-    let mut builder = Locker::builder(pool.clone()).strategy(strategy);
+    let mut builder = db.locker()?.strategy(strategy);
     if let Some(owner) = &args.owner {
         builder = builder.owner(owner.clone());
     }
     // A run that waits on PostgreSQL hears its turn come by the `Locker`'s default listener
     // (started by the wait; none through a transaction pooler, where waiters poll).
-    Ok((builder.build()?, pool))
+    let locker = builder.build()?;
+    db.say_default();
+    Ok(locker)
 }
 
 pub(crate) fn run(
@@ -66,7 +58,7 @@ pub(crate) fn run(
     verbose: bool,
     inherited_fds: Vec<RawFd>,
 ) -> Result<u8, Failure> {
-    let (locker, pool) = locker(db, &args)?;
+    let locker = locker(db, &args)?;
     // From here on SIGINT/SIGTERM no longer end dlock by themselves: they are read from this
     // channel, so a lock taken at that moment is still released.
     let (tx, events) = mpsc::channel();
@@ -94,7 +86,7 @@ pub(crate) fn run(
     };
     let guard = match acquire(&locker, kind, &args.key, wait, &events, &tx)? {
         Some(guard) => guard,
-        None => return Ok(not_acquired(&pool, &args, verbose)),
+        None => return Ok(not_acquired(locker.pool(), &args, verbose)),
     };
     let acquired = Instant::now();
     log::info!(

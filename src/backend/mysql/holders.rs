@@ -190,7 +190,9 @@ impl HolderLocks for MysqlConnection {
                 stmt("SET @dlock_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND")
                     .bind::<BigInt, _>(ttl_us)
                     .execute(c)?;
-                stmt(
+                // diesel sets CLIENT_FOUND_ROWS, so the counts are of matched rows. Without
+                // its lease row the holder no longer keeps the exclusive lock out: lost.
+                let lease = stmt(
                     "UPDATE dlock_leases \
                      SET shared_until = IF(shared_until IS NULL OR shared_until < @dlock_until, \
                                            @dlock_until, shared_until) \
@@ -201,7 +203,9 @@ impl HolderLocks for MysqlConnection {
                 .bind::<Text, _>(key)
                 .bind::<Text, _>(holder)
                 .execute(c)?;
-                // diesel sets CLIENT_FOUND_ROWS, so the count is of matched rows.
+                if lease == 0 {
+                    return Ok(false);
+                }
                 stmt(
                     "UPDATE dlock_shared_leases SET expires_at = @dlock_until \
                      WHERE lock_key = ? AND holder_id = ? AND expires_at > UTC_TIMESTAMP(6)",

@@ -302,6 +302,75 @@ fn try_lock_beside_purges_takes_free_keys<C: LockConnection>(h: &Harness<C>) {
     assert_eq!(held.load(Ordering::Relaxed), 0, "free keys reported held");
 }
 
+/// Readers and permits of free keys are taken while purges (idle 0) run beside them: a
+/// purge may delete the free lease row an acquisition has just created, and the acquisition
+/// creates it again instead of failing.
+fn shared_beside_purges_take_free_keys<C: LockConnection>(h: &Harness<C>) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let lease = Strategy::Lease {
+        ttl: Duration::from_secs(10),
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let purgers: Vec<_> = (0..2)
+        .map(|_| {
+            let (l, stop) = (h.locker(lease), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    l.purge(Duration::ZERO).unwrap();
+                }
+            })
+        })
+        .collect();
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let l = h.locker(lease);
+            let keys: Vec<_> = (0..3)
+                .map(|k| unique_key(&format!("shared-beside-purge-{t}-{k}")))
+                .collect();
+            std::thread::spawn(move || {
+                for i in 0..150 {
+                    let key = &keys[i % 3];
+                    let g = if t % 2 == 0 {
+                        l.read(key)
+                    } else {
+                        l.permit(key, 2)
+                    };
+                    g.unwrap().release().unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    for p in purgers {
+        p.join().unwrap();
+    }
+}
+
+#[test]
+fn sqlite_shared_beside_purges_take_free_keys() {
+    shared_beside_purges_take_free_keys(&common::sqlite().unwrap());
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn pg_shared_beside_purges_take_free_keys() {
+    let Some(h) = common::pg_own_db() else { return };
+    shared_beside_purges_take_free_keys(&h);
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_shared_beside_purges_take_free_keys() {
+    let Some(h) = common::mysql_own_db() else {
+        return;
+    };
+    shared_beside_purges_take_free_keys(&h);
+}
+
 #[test]
 fn sqlite_try_lock_beside_purges_takes_free_keys() {
     try_lock_beside_purges_takes_free_keys(&common::sqlite().unwrap());

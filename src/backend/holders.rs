@@ -9,7 +9,7 @@
 //! MySQL: `SELECT … FOR UPDATE`; SQLite: an IMMEDIATE transaction, its single writer), is
 //! busy while an exclusive lease is live or an exclusive waiter has a live place in the
 //! key's line (`dlock_waiters`: writers do not starve), locks the key's header row in
-//! `dlock_shared_keys` (its kind: `permits`, 0 for a reader-writer key, N for a semaphore),
+//! `dlock_shared_keys` (its kind: `permit_count`, 0 for a reader-writer key, N for a semaphore),
 //! counts, inserts its holder row in `dlock_shared_leases` with the next token and raises
 //! `shared_until` to its own expiry. The exclusive acquire takes the lease row only once
 //! `shared_until` has passed; the row is the one it updates, so it reads the newest value

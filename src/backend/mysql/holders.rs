@@ -51,11 +51,13 @@ impl HolderSteps for MysqlConnection {
     }
 
     fn create_header(&mut self, key: &str, permits: i64) -> QueryResult<()> {
-        stmt("INSERT IGNORE INTO dlock_shared_keys (lock_key, permits, token) VALUES (?, ?, 0)")
-            .bind::<Text, _>(key)
-            .bind::<BigInt, _>(permits)
-            .execute(self)
-            .map(drop)
+        stmt(
+            "INSERT IGNORE INTO dlock_shared_keys (lock_key, permit_count, token) VALUES (?, ?, 0)",
+        )
+        .bind::<Text, _>(key)
+        .bind::<BigInt, _>(permits)
+        .execute(self)
+        .map(drop)
     }
 
     fn lock_lease(&mut self, key: &str) -> QueryResult<Option<bool>> {
@@ -72,7 +74,7 @@ impl HolderSteps for MysqlConnection {
 
     fn lock_header(&mut self, key: &str) -> QueryResult<Option<Header>> {
         stmt(
-            "SELECT CAST(permits AS SIGNED) AS one FROM dlock_shared_keys \
+            "SELECT CAST(permit_count AS SIGNED) AS one FROM dlock_shared_keys \
              WHERE lock_key = ? FOR UPDATE",
         )
         .bind::<Text, _>(key)
@@ -262,7 +264,7 @@ impl HolderLocks for MysqlConnection {
     fn admin_holders(&mut self, key: Option<&str>) -> QueryResult<Vec<HolderRow>> {
         let rows = stmt(
             "SELECT CAST(l.lock_key AS CHAR) AS lock_key, l.holder_id AS holder, l.owner, l.mode, \
-                    k.permits, l.token, l.acquired_at, l.expires_at, \
+                    k.permit_count AS permits, l.token, l.acquired_at, l.expires_at, \
                     UTC_TIMESTAMP(6) AS observed_at \
              FROM dlock_shared_leases l JOIN dlock_shared_keys k ON k.lock_key = l.lock_key \
              WHERE l.expires_at > UTC_TIMESTAMP(6) AND (? IS NULL OR l.lock_key = ?) \

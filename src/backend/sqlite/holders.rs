@@ -53,7 +53,7 @@ impl HolderSteps for SqliteConnection {
     }
 
     fn lock_header(&mut self, key: &str) -> QueryResult<Option<Header>> {
-        stmt("SELECT permits AS one FROM dlock_shared_keys WHERE lock_key = ?")
+        stmt("SELECT permit_count AS one FROM dlock_shared_keys WHERE lock_key = ?")
             .bind::<Text, _>(key)
             .get_result::<One>(self)
             .optional()
@@ -227,7 +227,7 @@ impl HolderLocks for SqliteConnection {
 
     fn admin_holders(&mut self, key: Option<&str>) -> QueryResult<Vec<HolderRow>> {
         let rows = stmt(
-            "SELECT l.lock_key, l.holder_id AS holder, l.owner, l.mode, k.permits, l.token, \
+            "SELECT l.lock_key, l.holder_id AS holder, l.owner, l.mode, k.permit_count AS permits, l.token, \
                     l.acquired_at, l.expires_at, \
                     strftime('%Y-%m-%d %H:%M:%f', 'now') AS observed_at \
              FROM dlock_shared_leases l JOIN dlock_shared_keys k ON k.lock_key = l.lock_key \

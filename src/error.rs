@@ -401,7 +401,13 @@ pub(crate) fn is_missing_table(e: &diesel::result::Error) -> bool {
 }
 
 /// The columns added by migrations after the first, to tables that existed before.
-const LATER_COLUMNS: [&str; 4] = ["holder", "stale_at", "holder_id", "shared_until"];
+const LATER_COLUMNS: [&str; 5] = [
+    "holder",
+    "stale_at",
+    "holder_id",
+    "shared_until",
+    "permit_count",
+];
 
 fn is_missing_column(m: &str, column: &str) -> bool {
     // PostgreSQL: column "stale_at" (of relation "dlock_rows") does not exist

@@ -1,7 +1,8 @@
 //! An older `dlock` beside this version, on a database it migrated and this version then
 //! migrated further (migration 12): the older build must hand out no holder beside this
 //! version's, so its `Lease` statements fail (missing tables, in its words) instead of
-//! taking an exclusive lease beside readers it cannot see. Its holders from before the
+//! taking an exclusive lease beside readers it cannot see; after migration 14 its
+//! `ForUpdate` and `Advisory` permits fail too. Its holders from before the
 //! migration keep the key from this version's holders as long as their rows last.
 //!
 //! Needs the older binary: `DLOCK_OLD_BIN=/path/to/dlock` (built from a commit before
@@ -78,6 +79,13 @@ fn old_run(bin: &str, url: &str, key: &str, extra: &[&str]) -> (Option<i32>, boo
     )
 }
 
+/// How the older build reports the tables it no longer finds: as missing tables (asking
+/// to migrate), or, for the statements it does not map so, as the database's own error
+/// about the column renamed by migration 14 (`dlock_shared_keys.permits`).
+fn missing(err: &str) -> bool {
+    err.contains("migrate") || (err.contains("column") && err.contains("permits"))
+}
+
 fn older_beside_newer<C: LockConnection>(bin: &str, h: &Harness<C>) {
     let url = &h.url;
     let out = old(bin, url, &["migrate"]).output().unwrap();
@@ -121,7 +129,7 @@ fn older_beside_newer<C: LockConnection>(bin: &str, h: &Harness<C>) {
         // it gets to one that would (an older writer counts this version's reader), never
         // a holder.
         match code {
-            Some(1) => assert!(err.contains("migrate"), "{err}"),
+            Some(1) => assert!(missing(&err), "{err}"),
             Some(75) => assert!(
                 key != &fresh && key != &fresh_sem,
                 "{extra:?} on a fresh key: busy? {err}"
@@ -139,12 +147,49 @@ fn sqlite() {
     older_beside_newer(&bin, &h);
 }
 
+/// Session strategies (migration 14): an older build's permit does not take its key's own
+/// lock in shared mode, so it would run beside this version's exclusive holder of the key.
+/// Its permit statements fail instead (`missing`), whether this version holds the key
+/// or not. Runs after `older_beside_newer` (which migrated the older build first).
+fn older_permits_beside_newer_exclusive<C: LockConnection>(
+    bin: &str,
+    h: &Harness<C>,
+    strategies: &[(&str, Strategy)],
+) {
+    let url = &h.url;
+    for (name, strategy) in strategies {
+        let new = h.locker(*strategy);
+        let (held, free) = (unique_key("old-permit-held"), unique_key("old-permit-free"));
+        let g = new.try_lock(&held).unwrap().expect("a free key");
+        for key in [&held, &free] {
+            let (code, ran, err) =
+                old_run(bin, url, key, &["--strategy", name, "--semaphore", "2"]);
+            eprintln!(
+                "older dlock run --strategy {name} --semaphore 2 on {key}: exit {code:?}: {}",
+                err.trim()
+            );
+            assert!(!ran, "the older build's {name} permit ran on {key}");
+            assert_eq!(code, Some(1), "{name} on {key}: {err}");
+            assert!(missing(&err), "{err}");
+        }
+        drop(g);
+    }
+}
+
 #[cfg(feature = "postgres")]
 #[test]
 fn postgres() {
     let Some(bin) = old_bin() else { return };
     if let Some(h) = common::pg_own_db() {
         older_beside_newer(&bin, &h);
+        older_permits_beside_newer_exclusive(
+            &bin,
+            &h,
+            &[
+                ("for-update", Strategy::ForUpdate),
+                ("advisory", Strategy::Advisory),
+            ],
+        );
     }
 }
 
@@ -154,5 +199,6 @@ fn mysql() {
     let Some(bin) = old_bin() else { return };
     if let Some(h) = common::mysql_own_db() {
         older_beside_newer(&bin, &h);
+        older_permits_beside_newer_exclusive(&bin, &h, &[("for-update", Strategy::ForUpdate)]);
     }
 }

@@ -176,7 +176,12 @@ fn readers_overlap_writers_alone_processes<C: Occupancy>(
 /// (shown on PostgreSQL `ForUpdate` with the writer's mark turned off: starved for 10 s). With
 /// it, the writer waits for the readers in at its first attempt (20 ms) plus one pause
 /// (`max_backoff`, 50 ms by default); the bound asserted is 1 s, for a loaded machine.
-fn writer_gets_in_under_a_stream_of_readers<C: Occupancy>(h: &Harness<C>, strategy: Strategy) {
+/// `lock` is the same lock as `write` (`Writer::Lock`): it gets in the same way.
+fn writer_gets_in_under_a_stream_of_readers<C: Occupancy>(
+    h: &Harness<C>,
+    strategy: Strategy,
+    how: Writer,
+) {
     let readers = h.locker(strategy);
     let writer = h.locker(strategy);
     let key = unique_key("rw-stream");
@@ -211,10 +216,12 @@ fn writer_gets_in_under_a_stream_of_readers<C: Occupancy>(h: &Harness<C>, strate
     started.wait(); // every reader has held the key once: the stream runs
     std::thread::sleep(Duration::from_millis(100));
     let asked = Instant::now();
-    let g = writer
-        .try_write_for(&key, Duration::from_secs(10))
-        .unwrap()
-        .expect("the writer starved");
+    let g = match how {
+        Writer::Write => writer.try_write_for(&key, Duration::from_secs(10)),
+        Writer::Lock => writer.try_lock_for(&key, Duration::from_secs(10)),
+    }
+    .unwrap()
+    .expect("the writer starved");
     let waited = asked.elapsed();
     stop.store(true, Ordering::Relaxed);
     drop(g);
@@ -226,6 +233,13 @@ fn writer_gets_in_under_a_stream_of_readers<C: Occupancy>(h: &Harness<C>, strate
         waited < Duration::from_secs(1),
         "the writer waited {waited:?}"
     );
+}
+
+/// How the writer of `writer_gets_in_under_a_stream_of_readers` asks.
+#[derive(Clone, Copy)]
+enum Writer {
+    Write,
+    Lock,
 }
 
 fn tokens_and_exclusion_basics<C: Occupancy>(h: &Harness<C>, strategy: Strategy) {
@@ -296,7 +310,13 @@ macro_rules! shared_tests {
             #[test]
             fn writer_not_starved() {
                 if let Some(h) = $harness {
-                    writer_gets_in_under_a_stream_of_readers(&h, $strategy);
+                    writer_gets_in_under_a_stream_of_readers(&h, $strategy, Writer::Write);
+                }
+            }
+            #[test]
+            fn lock_not_starved() {
+                if let Some(h) = $harness {
+                    writer_gets_in_under_a_stream_of_readers(&h, $strategy, Writer::Lock);
                 }
             }
             #[test]

@@ -9,7 +9,7 @@
 //! MySQL: `SELECT … FOR UPDATE`; SQLite: an IMMEDIATE transaction, its single writer), is
 //! busy while an exclusive lease is live or an exclusive waiter has a live place in the
 //! key's line (`dlock_waiters`: writers do not starve), locks the key's header row in
-//! `dlock_shared_keys` (its kind: `permits`, 0 for a reader-writer key, N for a semaphore),
+//! `dlock_shared_keys` (its kind: `permit_count`, 0 for a reader-writer key, N for a semaphore),
 //! counts, inserts its holder row in `dlock_shared_leases` with the next token and raises
 //! `shared_until` to its own expiry. The exclusive acquire takes the lease row only once
 //! `shared_until` has passed; the row is the one it updates, so it reads the newest value
@@ -121,8 +121,12 @@ pub struct HolderRow {
     pub holder: String,
 }
 
+/// How many times an acquisition creates the key's lease row again after a purge deleted
+/// it between the creation and the transaction (each time a purge must have won that race).
+const CREATE_TRIES: usize = 100;
+
 /// Runs an acquisition's transaction, creating the key's lease row and header first if
-/// it has none.
+/// it has none (again if a concurrent purge deleted the free lease row in between).
 pub(crate) fn acquire_with<C: HolderSteps>(
     conn: &mut C,
     ask: &HolderAsk<'_>,
@@ -131,11 +135,16 @@ pub(crate) fn acquire_with<C: HolderSteps>(
     if let Some(answer) = transaction(conn, ask)? {
         return Ok(answer);
     }
-    conn.create_lease(ask.key)?;
-    conn.create_header(ask.key, ask.permits)?;
-    transaction(conn, ask)?.ok_or_else(|| {
-        diesel::result::Error::QueryBuilderError("the lock's lease or header row vanished".into())
-    })
+    for _ in 0..CREATE_TRIES {
+        conn.create_lease(ask.key)?;
+        conn.create_header(ask.key, ask.permits)?;
+        if let Some(answer) = transaction(conn, ask)? {
+            return Ok(answer);
+        }
+    }
+    Err(diesel::result::Error::QueryBuilderError(
+        "the lock's lease or header row vanished".into(),
+    ))
 }
 
 /// The key's header row, locked for the rest of the transaction.

@@ -47,7 +47,8 @@ pub(crate) const LEAVE_PLACE: &str = "DELETE FROM dlock_waiters WHERE id = ?";
 
 /// `HolderSteps::create_header` on PostgreSQL and SQLite (MySQL: `INSERT IGNORE`).
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
-pub(crate) const CREATE_HEADER: &str = "INSERT INTO dlock_shared_keys (lock_key, permits, token) \
+pub(crate) const CREATE_HEADER: &str =
+    "INSERT INTO dlock_shared_keys (lock_key, permit_count, token) \
      VALUES (?, ?, 0) ON CONFLICT (lock_key) DO NOTHING";
 
 /// `schema_current`, on every backend: diesel records each applied migration by version.

@@ -90,9 +90,13 @@ impl Admin for MysqlConnection {
 
     fn purge_mark_leases(&mut self, idle_us: i64) -> QueryResult<usize> {
         stmt("SET TRANSACTION ISOLATION LEVEL READ COMMITTED").execute(self)?;
+        // The rows marked here carry one instant (`@dlock_mark`): only their tokens are saved.
+        // A marked row whose key a reader took since has a token above the saved one and a
+        // live `shared_until`; the delete spares it either way.
         self.transaction(|c| {
+            stmt("SET @dlock_mark = UTC_TIMESTAMP(6)").execute(c)?;
             let marked = stmt(
-                "UPDATE dlock_leases SET holder_id = '', expires_at = UTC_TIMESTAMP(6) \
+                "UPDATE dlock_leases SET holder_id = '', expires_at = @dlock_mark \
                  WHERE ((holder_id IS NULL \
                          AND acquired_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND) \
                         OR expires_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND) \
@@ -106,7 +110,8 @@ impl Admin for MysqlConnection {
             if marked > 0 {
                 stmt(
                     "INSERT INTO dlock_tokens (lock_key, token) \
-                     SELECT lock_key, token FROM dlock_leases WHERE holder_id = '' \
+                     SELECT lock_key, token FROM dlock_leases \
+                     WHERE holder_id = '' AND expires_at = @dlock_mark \
                      ON DUPLICATE KEY UPDATE token = GREATEST(dlock_tokens.token, VALUES(token))",
                 )
                 .execute(c)?;
@@ -119,7 +124,8 @@ impl Admin for MysqlConnection {
         stmt("SET TRANSACTION ISOLATION LEVEL READ COMMITTED").execute(self)?;
         stmt(
             "DELETE l FROM dlock_leases l JOIN dlock_tokens t ON t.lock_key = l.lock_key \
-             WHERE l.holder_id = '' AND l.token <= t.token",
+             WHERE l.holder_id = '' AND l.token <= t.token \
+               AND (l.shared_until IS NULL OR l.shared_until <= UTC_TIMESTAMP(6))",
         )
         .execute(self)
     }

@@ -47,15 +47,18 @@ impl ForShareLocks for MysqlConnection {
     }
 
     fn permits_setup(&mut self, key: &str, permits: i64, slots: bool) -> QueryResult<i64> {
-        stmt("INSERT IGNORE INTO dlock_shared_keys (lock_key, permits, token) VALUES (?, ?, 0)")
-            .bind::<Text, _>(key)
-            .bind::<BigInt, _>(permits)
-            .execute(self)?;
-        let stored =
-            stmt("SELECT CAST(permits AS SIGNED) AS one FROM dlock_shared_keys WHERE lock_key = ?")
-                .bind::<Text, _>(key)
-                .get_result::<One>(self)?
-                .one;
+        stmt(
+            "INSERT IGNORE INTO dlock_shared_keys (lock_key, permit_count, token) VALUES (?, ?, 0)",
+        )
+        .bind::<Text, _>(key)
+        .bind::<BigInt, _>(permits)
+        .execute(self)?;
+        let stored = stmt(
+            "SELECT CAST(permit_count AS SIGNED) AS one FROM dlock_shared_keys WHERE lock_key = ?",
+        )
+        .bind::<Text, _>(key)
+        .get_result::<One>(self)?
+        .one;
         // Only a key without all its slots inserts them: a duplicate that a holder has
         // locked would make the insert wait for that holder (InnoDB's duplicate check takes
         // a lock on it), and the count is a plain read that waits for nobody.

@@ -51,11 +51,13 @@ impl HolderSteps for MysqlConnection {
     }
 
     fn create_header(&mut self, key: &str, permits: i64) -> QueryResult<()> {
-        stmt("INSERT IGNORE INTO dlock_shared_keys (lock_key, permits, token) VALUES (?, ?, 0)")
-            .bind::<Text, _>(key)
-            .bind::<BigInt, _>(permits)
-            .execute(self)
-            .map(drop)
+        stmt(
+            "INSERT IGNORE INTO dlock_shared_keys (lock_key, permit_count, token) VALUES (?, ?, 0)",
+        )
+        .bind::<Text, _>(key)
+        .bind::<BigInt, _>(permits)
+        .execute(self)
+        .map(drop)
     }
 
     fn lock_lease(&mut self, key: &str) -> QueryResult<Option<bool>> {
@@ -72,7 +74,7 @@ impl HolderSteps for MysqlConnection {
 
     fn lock_header(&mut self, key: &str) -> QueryResult<Option<Header>> {
         stmt(
-            "SELECT CAST(permits AS SIGNED) AS one FROM dlock_shared_keys \
+            "SELECT CAST(permit_count AS SIGNED) AS one FROM dlock_shared_keys \
              WHERE lock_key = ? FOR UPDATE",
         )
         .bind::<Text, _>(key)
@@ -190,7 +192,9 @@ impl HolderLocks for MysqlConnection {
                 stmt("SET @dlock_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND")
                     .bind::<BigInt, _>(ttl_us)
                     .execute(c)?;
-                stmt(
+                // diesel sets CLIENT_FOUND_ROWS, so the counts are of matched rows. Without
+                // its lease row the holder no longer keeps the exclusive lock out: lost.
+                let lease = stmt(
                     "UPDATE dlock_leases \
                      SET shared_until = IF(shared_until IS NULL OR shared_until < @dlock_until, \
                                            @dlock_until, shared_until) \
@@ -201,7 +205,9 @@ impl HolderLocks for MysqlConnection {
                 .bind::<Text, _>(key)
                 .bind::<Text, _>(holder)
                 .execute(c)?;
-                // diesel sets CLIENT_FOUND_ROWS, so the count is of matched rows.
+                if lease == 0 {
+                    return Ok(false);
+                }
                 stmt(
                     "UPDATE dlock_shared_leases SET expires_at = @dlock_until \
                      WHERE lock_key = ? AND holder_id = ? AND expires_at > UTC_TIMESTAMP(6)",
@@ -258,7 +264,7 @@ impl HolderLocks for MysqlConnection {
     fn admin_holders(&mut self, key: Option<&str>) -> QueryResult<Vec<HolderRow>> {
         let rows = stmt(
             "SELECT CAST(l.lock_key AS CHAR) AS lock_key, l.holder_id AS holder, l.owner, l.mode, \
-                    k.permits, l.token, l.acquired_at, l.expires_at, \
+                    k.permit_count AS permits, l.token, l.acquired_at, l.expires_at, \
                     UTC_TIMESTAMP(6) AS observed_at \
              FROM dlock_shared_leases l JOIN dlock_shared_keys k ON k.lock_key = l.lock_key \
              WHERE l.expires_at > UTC_TIMESTAMP(6) AND (? IS NULL OR l.lock_key = ?) \

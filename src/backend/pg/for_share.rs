@@ -89,13 +89,13 @@ impl ForShareLocks for PgConnection {
 
     fn permits_setup(&mut self, key: &str, permits: i64, slots: bool) -> QueryResult<i64> {
         stmt(
-            "INSERT INTO dlock_shared_keys (lock_key, permits, token) VALUES (?, ?, 0) \
+            "INSERT INTO dlock_shared_keys (lock_key, permit_count, token) VALUES (?, ?, 0) \
              ON CONFLICT (lock_key) DO NOTHING",
         )
         .bind::<Text, _>(key)
         .bind::<BigInt, _>(permits)
         .execute(self)?;
-        let stored = stmt("SELECT permits AS one FROM dlock_shared_keys WHERE lock_key = ?")
+        let stored = stmt("SELECT permit_count AS one FROM dlock_shared_keys WHERE lock_key = ?")
             .bind::<Text, _>(key)
             .get_result::<One>(self)?
             .one;
@@ -145,7 +145,7 @@ impl ForShareLocks for PgConnection {
         // The key's header row (created as a reader-writer key's, permits 0, if it has
         // none) carries at most one writer's mark; another writer's live mark stays.
         stmt(
-            "INSERT INTO dlock_shared_keys AS k (lock_key, permits, token, intent, intent_until) \
+            "INSERT INTO dlock_shared_keys AS k (lock_key, permit_count, token, intent, intent_until) \
              VALUES (?, 0, 0, ?, clock_timestamp() + ? * interval '1 microsecond') \
              ON CONFLICT (lock_key) DO UPDATE \
              SET intent = EXCLUDED.intent, intent_until = EXCLUDED.intent_until \

@@ -71,7 +71,7 @@ impl HolderSteps for PgConnection {
     }
 
     fn lock_header(&mut self, key: &str) -> QueryResult<Option<Header>> {
-        stmt("SELECT permits AS one FROM dlock_shared_keys WHERE lock_key = ? FOR UPDATE")
+        stmt("SELECT permit_count AS one FROM dlock_shared_keys WHERE lock_key = ? FOR UPDATE")
             .bind::<Text, _>(key)
             .get_result::<One>(self)
             .optional()
@@ -234,7 +234,7 @@ impl HolderLocks for PgConnection {
 
     fn admin_holders(&mut self, key: Option<&str>) -> QueryResult<Vec<HolderRow>> {
         let rows = stmt(
-            "SELECT l.lock_key, l.holder_id AS holder, l.owner, l.mode, k.permits, l.token, \
+            "SELECT l.lock_key, l.holder_id AS holder, l.owner, l.mode, k.permit_count AS permits, l.token, \
                     l.acquired_at, l.expires_at, now() AS observed_at \
              FROM dlock_shared_leases l JOIN dlock_shared_keys k USING (lock_key) \
              WHERE l.expires_at > now() AND (? IS NULL OR l.lock_key = ?) \

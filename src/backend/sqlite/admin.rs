@@ -13,6 +13,12 @@ use diesel::{QueryResult, RunQueryDsl};
 
 shared::held_row!(Timestamp, NaiveDateTime, |t| t.and_utc());
 
+#[derive(diesel::QueryableByName)]
+struct Now {
+    #[diesel(sql_type = Text)]
+    now: String,
+}
+
 impl Admin for SqliteConnection {
     shared::statements!(version_read, version_bump, version_create);
 
@@ -76,15 +82,22 @@ impl Admin for SqliteConnection {
     }
 
     fn purge_mark_leases(&mut self, idle_us: i64) -> QueryResult<usize> {
+        // The rows marked here carry one instant (`mark`): only their tokens are saved. A
+        // marked row whose key a reader took since has a token above the saved one and a live
+        // `shared_until`; the delete spares it either way.
         self.immediate_transaction(|c| {
+            let mark = stmt("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now') AS now")
+                .get_result::<Now>(c)?
+                .now;
             let marked = stmt(
-                "UPDATE dlock_leases SET holder_id = '', expires_at = strftime('%Y-%m-%d %H:%M:%f', 'now') \
+                "UPDATE dlock_leases SET holder_id = '', expires_at = ? \
                  WHERE ((holder_id IS NULL \
                          AND acquired_at <= strftime('%Y-%m-%d %H:%M:%f', 'now', ?)) \
                         OR expires_at <= strftime('%Y-%m-%d %H:%M:%f', 'now', ?)) \
                    AND (shared_until IS NULL \
                         OR shared_until <= strftime('%Y-%m-%d %H:%M:%f', 'now', ?))",
             )
+            .bind::<Text, _>(&mark)
             .bind::<Text, _>(seconds('-', idle_us))
             .bind::<Text, _>(seconds('-', idle_us))
             .bind::<Text, _>(seconds('-', idle_us))
@@ -93,9 +106,11 @@ impl Admin for SqliteConnection {
                 // `WHERE true` tells SQLite's parser that ON CONFLICT is the upsert clause.
                 stmt(
                     "INSERT INTO dlock_tokens (lock_key, token) \
-                     SELECT lock_key, token FROM dlock_leases WHERE holder_id = '' AND true \
+                     SELECT lock_key, token FROM dlock_leases \
+                     WHERE holder_id = '' AND expires_at = ? AND true \
                      ON CONFLICT (lock_key) DO UPDATE SET token = max(token, excluded.token)",
                 )
+                .bind::<Text, _>(&mark)
                 .execute(c)?;
             }
             Ok(marked)
@@ -106,7 +121,9 @@ impl Admin for SqliteConnection {
         stmt(
             "DELETE FROM dlock_leases WHERE holder_id = '' \
              AND token <= (SELECT t.token FROM dlock_tokens t \
-                           WHERE t.lock_key = dlock_leases.lock_key)",
+                           WHERE t.lock_key = dlock_leases.lock_key) \
+             AND (shared_until IS NULL \
+                  OR shared_until <= strftime('%Y-%m-%d %H:%M:%f', 'now'))",
         )
         .execute(self)
     }

@@ -53,7 +53,7 @@ impl HolderSteps for SqliteConnection {
     }
 
     fn lock_header(&mut self, key: &str) -> QueryResult<Option<Header>> {
-        stmt("SELECT permits AS one FROM dlock_shared_keys WHERE lock_key = ?")
+        stmt("SELECT permit_count AS one FROM dlock_shared_keys WHERE lock_key = ?")
             .bind::<Text, _>(key)
             .get_result::<One>(self)
             .optional()
@@ -150,8 +150,9 @@ impl HolderLocks for SqliteConnection {
         _bound: std::time::Duration,
     ) -> QueryResult<bool> {
         // The holder row, then the lease row raised to the holder's new expiry, under the
-        // one write lock.
-        self.immediate_transaction(|c| {
+        // one write lock. Without its lease row the holder no longer keeps the exclusive
+        // lock out: lost (the holder row's extension is rolled back).
+        let renewed = self.immediate_transaction(|c| {
             let renewed = stmt(
                 "UPDATE dlock_shared_leases \
                  SET expires_at = strftime('%Y-%m-%d %H:%M:%f', 'now', ?) \
@@ -164,7 +165,7 @@ impl HolderLocks for SqliteConnection {
             .execute(c)?
                 == 1;
             if renewed {
-                stmt(
+                let lease = stmt(
                     "UPDATE dlock_leases SET shared_until = max(COALESCE(shared_until, ''), \
                         (SELECT expires_at FROM dlock_shared_leases \
                          WHERE lock_key = ? AND holder_id = ?)) \
@@ -174,9 +175,16 @@ impl HolderLocks for SqliteConnection {
                 .bind::<Text, _>(holder)
                 .bind::<Text, _>(key)
                 .execute(c)?;
+                if lease == 0 {
+                    return Err(diesel::result::Error::RollbackTransaction);
+                }
             }
             Ok(renewed)
-        })
+        });
+        match renewed {
+            Err(diesel::result::Error::RollbackTransaction) => Ok(false),
+            r => r,
+        }
     }
 
     fn holders_release(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
@@ -219,7 +227,7 @@ impl HolderLocks for SqliteConnection {
 
     fn admin_holders(&mut self, key: Option<&str>) -> QueryResult<Vec<HolderRow>> {
         let rows = stmt(
-            "SELECT l.lock_key, l.holder_id AS holder, l.owner, l.mode, k.permits, l.token, \
+            "SELECT l.lock_key, l.holder_id AS holder, l.owner, l.mode, k.permit_count AS permits, l.token, \
                     l.acquired_at, l.expires_at, \
                     strftime('%Y-%m-%d %H:%M:%f', 'now') AS observed_at \
              FROM dlock_shared_leases l JOIN dlock_shared_keys k ON k.lock_key = l.lock_key \

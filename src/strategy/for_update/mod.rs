@@ -86,9 +86,42 @@ impl<C: LockConnection> RawLock<C> for ForUpdateLock<C> {
         &self,
         conn: &mut Conn<C>,
         key: &str,
-        _retry: bool,
+        retry: bool,
         wait: Wait,
     ) -> Result<Option<Taken>> {
+        // `lock` is the writer: where a waiting writer must mark the key (PostgreSQL), one
+        // that would wait marks it, as `write` does. A key free at once costs what it did.
+        if let Some(write) = self.marking_writer().filter(|_| wait != Wait::No) {
+            if let Some(taken) = self.lock_row(conn, key, Wait::No)? {
+                return Ok(Some(taken));
+            }
+            return write.try_acquire(conn, key, retry, wait);
+        }
+        self.lock_row(conn, key, wait)
+    }
+
+    fn interrupter(&self, conn: &mut Conn<C>) -> Result<Option<Interrupter>> {
+        Ok(Some(session::txn_interrupter(&self.pool, conn)))
+    }
+
+    fn gave_up(&self, key: &str) {
+        if let Some(write) = self.marking_writer() {
+            write.gave_up(key);
+        }
+    }
+}
+
+impl<C: LockConnection> ForUpdateLock<C> {
+    /// The writer lock, if this backend's waiting writers mark the key.
+    fn marking_writer(&self) -> Option<&ForUpdateWriteLock<C>> {
+        self.modes
+            .as_ref()
+            .map(|m| &*m.write)
+            .filter(|w| w.mark.is_some())
+    }
+
+    /// One attempt on the key's row, `FOR UPDATE`.
+    fn lock_row(&self, conn: &mut Conn<C>, key: &str, wait: Wait) -> Result<Option<Taken>> {
         let flavor = self.flavor;
         row_lock(
             conn,
@@ -96,10 +129,6 @@ impl<C: LockConnection> RawLock<C> for ForUpdateLock<C> {
             |c| c.session_sql()?.for_update_lock(key, wait, flavor),
             |session, proof| Box::new(ForUpdateHold { session, proof }),
         )
-    }
-
-    fn interrupter(&self, conn: &mut Conn<C>) -> Result<Option<Interrupter>> {
-        Ok(Some(session::txn_interrupter(&self.pool, conn)))
     }
 }
 

@@ -5,7 +5,8 @@
 //! writer, nor with `lock()`.
 //!
 //! Writers do not starve. On MySQL InnoDB queues a new share request behind a waiting
-//! exclusive one. On PostgreSQL, which grants it at once, a writer that waits marks the key
+//! exclusive one. On PostgreSQL, which grants it at once, a writer (`lock` or `write`) that
+//! would wait marks the key
 //! first (`backend/for_share.rs`, committed at once, live for [`MARK_FOR`] plus a pause on
 //! the database clock) and waits on the server at most [`SLICE`] at a time, renewing the
 //! mark before each wait; readers that find a live mark wait as for a held key. The mark is

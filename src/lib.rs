@@ -213,7 +213,7 @@ mod sync;
 
 #[cfg(feature = "sqlite")]
 pub use backend::SqliteTuning;
-pub use backend::{connect, AnyConnection, Backend, LockConnection};
+pub use backend::{connect, mask_secrets, AnyConnection, Backend, LockConnection};
 pub use election::{Election, Leadership, Term};
 pub use error::{ConnectFailure, Error, Result};
 pub use guard::LockGuard;

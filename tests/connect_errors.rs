@@ -255,9 +255,34 @@ fn outage_is_an_error_at_the_deadline<S: Send + 'static>(
     let key = common::unique_key("outage");
     drop(locker.lock(&key).unwrap());
     stop(&mut server);
+    // Four threads of the Locker wait together: one asks the database, the others wait
+    // behind it in the Locker's own line; each must say the database is unreachable.
     let start = Instant::now();
-    let r = locker.try_lock_for(&key, Duration::from_secs(2));
+    let barrier = std::sync::Barrier::new(4);
+    let mut answers: Vec<_> = std::thread::scope(|s| {
+        let waits: Vec<_> = (0..4)
+            .map(|_| {
+                s.spawn(|| {
+                    barrier.wait();
+                    locker.try_lock_for(&key, Duration::from_secs(2))
+                })
+            })
+            .collect();
+        waits.into_iter().map(|w| w.join().unwrap()).collect()
+    });
     let took = start.elapsed();
+    for other in answers.split_off(1) {
+        match other {
+            Err(Error::Unreachable { key: k, .. }) => assert_eq!(k, key),
+            Err(e) => panic!("{}: a waiter behind: {e}", strategy.name()),
+            Ok(g) => panic!(
+                "{}: a waiter behind: {:?} in an outage",
+                strategy.name(),
+                g.map(|g| g.token())
+            ),
+        }
+    }
+    let r = answers.pop().unwrap();
     let err = match r {
         Err(e) => e,
         Ok(g) => panic!(

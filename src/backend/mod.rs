@@ -29,6 +29,7 @@ pub use any::{connect, AnyConnection};
 pub(crate) use any::{open, pool, Failures};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteTuning;
+pub use url::mask_secrets;
 pub(crate) use url::{behind_pooler, Target, DEFAULT_POOL_SIZE};
 
 /// The database a connection talks to.

@@ -100,6 +100,11 @@ pub(crate) fn parse(url: &str) -> Result<Target> {
             format!("mysql://{}", base.split_once("://").unwrap_or(("", base)).1)
         }
         (Backend::Sqlite, Some(_)) => base.split_once("://").unwrap_or(("", base)).1.to_owned(),
+        // libpq knows its schemes in lowercase only.
+        (Backend::Postgres, Some(_)) => match base.split_once("://") {
+            Some((scheme, rest)) => format!("{}://{rest}", scheme.to_ascii_lowercase()),
+            None => base.to_owned(),
+        },
         _ => base.to_owned(),
     };
     let url = match kept.join("&") {
@@ -214,6 +219,13 @@ impl Secrets {
         if let Some(password) = password_of(url) {
             found.push(password.to_owned());
         }
+        // A password that holds a raw '?' hides from the reading above, which cuts the URL
+        // at its first '?': read once more up to the last '@' of the whole URL.
+        if let Some(password) = password_of_uncut(url) {
+            if password.contains('?') {
+                found.push(password.to_owned());
+            }
+        }
         if let Some((_, query)) = url.split_once('?') {
             for pair in query.split('&') {
                 if let Some((k, v)) = pair.split_once('=') {
@@ -260,6 +272,25 @@ impl Secrets {
     }
 }
 
+/// `text` with every secret of `url` masked as `***`: its password (as written and
+/// %-decoded, in a well-formed URL or a mistyped one: one slash, no scheme, a password
+/// holding `@` or `/`) and `password=` values, and the pieces a driver that cut the password
+/// apart may quote. Secrets shorter than 4 bytes are not looked for (they would blank out
+/// ordinary words). Every message of the library is masked this way; this is for an
+/// application's own messages about the same URL.
+///
+/// ```
+/// let url = "postgres:/dlock:S3CRETPW@127.0.0.1:5432/locks"; // one slash: mistyped
+/// let said = format!("could not connect to {url}");
+/// assert_eq!(
+///     diesel_lock::mask_secrets(url, &said),
+///     "could not connect to postgres:/dlock:***@127.0.0.1:5432/locks"
+/// );
+/// ```
+pub fn mask_secrets(url: &str, text: &str) -> String {
+    Secrets::of(url).scrub(text)
+}
+
 /// The password of a URL of any shape: the user part runs from after the scheme (`x://`, or
 /// `x:` when a `user:password` follows it, as in `postgres:/u:pw@h`; else from the start, as
 /// in `u:pw@h`) to the LAST `@` before any `?` (a password may hold `@` and `/`); the
@@ -289,6 +320,14 @@ fn password_of(url: &str) -> Option<&str> {
     user.split_once(':').map(|(_, password)| password)
 }
 
+/// The password as `password_of` reads it, but from the user part up to the last `@` of
+/// the whole URL (a password may hold a raw `?`).
+fn password_of_uncut(url: &str) -> Option<&str> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let user = rest.rsplit_once('@')?.0;
+    user.split_once(':').map(|(_, password)| password)
+}
+
 /// `s` with its %-escapes decoded (a URL's password may be written either way).
 fn percent_decode(s: &str) -> String {
     let bytes = s.as_bytes();
@@ -312,6 +351,31 @@ fn percent_decode(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_password_with_a_raw_question_mark_is_masked() {
+        for url in [
+            "postgres://dlock:dl?ock1@127.0.0.1:1/x",
+            "mysql://dlock:my?pass9@127.0.0.1:3306/db?x=1",
+        ] {
+            let pw = if url.starts_with("postgres") {
+                "dl?ock1"
+            } else {
+                "my?pass9"
+            };
+            let said = super::mask_secrets(url, &format!("at {url}: refused"));
+            assert!(!said.contains(pw), "{said}");
+        }
+    }
+
+    #[test]
+    fn an_upper_case_postgres_scheme_reaches_the_driver_in_lower_case() {
+        let t = super::parse("POSTGRES://u:secretpw@127.0.0.1:5432/db");
+        if let Ok(t) = t {
+            assert!(t.url.starts_with("postgres://"), "{}", t.url);
+        }
+    }
+
     use super::*;
 
     fn invalid(url: &str) -> String {

@@ -48,7 +48,10 @@ impl<C: LockConnection> Locker<C> {
         });
         let ticket = self.inner.shared.queues.join(key);
         let queued = match ticket.wait_turn(deadline, cancel) {
-            None => return Ok(None),
+            None if cancel.is_some_and(Cancel::is_cancelled) => return Ok(None),
+            // The deadline passed behind this Locker's own waiters: "held elsewhere" only if
+            // the database answers (the thread ahead may be failing for want of it).
+            None => return self.missed_in_line(key),
             Some(queued) => queued,
         };
         let max = self.inner.max_backoff;
@@ -357,6 +360,19 @@ impl<C: LockConnection> Locker<C> {
         }
         current.store(true, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// The answer of a wait whose deadline passed while other threads of this `Locker` were
+    /// ahead of it for `key`: `Ok(None)` if the database can be reached (a pooled connection
+    /// checks out, or the pool is merely busy), `Error::Unreachable` if it cannot.
+    fn missed_in_line(&self, key: &str) -> Result<Option<LockGuard<C>>> {
+        match self.connection(Deadline::Once, None) {
+            Err(e) if self.lost_the_database(&e, true) => Err(Error::Unreachable {
+                key: key.to_owned(),
+                source: Box::new(e),
+            }),
+            _ => Ok(None),
+        }
     }
 
     /// A pooled connection for one attempt; `None` if the wait was cancelled meanwhile.

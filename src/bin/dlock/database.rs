@@ -15,37 +15,13 @@ pub(crate) struct Database {
     pub(crate) url: String,
     /// No `--url` and no `DLOCK_URL`: the default, which is said on stderr when used.
     defaulted: bool,
-    secrets: Vec<String>,
 }
 
 impl Database {
     pub(crate) fn new(url: Option<String>) -> Self {
         let defaulted = url.is_none();
         let url = url.unwrap_or_else(|| DEFAULT_URL.to_owned());
-        let mut secrets = Vec::new();
-        if let Ok(parsed) = url::Url::parse(&url) {
-            if let Some(p) = parsed.password() {
-                secrets.push(p.to_owned());
-                secrets.push(percent_decode(p));
-            }
-            for (k, v) in parsed.query_pairs() {
-                if k.eq_ignore_ascii_case("password") {
-                    secrets.push(v.into_owned());
-                }
-            }
-        }
-        secrets.extend(loose_secrets(&url));
-        // Very short strings would blank out ordinary words; such passwords are not looked
-        // for (and no message is built from the URL unredacted in the first place).
-        secrets.retain(|s| s.len() >= 4);
-        // The longest first, so that a piece of a password does not leave the rest behind.
-        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
-        secrets.dedup();
-        Database {
-            url,
-            defaulted,
-            secrets,
-        }
+        Database { url, defaulted }
     }
 
     /// The URL with its password (in the user part or a `password=` parameter) masked.
@@ -81,11 +57,7 @@ impl Database {
 
     /// `text` with every secret of the URL masked.
     pub(crate) fn scrub(&self, text: &str) -> String {
-        let mut text = text.to_owned();
-        for s in &self.secrets {
-            text = text.replace(s.as_str(), "***");
-        }
-        text
+        diesel_lock::mask_secrets(&self.url, text)
     }
 
     /// Says on stderr which database is used when no URL was given: a file in the current
@@ -134,51 +106,4 @@ impl Database {
         }
         f
     }
-}
-
-/// The password of a URL of any shape, well-formed or mistyped (one slash, no scheme, a
-/// password holding `@` or `/`), as written and %-decoded, and the pieces a driver that cut
-/// it apart at `@`, `/` or `:` may quote.
-fn loose_secrets(url: &str) -> Vec<String> {
-    let Some(password) = password_of(url) else {
-        return Vec::new();
-    };
-    let mut found = vec![password.to_owned(), percent_decode(password)];
-    found.extend(password.split(['@', '/', ':']).map(str::to_owned));
-    found
-}
-
-/// The user part runs from after the scheme (`x://`, or `x:` when a `user:password` follows
-/// it, as in `postgres:/u:pw@h`; else from the start, as in `u:pw@h`) to the LAST `@` before
-/// any `?`; the password is what follows its first `:`.
-fn password_of(url: &str) -> Option<&str> {
-    fn user_part(from: &str) -> Option<&str> {
-        from.rsplit_once('@').map(|(u, _)| u)
-    }
-    let head = url.split_once('?').map_or(url, |(h, _)| h);
-    let is_scheme = |s: &str| {
-        s.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
-            && s.chars()
-                .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
-    };
-    let user = match head.split_once("://") {
-        Some((scheme, rest)) if is_scheme(scheme) => user_part(rest)?,
-        _ => {
-            let whole = user_part(head)?;
-            match whole.split_once(':') {
-                Some((scheme, rest)) if rest.contains(':') && !scheme.contains('/') => {
-                    rest.trim_start_matches('/')
-                }
-                _ => whole,
-            }
-        }
-    };
-    user.split_once(':').map(|(_, password)| password)
-}
-
-/// `s` with its %-escapes decoded (a URL's password may be written either way).
-fn percent_decode(s: &str) -> String {
-    url::form_urlencoded::parse(format!("x={s}").as_bytes())
-        .next()
-        .map_or_else(|| s.to_owned(), |(_, v)| v.into_owned())
 }

@@ -15,8 +15,7 @@
 //! exclude each other. MySQL's `GET_LOCK` has no shared mode: an `Advisory` permit there
 //! could not keep the key's exclusive lock out, so it is refused (`Error::Incompatible`).
 
-use super::for_update::row_lock;
-use super::for_update::shared::{share, ForShareHold};
+use super::for_update::rows::{row_lock, share, ForShareHold};
 use super::session::{discard, Session};
 use super::{Conn, Hold, ModeLock, RawLock, Taken};
 use crate::backend::{Flavor, ForUpdateLocked, LockConnection, Sql, Wait};

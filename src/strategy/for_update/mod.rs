@@ -1,17 +1,18 @@
 //! `Strategy::ForUpdate`: the key's row locked by `SELECT … FOR UPDATE` in a transaction
 //! that the guard keeps open; release = COMMIT.
 
+pub(crate) mod rows;
 pub(super) mod shared;
 
-use super::session::{self, rollback, Session};
+use super::session::{self, Session};
 use super::session_permits::{slot_lock, SlotCore, SlotKind};
 use super::{
     micros, Conn, Hold, Interrupter, Mode, ModeLock, Pool, RawLock, Setup, Strategy, Taken,
 };
-use crate::backend::fence::no_token;
-use crate::backend::{Flavor, ForUpdateLocked, LockConnection, Sql, Wait};
+use crate::backend::{Flavor, LockConnection, Sql, Wait};
 use crate::Result;
 use diesel::connection::{Connection, TransactionManager};
+use rows::row_lock;
 use shared::{ForUpdateReadLock, ForUpdateWriteLock, MARK_FOR};
 use std::sync::Arc;
 
@@ -134,55 +135,6 @@ impl<C: LockConnection> ForUpdateLock<C> {
             |session, proof| Box::new(ForUpdateHold { session, proof }),
         )
     }
-}
-
-/// One attempt on the key's row with `lock` (`FOR UPDATE`, or `FOR SHARE` for a reader),
-/// in a transaction that the guard made by `hold` keeps open. A first attempt that finds no
-/// row creates it (committed on its own, so that other creators do not wait for our
-/// transaction) and tries again; one whose token may not go out yet (a new life of the
-/// server, or a bound to raise: once in 2^20) rolls back, has that done outside the
-/// transaction, and tries again.
-pub(super) fn row_lock<C: LockConnection>(
-    conn: &mut Conn<C>,
-    key: &str,
-    lock: impl Fn(&mut C) -> diesel::QueryResult<ForUpdateLocked>,
-    hold: impl FnOnce(Session<C>, i64) -> Box<dyn Hold>,
-) -> Result<Option<Taken>> {
-    let mut created = false;
-    for _ in 0..4 {
-        let Some(locked) = session::lock_in_txn(conn, &lock)? else {
-            return Ok(None); // cancelled before it could wait
-        };
-        match locked {
-            Ok(ForUpdateLocked::Locked(a)) => {
-                return Ok(Some(Taken {
-                    hold: hold(Session::new(conn.take()), a.id),
-                    token: a.token,
-                    acquired_at: a.acquired_at,
-                }))
-            }
-            Ok(ForUpdateLocked::Missing) => {
-                rollback(conn);
-                if created {
-                    // The row vanished between its creation and our lock (deleted by
-                    // hand): busy, for now.
-                    return Ok(None);
-                }
-                conn.session_sql()?.for_update_create(key)?;
-                created = true;
-            }
-            Ok(ForUpdateLocked::Unfenced(drawn)) => {
-                rollback(conn);
-                conn.session_sql()?.fence_prepare(drawn)?;
-            }
-            Ok(ForUpdateLocked::Blocked) => {
-                rollback(conn);
-                return Ok(None);
-            }
-            Err(e) => return session::lock_failed(conn, e),
-        }
-    }
-    Err(crate::Error::Database(no_token()))
 }
 
 /// The connection whose open transaction holds the row lock.

@@ -16,32 +16,20 @@
 //! the key when it came, plus at most about one slice behind readers that got in when
 //! another writer's mark ended.
 
-use super::{row_lock, ForUpdateLock};
-use crate::backend::for_share::ForShareLocks;
-use crate::backend::{Flavor, LockConnection, Sql, Wait};
-use crate::strategy::session::{self, Session};
+use super::rows::{row_lock, share, ForShareHold};
+use super::ForUpdateLock;
+use crate::backend::{Flavor, LockConnection, Wait};
+use crate::strategy::session;
 use crate::strategy::session_permits::{check_kind, SlotCore};
 use crate::strategy::{Conn, Hold, Interrupter, Pool, Pooled, RawLock, Taken};
 use crate::Result;
-use diesel::connection::{Connection, TransactionManager};
-use diesel::QueryResult;
 use std::sync::Arc;
 use std::time::Duration;
-
-type Tm<C> = <C as Connection>::TransactionManager;
 
 /// The longest server-side wait of a marking writer: its mark is renewed after each.
 pub(crate) const SLICE: Duration = Duration::from_secs(1);
 /// How long a writer's mark lives past a renewal, beyond the pause between attempts.
 pub(crate) const MARK_FOR: Duration = Duration::from_secs(2);
-
-/// The share locks of `conn` (never missing: `build` offers `ForUpdate` and `Advisory` on
-/// PostgreSQL and MySQL only, which both have them).
-pub(crate) fn share<C: LockConnection>(conn: &mut C) -> QueryResult<&mut dyn ForShareLocks> {
-    conn.sql().for_share().ok_or_else(|| {
-        diesel::result::Error::QueryBuilderError("this backend has no share locks".into())
-    })
-}
 
 /// A reader.
 pub(super) struct ForUpdateReadLock<C: LockConnection> {
@@ -76,30 +64,6 @@ impl<C: LockConnection> RawLock<C> for ForUpdateReadLock<C> {
 
     fn exclusive(&self) -> bool {
         false
-    }
-}
-
-/// A reader's open transaction (or a `ForUpdate` permit's: `session_permits.rs`).
-pub(crate) struct ForShareHold<C: LockConnection> {
-    pub(crate) session: Session<C>,
-    /// The backend's proof that the transaction holds the lock (see `for_share_lock`).
-    pub(crate) proof: i64,
-}
-
-impl<C: LockConnection> Hold for ForShareHold<C> {
-    fn release(self: Box<Self>, key: &str) -> Result<bool> {
-        let proof = self.proof;
-        self.session.end(key, |c| {
-            if !share(c)?.for_share_finish(proof)? {
-                return Ok(false);
-            }
-            Tm::<C>::commit_transaction(c).map(|()| true)
-        })
-    }
-
-    fn held(&self, key: &str) -> Result<bool> {
-        self.session
-            .held(key, |c| share(c)?.for_share_held(key, self.proof))
     }
 }
 

@@ -91,15 +91,10 @@ impl<C: LockConnection> RawLock<C> for ForUpdateLock<C> {
         wait: Wait,
     ) -> Result<Option<Taken>> {
         // `lock` is the writer: where a waiting writer must mark the key (PostgreSQL), one
-        // that would wait marks it, as `write` does. A key free at once costs what it did.
-        // Only a first attempt tries without the writer's way: a later one may follow a
-        // slice that marked the key, and only the writer's way removes that mark on success.
+        // that would wait marks it, as `write` does, and only the writer's way removes the
+        // mark on success. A key free at once costs what it did: the waiting code's first
+        // attempt never waits (`Wait::No`), and takes the plain row lock below.
         if let Some(write) = self.marking_writer().filter(|_| wait != Wait::No) {
-            if !retry {
-                if let Some(taken) = self.lock_row(conn, key, Wait::No)? {
-                    return Ok(Some(taken));
-                }
-            }
             return write.try_acquire(conn, key, retry, wait);
         }
         self.lock_row(conn, key, wait)

@@ -143,6 +143,10 @@ pub mod pg {
             sql(lib::ROW_RELEASE)
                 .bind::<BigInt, _>(id)
                 .bind::<Text, _>(HOLDER)
+                .bind::<BigInt, _>(id)
+                .bind::<Text, _>(HOLDER)
+                .bind::<BigInt, _>(id)
+                .bind::<Text, _>(HOLDER)
                 .get_result::<One>(c)
                 .expect("row release")
                 .one as usize
@@ -178,6 +182,7 @@ pub mod pg {
     pub fn lease_release(c: &mut PgConnection, key: &str, notify: bool) {
         let n = if notify {
             sql(lib::LEASE_RELEASE)
+                .bind::<Text, _>(key)
                 .bind::<Text, _>(key)
                 .bind::<Text, _>(HOLDER)
                 .get_result::<One>(c)

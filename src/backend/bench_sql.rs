@@ -33,5 +33,7 @@ pub mod mysql {
 #[cfg(feature = "sqlite")]
 pub mod sqlite {
     pub use crate::backend::shared::{LEASE_RELEASE, ROW_RELEASE};
-    pub use crate::backend::sqlite::locks::{LEASE_ACQUIRE, ROW_ACQUIRE};
+    pub use crate::backend::sqlite::locks::{
+        LEASE_ACQUIRE, LEASE_RELEASE_ALONE, ROW_ACQUIRE, ROW_RELEASE_ALONE,
+    };
 }

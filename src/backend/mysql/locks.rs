@@ -10,7 +10,7 @@ use crate::backend::stmt::stmt;
 use crate::backend::Acquired;
 use diesel::mysql::MysqlConnection;
 use diesel::sql_types::{BigInt, Nullable, Text};
-use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
+use diesel::{Connection, OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 
 // The texts of the statements the benches' raw floors run too (`diesel_lock::__bench_sql`);
 // the others are written where they run. The releases are in `shared.rs` (the same on
@@ -183,7 +183,177 @@ struct Id {
 }
 
 impl Locks for MysqlConnection {
-    shared::statements!(row_release, row_held, lease_release);
+    shared::statements!(row_held, row_give_back);
+
+    fn row_release(&mut self, id: i64, holder: &str) -> QueryResult<bool> {
+        // A consistent read first: nobody waiting, the plain DELETE (a place joining after
+        // the read tries the key itself once it has joined).
+        let key = stmt("SELECT CAST(lock_key AS CHAR) AS lock_key FROM dlock_rows WHERE id = ?")
+            .bind::<BigInt, _>(id)
+            .get_result::<KeyOf>(self)
+            .optional()?;
+        if key
+            .as_ref()
+            .map_or(true, |k| !anyone_waits(self, &k.lock_key).unwrap_or(true))
+        {
+            return stmt(shared::ROW_RELEASE)
+                .bind::<BigInt, _>(id)
+                .bind::<Text, _>(holder)
+                .execute(self)
+                .map(|n| n == 1);
+        }
+        self.transaction(|c| {
+            let ours = stmt(
+                "SELECT CAST(lock_key AS CHAR) AS lock_key FROM dlock_rows \
+                 WHERE id = ? AND COALESCE(holder, '') = ? FOR UPDATE",
+            )
+            .bind::<BigInt, _>(id)
+            .bind::<Text, _>(holder)
+            .get_result::<KeyOf>(c)
+            .optional()?;
+            let Some(KeyOf { lock_key: key }) = ours else {
+                return Ok(false);
+            };
+            let bumped = |c: &mut MysqlConnection| {
+                // The key's next token, from its own counter (left in LAST_INSERT_ID()).
+                stmt(concat!(
+                    "UPDATE dlock_tokens SET token = LAST_INSERT_ID(GREATEST(token + 1, ",
+                    mysql_floor!(),
+                    ")) WHERE lock_key = ?"
+                ))
+                .bind::<Text, _>(&key)
+                .execute(c)
+                .map(|n| n == 1)
+            };
+            match grant_first(c, &key, bumped)? {
+                Some(w) => stmt(
+                    "UPDATE dlock_rows SET owner = ?, holder = ?, token = LAST_INSERT_ID(), \
+                       acquired_at = UTC_TIMESTAMP(6), stale_at = ? \
+                     WHERE id = ? AND COALESCE(holder, '') = ?",
+                )
+                .bind::<Text, _>(&w.owner)
+                .bind::<Text, _>(&w.holder)
+                .bind::<diesel::sql_types::Datetime, _>(w.expires_at)
+                .bind::<BigInt, _>(id)
+                .bind::<Text, _>(holder)
+                .execute(c)
+                .map(|n| n == 1),
+                None => stmt(shared::ROW_RELEASE)
+                    .bind::<BigInt, _>(id)
+                    .bind::<Text, _>(holder)
+                    .execute(c)
+                    .map(|n| n == 1),
+            }
+        })
+    }
+
+    fn lease_release(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
+        if !anyone_waits(self, key)? {
+            return stmt(shared::LEASE_RELEASE)
+                .bind::<Text, _>(key)
+                .bind::<Text, _>(holder)
+                .execute(self)
+                .map(|n| n == 1);
+        }
+        self.transaction(|c| {
+            let ours = stmt(
+                "SELECT CAST(lock_key AS CHAR) AS lock_key FROM dlock_leases \
+                 WHERE lock_key = ? AND holder_id = ? FOR UPDATE",
+            )
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(holder)
+            .get_result::<KeyOf>(c)
+            .optional()?;
+            if ours.is_none() {
+                return Ok(false);
+            }
+            match grant_first(c, key, |_| Ok(true))? {
+                Some(w) => stmt(concat!(
+                    "UPDATE dlock_leases SET owner = ?, holder_id = ?, \
+                       token = GREATEST(token + 1, ",
+                    mysql_floor!(),
+                    "), acquired_at = UTC_TIMESTAMP(6), expires_at = ? \
+                     WHERE lock_key = ? AND holder_id = ?"
+                ))
+                .bind::<Text, _>(&w.owner)
+                .bind::<Text, _>(&w.holder)
+                .bind::<diesel::sql_types::Datetime, _>(w.expires_at)
+                .bind::<Text, _>(key)
+                .bind::<Text, _>(holder)
+                .execute(c)
+                .map(|n| n == 1),
+                None => stmt(shared::LEASE_RELEASE)
+                    .bind::<Text, _>(key)
+                    .bind::<Text, _>(holder)
+                    .execute(c)
+                    .map(|n| n == 1),
+            }
+        })
+    }
+
+    fn row_confirm(
+        &mut self,
+        key: &str,
+        place: i64,
+        holder: &str,
+        stale_us: Option<i64>,
+    ) -> QueryResult<Option<Acquired>> {
+        let n = stmt(
+            "UPDATE dlock_rows SET stale_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+             WHERE lock_key = ? AND holder = ? AND stale_at > UTC_TIMESTAMP(6)",
+        )
+        .bind::<Nullable<BigInt>, _>(stale_us)
+        .bind::<Text, _>(key)
+        .bind::<Text, _>(holder)
+        .execute(self)?;
+        if n != 1 {
+            return Ok(None);
+        }
+        let a = stmt(
+            "SELECT id, token, acquired_at, CAST(0 AS SIGNED) AS ahead FROM dlock_rows \
+             WHERE lock_key = ? AND holder = ?",
+        )
+        .bind::<Text, _>(key)
+        .bind::<Text, _>(holder)
+        .get_result::<ReadBack>(self)
+        .optional()?;
+        if a.is_some() {
+            leave_place(self, place);
+        }
+        Ok(a.map(ReadBack::acquired))
+    }
+
+    fn lease_confirm(
+        &mut self,
+        key: &str,
+        place: i64,
+        holder: &str,
+        ttl_us: i64,
+    ) -> QueryResult<Option<Acquired>> {
+        let n = stmt(
+            "UPDATE dlock_leases SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+             WHERE lock_key = ? AND holder_id = ? AND expires_at > UTC_TIMESTAMP(6)",
+        )
+        .bind::<BigInt, _>(ttl_us)
+        .bind::<Text, _>(key)
+        .bind::<Text, _>(holder)
+        .execute(self)?;
+        if n != 1 {
+            return Ok(None);
+        }
+        let a = stmt(
+            "SELECT CAST(0 AS SIGNED) AS id, token, acquired_at, CAST(0 AS SIGNED) AS ahead \
+             FROM dlock_leases WHERE lock_key = ? AND holder_id = ?",
+        )
+        .bind::<Text, _>(key)
+        .bind::<Text, _>(holder)
+        .get_result::<ReadBack>(self)
+        .optional()?;
+        if a.is_some() {
+            leave_place(self, place);
+        }
+        Ok(a.map(ReadBack::acquired))
+    }
 
     fn row_acquire(
         &mut self,
@@ -399,4 +569,82 @@ fn lease_visibly_held(conn: &mut MysqlConnection, key: &str, place: i64) -> Quer
         .get_result::<One>(conn)
         .optional(),
     )
+}
+
+#[derive(QueryableByName)]
+struct KeyOf {
+    #[diesel(sql_type = Text)]
+    lock_key: String,
+}
+
+/// A place of a key's line, as a release reads it to grant it the key.
+#[derive(QueryableByName)]
+struct FirstPlace {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+    #[diesel(sql_type = Text)]
+    owner: String,
+    #[diesel(sql_type = Text)]
+    holder: String,
+    #[diesel(sql_type = diesel::sql_types::Datetime)]
+    expires_at: chrono::NaiveDateTime,
+}
+
+/// Whether a live place of `key`'s line waits for a grant (a consistent read).
+fn anyone_waits(conn: &mut MysqlConnection, key: &str) -> QueryResult<bool> {
+    exists(
+        stmt(
+            "SELECT CAST(1 AS SIGNED) AS one FROM DUAL WHERE EXISTS (SELECT 1 FROM dlock_waiters \
+             WHERE lock_key = ? AND expires_at > UTC_TIMESTAMP(6) AND granted_at IS NULL \
+               AND holder IS NOT NULL)",
+        )
+        .bind::<Text, _>(key)
+        .get_result::<One>(conn)
+        .optional(),
+    )
+}
+
+/// Inside a release's transaction, with the lock's row locked: marks the first live place
+/// of `key`'s line granted and returns it. Each candidate is read (a consistent read) and
+/// then marked by its primary key only while still live and ungranted (a locking update,
+/// on the newest version: a waiter that left meanwhile is passed over, one leaving now
+/// waits for this transaction and then gives the key back). `ready` runs before the first
+/// mark (the row's token bump); false means no grant.
+fn grant_first(
+    conn: &mut MysqlConnection,
+    key: &str,
+    ready: impl FnOnce(&mut MysqlConnection) -> QueryResult<bool>,
+) -> QueryResult<Option<FirstPlace>> {
+    let mut ready = Some(ready);
+    let mut after = 0_i64;
+    for _ in 0..8 {
+        let Some(w) = stmt(
+            "SELECT id, owner, holder, expires_at FROM dlock_waiters \
+             WHERE lock_key = ? AND id > ? AND expires_at > UTC_TIMESTAMP(6) \
+               AND granted_at IS NULL AND holder IS NOT NULL ORDER BY id LIMIT 1",
+        )
+        .bind::<Text, _>(key)
+        .bind::<BigInt, _>(after)
+        .get_result::<FirstPlace>(conn)
+        .optional()?
+        else {
+            return Ok(None);
+        };
+        if let Some(ready) = ready.take() {
+            if !ready(conn)? {
+                return Ok(None);
+            }
+        }
+        let n = stmt(
+            "UPDATE dlock_waiters SET granted_at = UTC_TIMESTAMP(6) \
+             WHERE id = ? AND granted_at IS NULL AND expires_at > UTC_TIMESTAMP(6)",
+        )
+        .bind::<BigInt, _>(w.id)
+        .execute(conn)?;
+        if n == 1 {
+            return Ok(Some(w));
+        }
+        after = w.id;
+    }
+    Ok(None)
 }

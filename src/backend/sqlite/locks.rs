@@ -77,7 +77,7 @@ impl Locks for SqliteConnection {
         if n == 1 {
             return Ok(true);
         }
-        self.immediate_transaction(|c| {
+        write_txn(self, |c| {
             let key = stmt(
                 "SELECT lock_key AS n FROM dlock_rows WHERE id = ? AND COALESCE(holder, '') = ?",
             )
@@ -133,7 +133,7 @@ impl Locks for SqliteConnection {
         if n == 1 {
             return Ok(true);
         }
-        self.immediate_transaction(|c| {
+        write_txn(self, |c| {
             let Some(w) = first_place(c, key)? else {
                 return stmt(shared::LEASE_RELEASE)
                     .bind::<Text, _>(key)
@@ -422,7 +422,7 @@ fn confirm(
     place: i64,
     update: impl FnOnce(&mut SqliteConnection) -> QueryResult<Option<AcquiredRow>>,
 ) -> QueryResult<Option<Acquired>> {
-    conn.immediate_transaction(|c| {
+    write_txn(conn, |c| {
         let a = update(c)?;
         if a.is_some() {
             stmt(shared::LEAVE_PLACE)
@@ -431,4 +431,19 @@ fn confirm(
         }
         Ok(a.map(Into::into))
     })
+}
+
+/// An IMMEDIATE transaction (the write lock first), or a savepoint inside the caller's own
+/// (`admin::force_release` releases inside one).
+fn write_txn<T>(
+    conn: &mut SqliteConnection,
+    f: impl FnOnce(&mut SqliteConnection) -> QueryResult<T>,
+) -> QueryResult<T> {
+    use diesel::connection::{AnsiTransactionManager, TransactionManager};
+    let depth = AnsiTransactionManager::transaction_manager_status_mut(conn).transaction_depth()?;
+    if depth.is_some() {
+        diesel::Connection::transaction(conn, f)
+    } else {
+        conn.immediate_transaction(f)
+    }
 }

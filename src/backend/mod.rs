@@ -21,7 +21,7 @@ mod mysql;
 pub(crate) mod pg;
 mod shared;
 #[cfg(feature = "sqlite")]
-mod sqlite;
+pub(crate) mod sqlite;
 pub(crate) mod stmt;
 mod url;
 
@@ -398,8 +398,7 @@ pub(crate) mod sealed {
         fn line_look(&mut self, key: &str, id: i64) -> QueryResult<Option<Spot>>;
         /// Gives place `id` up. On PostgreSQL the first live place left is notified, in case
         /// the key is free and it was waiting behind this one. True if the place had been
-        /// granted the key (or, on MySQL, which cannot tell in one statement, always): the
-        /// caller then gives the key back (`row_give_back`, `lease_release`), which hands it
+        /// granted the key: the caller then gives the key back (`row_give_back`, `lease_release`), which hands it
         /// on. The removal comes first and commits: a release that has not granted the place
         /// yet can no longer do so, and one that has is seen by the give-back.
         fn line_leave(&mut self, key: &str, id: i64) -> QueryResult<bool>;

@@ -49,6 +49,11 @@ pub const LEASE_RELEASE: &str = "UPDATE dlock_leases SET holder_id = NULL, expir
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) const LEAVE_PLACE: &str = "DELETE FROM dlock_waiters WHERE id = ?";
 
+/// `line_leave`'s first step on MySQL: the place goes if no release granted it the key.
+#[cfg(feature = "mysql")]
+pub(crate) const LEAVE_UNGRANTED: &str =
+    "DELETE FROM dlock_waiters WHERE id = ? AND granted_at IS NULL";
+
 /// `HolderSteps::create_header` on PostgreSQL and SQLite (MySQL: `INSERT IGNORE`).
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) const CREATE_HEADER: &str =
@@ -311,12 +316,19 @@ macro_rules! statements {
     (@line_leave) => {
         fn line_leave(&mut self, _key: &str, id: i64) -> diesel::QueryResult<bool> {
             use diesel::RunQueryDsl as _;
-            // It cannot tell whether the place was granted (no RETURNING on MySQL): the
-            // caller gives the key back in any case (a no-op where it holds nothing).
+            // No RETURNING on MySQL: a place not granted goes in one statement (a locking
+            // delete of the newest version, which waits for a grant under way); only one
+            // that was granted is deleted by a second, and the caller gives the key back.
+            let n = $crate::backend::stmt::stmt($crate::backend::shared::LEAVE_UNGRANTED)
+                .bind::<diesel::sql_types::BigInt, _>(id)
+                .execute(self)?;
+            if n == 1 {
+                return Ok(false);
+            }
             $crate::backend::stmt::stmt($crate::backend::shared::LEAVE_PLACE)
                 .bind::<diesel::sql_types::BigInt, _>(id)
                 .execute(self)
-                .map(|_| true)
+                .map(|n| n == 1)
         }
     };
     (@lease_release) => {

@@ -486,6 +486,16 @@ impl<C: LockConnection> Locker<C> {
                 }
             };
         }
+        #[cfg(all(feature = "sqlite", target_os = "linux"))]
+        if let Some(d) = &self.inner.doorbell {
+            return match d.start() {
+                Ok(()) => true,
+                Err(e) => {
+                    log::warn!("doorbell: cannot start its thread ({e}); waiters poll");
+                    false
+                }
+            };
+        }
         false
     }
 
@@ -494,6 +504,10 @@ impl<C: LockConnection> Locker<C> {
         #[cfg(feature = "postgres")]
         if let Some(l) = &self.inner.listener {
             return Some(l.channel());
+        }
+        #[cfg(all(feature = "sqlite", target_os = "linux"))]
+        if let Some(d) = &self.inner.doorbell {
+            return Some(d.name());
         }
         None
     }

@@ -186,109 +186,66 @@ impl Locks for MysqlConnection {
     shared::statements!(row_held, row_give_back);
 
     fn row_release(&mut self, id: i64, holder: &str) -> QueryResult<bool> {
-        // A consistent read first: nobody waiting, the plain DELETE (a place joining after
-        // the read tries the key itself once it has joined).
-        let key = stmt("SELECT CAST(lock_key AS CHAR) AS lock_key FROM dlock_rows WHERE id = ?")
-            .bind::<BigInt, _>(id)
-            .get_result::<KeyOf>(self)
-            .optional()?;
-        if key
-            .as_ref()
-            .map_or(true, |k| !anyone_waits(self, &k.lock_key).unwrap_or(true))
-        {
-            return stmt(shared::ROW_RELEASE)
+        // A consistent read first: the first live place of the row's key waiting for a
+        // grant. Nobody: the plain DELETE (a place joining after the read tries the key
+        // itself once it has joined).
+        let mut after = 0_i64;
+        for _ in 0..8 {
+            let Some(w) = stmt(ROW_FIRST_PLACE)
                 .bind::<BigInt, _>(id)
-                .bind::<Text, _>(holder)
-                .execute(self)
-                .map(|n| n == 1);
-        }
-        self.transaction(|c| {
-            let ours = stmt(
-                "SELECT CAST(lock_key AS CHAR) AS lock_key FROM dlock_rows \
-                 WHERE id = ? AND COALESCE(holder, '') = ? FOR UPDATE",
-            )
-            .bind::<BigInt, _>(id)
-            .bind::<Text, _>(holder)
-            .get_result::<KeyOf>(c)
-            .optional()?;
-            let Some(KeyOf { lock_key: key }) = ours else {
-                return Ok(false);
-            };
-            let bumped = |c: &mut MysqlConnection| {
-                // The key's next token, from its own counter (left in LAST_INSERT_ID()).
-                stmt(concat!(
-                    "UPDATE dlock_tokens SET token = LAST_INSERT_ID(GREATEST(token + 1, ",
-                    mysql_floor!(),
-                    ")) WHERE lock_key = ?"
-                ))
-                .bind::<Text, _>(&key)
-                .execute(c)
-                .map(|n| n == 1)
-            };
-            match grant_first(c, &key, bumped)? {
-                Some(w) => stmt(
-                    "UPDATE dlock_rows SET owner = ?, holder = ?, token = LAST_INSERT_ID(), \
-                       acquired_at = UTC_TIMESTAMP(6), stale_at = ? \
-                     WHERE id = ? AND COALESCE(holder, '') = ?",
-                )
-                .bind::<Text, _>(&w.owner)
-                .bind::<Text, _>(&w.holder)
-                .bind::<diesel::sql_types::Datetime, _>(w.expires_at)
-                .bind::<BigInt, _>(id)
-                .bind::<Text, _>(holder)
-                .execute(c)
-                .map(|n| n == 1),
-                None => stmt(shared::ROW_RELEASE)
+                .bind::<BigInt, _>(after)
+                .get_result::<FirstPlace>(self)
+                .optional()?
+            else {
+                return stmt(shared::ROW_RELEASE)
                     .bind::<BigInt, _>(id)
                     .bind::<Text, _>(holder)
-                    .execute(c)
-                    .map(|n| n == 1),
+                    .execute(self)
+                    .map(|n| n == 1);
+            };
+            // The hand-over, in one transaction, locking the key's counter, then its row,
+            // then the place (the acquisitions lock the counter, then insert the row; a
+            // place's own statements lock the place only).
+            match self.transaction(|c| grant_row(c, id, holder, &w)) {
+                Ok(granted) => return Ok(granted),
+                Err(Passed::Gone) => after = w.id,
+                Err(Passed::Failed(e)) => return Err(e),
             }
-        })
+        }
+        stmt(shared::ROW_RELEASE)
+            .bind::<BigInt, _>(id)
+            .bind::<Text, _>(holder)
+            .execute(self)
+            .map(|n| n == 1)
     }
 
     fn lease_release(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
-        if !anyone_waits(self, key)? {
-            return stmt(shared::LEASE_RELEASE)
+        let mut after = 0_i64;
+        for _ in 0..8 {
+            let Some(w) = stmt(LEASE_FIRST_PLACE)
                 .bind::<Text, _>(key)
-                .bind::<Text, _>(holder)
-                .execute(self)
-                .map(|n| n == 1);
-        }
-        self.transaction(|c| {
-            let ours = stmt(
-                "SELECT CAST(lock_key AS CHAR) AS lock_key FROM dlock_leases \
-                 WHERE lock_key = ? AND holder_id = ? FOR UPDATE",
-            )
-            .bind::<Text, _>(key)
-            .bind::<Text, _>(holder)
-            .get_result::<KeyOf>(c)
-            .optional()?;
-            if ours.is_none() {
-                return Ok(false);
-            }
-            match grant_first(c, key, |_| Ok(true))? {
-                Some(w) => stmt(concat!(
-                    "UPDATE dlock_leases SET owner = ?, holder_id = ?, \
-                       token = GREATEST(token + 1, ",
-                    mysql_floor!(),
-                    "), acquired_at = UTC_TIMESTAMP(6), expires_at = ? \
-                     WHERE lock_key = ? AND holder_id = ?"
-                ))
-                .bind::<Text, _>(&w.owner)
-                .bind::<Text, _>(&w.holder)
-                .bind::<diesel::sql_types::Datetime, _>(w.expires_at)
-                .bind::<Text, _>(key)
-                .bind::<Text, _>(holder)
-                .execute(c)
-                .map(|n| n == 1),
-                None => stmt(shared::LEASE_RELEASE)
+                .bind::<BigInt, _>(after)
+                .get_result::<FirstPlace>(self)
+                .optional()?
+            else {
+                return stmt(shared::LEASE_RELEASE)
                     .bind::<Text, _>(key)
                     .bind::<Text, _>(holder)
-                    .execute(c)
-                    .map(|n| n == 1),
+                    .execute(self)
+                    .map(|n| n == 1);
+            };
+            // The lease's row, then the place.
+            match self.transaction(|c| grant_lease(c, key, holder, &w)) {
+                Ok(granted) => return Ok(granted),
+                Err(Passed::Gone) => after = w.id,
+                Err(Passed::Failed(e)) => return Err(e),
             }
-        })
+        }
+        stmt(shared::LEASE_RELEASE)
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(holder)
+            .execute(self)
+            .map(|n| n == 1)
     }
 
     fn row_confirm(
@@ -571,17 +528,13 @@ fn lease_visibly_held(conn: &mut MysqlConnection, key: &str, place: i64) -> Quer
     )
 }
 
-#[derive(QueryableByName)]
-struct KeyOf {
-    #[diesel(sql_type = Text)]
-    lock_key: String,
-}
-
 /// A place of a key's line, as a release reads it to grant it the key.
 #[derive(QueryableByName)]
 struct FirstPlace {
     #[diesel(sql_type = BigInt)]
     id: i64,
+    #[diesel(sql_type = Text)]
+    lock_key: String,
     #[diesel(sql_type = Text)]
     owner: String,
     #[diesel(sql_type = Text)]
@@ -590,61 +543,113 @@ struct FirstPlace {
     expires_at: chrono::NaiveDateTime,
 }
 
-/// Whether a live place of `key`'s line waits for a grant (a consistent read).
-fn anyone_waits(conn: &mut MysqlConnection, key: &str) -> QueryResult<bool> {
-    exists(
-        stmt(
-            "SELECT CAST(1 AS SIGNED) AS one FROM DUAL WHERE EXISTS (SELECT 1 FROM dlock_waiters \
-             WHERE lock_key = ? AND expires_at > UTC_TIMESTAMP(6) AND granted_at IS NULL \
-               AND holder IS NOT NULL)",
-        )
-        .bind::<Text, _>(key)
-        .get_result::<One>(conn)
-        .optional(),
-    )
+/// `lease_release`'s first step (a consistent read): the first live place of the key's line
+/// waiting for a grant, after place `?` (0 at first). None: the plain release
+/// (`shared::LEASE_RELEASE`).
+pub const LEASE_FIRST_PLACE: &str =
+    "SELECT id, CAST(lock_key AS CHAR) AS lock_key, owner, holder, expires_at FROM dlock_waiters \
+     WHERE lock_key = ? AND id > ? AND expires_at > UTC_TIMESTAMP(6) AND granted_at IS NULL \
+       AND holder IS NOT NULL ORDER BY id LIMIT 1";
+
+/// `row_release`'s first step, as `LEASE_FIRST_PLACE`, for the key of row `?`.
+pub const ROW_FIRST_PLACE: &str =
+    "SELECT w.id, CAST(w.lock_key AS CHAR) AS lock_key, w.owner, w.holder, w.expires_at \
+     FROM dlock_waiters w JOIN dlock_rows r ON r.lock_key = w.lock_key WHERE r.id = ? \
+       AND w.id > ? AND w.expires_at > UTC_TIMESTAMP(6) AND w.granted_at IS NULL \
+       AND w.holder IS NOT NULL ORDER BY w.id LIMIT 1";
+
+/// Why a hand-over transaction rolled back: the place it meant to grant was gone (its
+/// waiter left), or a statement failed.
+enum Passed {
+    Gone,
+    Failed(diesel::result::Error),
 }
 
-/// Inside a release's transaction, with the lock's row locked: marks the first live place
-/// of `key`'s line granted and returns it. Each candidate is read (a consistent read) and
-/// then marked by its primary key only while still live and ungranted (a locking update,
-/// on the newest version: a waiter that left meanwhile is passed over, one leaving now
-/// waits for this transaction and then gives the key back). `ready` runs before the first
-/// mark (the row's token bump); false means no grant.
-fn grant_first(
-    conn: &mut MysqlConnection,
-    key: &str,
-    ready: impl FnOnce(&mut MysqlConnection) -> QueryResult<bool>,
-) -> QueryResult<Option<FirstPlace>> {
-    let mut ready = Some(ready);
-    let mut after = 0_i64;
-    for _ in 0..8 {
-        let Some(w) = stmt(
-            "SELECT id, owner, holder, expires_at FROM dlock_waiters \
-             WHERE lock_key = ? AND id > ? AND expires_at > UTC_TIMESTAMP(6) \
-               AND granted_at IS NULL AND holder IS NOT NULL ORDER BY id LIMIT 1",
-        )
-        .bind::<Text, _>(key)
-        .bind::<BigInt, _>(after)
-        .get_result::<FirstPlace>(conn)
-        .optional()?
-        else {
-            return Ok(None);
-        };
-        if let Some(ready) = ready.take() {
-            if !ready(conn)? {
-                return Ok(None);
-            }
-        }
-        let n = stmt(
-            "UPDATE dlock_waiters SET granted_at = UTC_TIMESTAMP(6) \
-             WHERE id = ? AND granted_at IS NULL AND expires_at > UTC_TIMESTAMP(6)",
-        )
-        .bind::<BigInt, _>(w.id)
-        .execute(conn)?;
-        if n == 1 {
-            return Ok(Some(w));
-        }
-        after = w.id;
+impl From<diesel::result::Error> for Passed {
+    fn from(e: diesel::result::Error) -> Self {
+        Passed::Failed(e)
     }
-    Ok(None)
+}
+
+/// Marks place `w` granted, by its primary key, while still live and ungranted (a locking
+/// update of the newest version: a waiter that left meanwhile is passed over, one leaving
+/// now waits for this transaction and then gives the key back).
+fn mark_granted(c: &mut MysqlConnection, w: &FirstPlace) -> Result<(), Passed> {
+    let n = stmt(
+        "UPDATE dlock_waiters SET granted_at = UTC_TIMESTAMP(6) \
+         WHERE id = ? AND granted_at IS NULL AND expires_at > UTC_TIMESTAMP(6)",
+    )
+    .bind::<BigInt, _>(w.id)
+    .execute(c)?;
+    if n == 1 {
+        Ok(())
+    } else {
+        Err(Passed::Gone)
+    }
+}
+
+/// A lease's hand-over to `w` (in a transaction): false if `holder` no longer held it.
+fn grant_lease(
+    c: &mut MysqlConnection,
+    key: &str,
+    holder: &str,
+    w: &FirstPlace,
+) -> Result<bool, Passed> {
+    let n = stmt(concat!(
+        "UPDATE dlock_leases SET owner = ?, holder_id = ?, token = GREATEST(token + 1, ",
+        mysql_floor!(),
+        "), acquired_at = UTC_TIMESTAMP(6), expires_at = ? WHERE lock_key = ? AND holder_id = ?"
+    ))
+    .bind::<Text, _>(&w.owner)
+    .bind::<Text, _>(&w.holder)
+    .bind::<diesel::sql_types::Datetime, _>(w.expires_at)
+    .bind::<Text, _>(key)
+    .bind::<Text, _>(holder)
+    .execute(c)?;
+    if n != 1 {
+        return Ok(false);
+    }
+    mark_granted(c, w)?;
+    Ok(true)
+}
+
+/// A row's hand-over to `w` (in a transaction): the key's next token from its counter
+/// (left in LAST_INSERT_ID()), the row, the place. False if `holder` no longer held it.
+fn grant_row(
+    c: &mut MysqlConnection,
+    id: i64,
+    holder: &str,
+    w: &FirstPlace,
+) -> Result<bool, Passed> {
+    let bumped = stmt(concat!(
+        "UPDATE dlock_tokens SET token = LAST_INSERT_ID(GREATEST(token + 1, ",
+        mysql_floor!(),
+        ")) WHERE lock_key = ?"
+    ))
+    .bind::<Text, _>(&w.lock_key)
+    .execute(c)?;
+    if bumped != 1 {
+        // No counter (never expected while the row exists): no hand-over.
+        return Ok(stmt(shared::ROW_RELEASE)
+            .bind::<BigInt, _>(id)
+            .bind::<Text, _>(holder)
+            .execute(c)?
+            == 1);
+    }
+    let n = stmt(
+        "UPDATE dlock_rows SET owner = ?, holder = ?, token = LAST_INSERT_ID(), \
+           acquired_at = UTC_TIMESTAMP(6), stale_at = ? \
+         WHERE id = ? AND COALESCE(holder, '') = ?",
+    )
+    .bind::<Text, _>(&w.owner)
+    .bind::<Text, _>(&w.holder)
+    .bind::<diesel::sql_types::Datetime, _>(w.expires_at)
+    .bind::<BigInt, _>(id)
+    .bind::<Text, _>(holder)
+    .execute(c)?;
+    if n != 1 {
+        return Ok(false);
+    }
+    mark_granted(c, w)?;
+    Ok(true)
 }

@@ -77,7 +77,7 @@ impl Locks for SqliteConnection {
         if n == 1 {
             return Ok(true);
         }
-        write_txn(self, |c| {
+        let granted = write_txn(self, |c| {
             let key = stmt(
                 "SELECT lock_key AS n FROM dlock_rows WHERE id = ? AND COALESCE(holder, '') = ?",
             )
@@ -86,14 +86,14 @@ impl Locks for SqliteConnection {
             .get_result::<KeyOf>(c)
             .optional()?;
             let Some(key) = key else {
-                return Ok(false);
+                return Ok((false, None));
             };
             let Some(w) = first_place(c, &key.n)? else {
                 return stmt(shared::ROW_RELEASE)
                     .bind::<BigInt, _>(id)
                     .bind::<Text, _>(holder)
                     .execute(c)
-                    .map(|n| n == 1);
+                    .map(|n| (n == 1, None));
             };
             // The key's next token: its own counter (the row's token, which the insert
             // trigger keeps in dlock_tokens too).
@@ -110,7 +110,7 @@ impl Locks for SqliteConnection {
             .get_result::<Count>(c)
             .optional()?;
             let Some(token) = granted else {
-                return Ok(false);
+                return Ok((false, None));
             };
             stmt(
                 "INSERT INTO dlock_tokens (lock_key, token) VALUES (?, ?) \
@@ -120,8 +120,9 @@ impl Locks for SqliteConnection {
             .bind::<BigInt, _>(token.n)
             .execute(c)?;
             grant(c, w.id)?;
-            Ok(true)
-        })
+            Ok((true, Some(w)))
+        })?;
+        Ok(rung(granted))
     }
 
     fn lease_release(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
@@ -133,13 +134,13 @@ impl Locks for SqliteConnection {
         if n == 1 {
             return Ok(true);
         }
-        write_txn(self, |c| {
+        let granted = write_txn(self, |c| {
             let Some(w) = first_place(c, key)? else {
                 return stmt(shared::LEASE_RELEASE)
                     .bind::<Text, _>(key)
                     .bind::<Text, _>(holder)
                     .execute(c)
-                    .map(|n| n == 1);
+                    .map(|n| (n == 1, None));
             };
             let n = stmt(
                 "UPDATE dlock_leases SET owner = ?, holder_id = ?, token = token + 1, \
@@ -154,9 +155,11 @@ impl Locks for SqliteConnection {
             .execute(c)?;
             if n == 1 {
                 grant(c, w.id)?;
+                return Ok((true, Some(w)));
             }
-            Ok(n == 1)
-        })
+            Ok((false, None))
+        })?;
+        Ok(rung(granted))
     }
 
     fn row_confirm(
@@ -391,6 +394,8 @@ struct FirstPlace {
     holder: String,
     #[diesel(sql_type = Text)]
     expires_at: String,
+    #[diesel(sql_type = Nullable<Text>)]
+    channel: Option<String>,
 }
 
 /// Inside a release's IMMEDIATE transaction: the first live place of `key`'s line not
@@ -403,7 +408,8 @@ fn first_place(conn: &mut SqliteConnection, key: &str) -> QueryResult<Option<Fir
 }
 
 /// The first live place of a key's line that no release has granted the key yet.
-const FIRST_PLACE: &str = "SELECT id, lock_key, owner, holder, expires_at FROM dlock_waiters \
+const FIRST_PLACE: &str =
+    "SELECT id, lock_key, owner, holder, expires_at, channel FROM dlock_waiters \
      WHERE lock_key = ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
        AND granted_at IS NULL AND holder IS NOT NULL ORDER BY id LIMIT 1";
 
@@ -446,4 +452,16 @@ fn write_txn<T>(
     } else {
         conn.immediate_transaction(f)
     }
+}
+
+/// After a release's transaction: rings the doorbell of the place it granted the key, if any
+/// (`doorbell.rs`); the release's answer.
+fn rung((released, granted): (bool, Option<FirstPlace>)) -> bool {
+    #[cfg(target_os = "linux")]
+    if let Some(w) = granted {
+        super::doorbell::ring(w.channel.as_deref(), &w.lock_key);
+    }
+    #[cfg(not(target_os = "linux"))]
+    drop(granted);
+    released
 }

@@ -83,11 +83,13 @@ fn release_hands_over(backend: &str, s: &str) {
     let key = common::unique_key(&format!("handover-{s}"));
     let g = a.lock(&key).unwrap();
     let first = g.token();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
     let waiter = {
         let (b, key) = (b.clone(), key.clone());
         std::thread::spawn(move || {
             let g = b.lock(&key).unwrap();
             let t = g.token();
+            done_rx.recv().unwrap();
             g.release().unwrap();
             t
         })
@@ -95,6 +97,7 @@ fn release_hands_over(backend: &str, s: &str) {
     until_waiting(&admin_pool, &key, 1);
     g.release().unwrap();
     let (owner, _) = holder_and_waiting(&admin_pool, &key);
+    done_tx.send(()).unwrap();
     let token = waiter.join().unwrap();
     assert_eq!(
         owner.as_deref(),

@@ -132,7 +132,13 @@ impl<'a, C: LockConnection> Place<'a, C> {
             if spot.is_some_and(|s| !s.granted) {
                 self.renewed = sent;
             }
-            spot
+            match spot {
+                // Not renewed: lapsed, gone, or granted by a release that committed while
+                // the renewal waited for the place (PostgreSQL's renewal then reads the rest
+                // of its answer from before that commit): a look of its own tells.
+                None => conn.sql().line_look(self.key, self.id)?,
+                spot => spot,
+            }
         } else {
             conn.sql().line_look(self.key, self.id)?
         };

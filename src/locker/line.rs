@@ -20,6 +20,9 @@ use std::time::{Duration, Instant};
 /// place. Those behind it pace themselves by the line's movement (`Place::pause`).
 const HEAD_POLL: Duration = Duration::from_millis(1);
 
+/// The longest pause of the first in line between looks, behind a holder that keeps the key.
+const HEAD_POLL_SLOW: Duration = Duration::from_millis(10);
+
 /// How often the first in line also tries the key itself: releases hand the key over, so a
 /// try finds it free only when no release did (a holder that died, a grant that lapsed, a
 /// forced release, a purge).
@@ -173,7 +176,12 @@ impl<'a, C: LockConnection> Place<'a, C> {
     /// that time (before that, as the first does).
     pub(super) fn pause(&self, max: Duration) -> Duration {
         if self.first() {
-            return HEAD_POLL.min(max.max(Duration::from_micros(250)));
+            // Every `HEAD_POLL` while the line moves; behind a holder that keeps the key,
+            // ever less often (a 32nd of the time the line has stood still), up to
+            // `HEAD_POLL_SLOW`: a quick hand-over is seen within a millisecond, and a long
+            // wait costs little CPU.
+            let pause = (self.since.elapsed() / 32).clamp(HEAD_POLL, HEAD_POLL_SLOW);
+            return pause.min(max.max(Duration::from_micros(250)));
         }
         let floor = Duration::from_micros(250);
         let still = self.since.elapsed() / 8;

@@ -204,6 +204,22 @@ fn wakeups(url: &str, s: &str) -> f64 {
     notes as f64 / releases.max(1.0)
 }
 
+/// The uncontended lock + release cycle of one thread with one `Locker`, per second: what a
+/// hand-over across processes is measured against.
+fn one_thread(url: &str, s: &str) -> f64 {
+    let l = locker(url, s);
+    let key = format!("wait-one-{}-{:?}", std::process::id(), Instant::now());
+    let stop = AtomicBool::new(false);
+    let start = Instant::now();
+    let n = std::thread::scope(|sc| {
+        let h = sc.spawn(|| cycle(&l, &key, &stop));
+        std::thread::sleep(WINDOW / 2);
+        stop.store(true, Ordering::Relaxed);
+        h.join().unwrap()
+    });
+    n as f64 / start.elapsed().as_secs_f64()
+}
+
 fn cpu_seconds() -> f64 {
     let s = std::fs::read_to_string("/proc/self/stat").unwrap();
     let f: Vec<&str> = s.rsplit(')').next().unwrap().split_whitespace().collect();
@@ -287,22 +303,25 @@ fn main() {
         WINDOW.as_secs()
     )
     .unwrap();
-    writeln!(m, "| backend | strategy | a `Locker` each (threads): handoffs/s (fairness) | 8 processes: handoffs/s (fairness) | × Advisory (processes) | CPU of a process waiting 5 s (% of a core) |\n|---|---|---:|---:|---:|---:|").unwrap();
+    writeln!(m, "| backend | strategy | a `Locker` each (threads): handoffs/s (fairness) | 8 processes: handoffs/s (fairness) | × Advisory (processes) | one thread alone: cycles/s | processes ÷ one thread | CPU of a process waiting 5 s (% of a core) |\n|---|---|---:|---:|---:|---:|---:|---:|").unwrap();
     let mut wakes = Vec::new();
     for (name, url) in &backends {
         let advisory = (*name == "postgresql").then(|| processes(url, "advisory"));
         for s in ["row", "lease"] {
             let (t, tf) = threads(url, s);
             let (p, pf) = processes(url, s);
+            let one = one_thread(url, s);
             let cpu = waiting_cpu(url, s);
             let ratio = advisory.map_or("–".to_owned(), |(a, _)| format!("{:.2}", p / a));
             writeln!(
                 m,
-                "| {name} | {s} | {t:.0} ({tf:.2}) | {p:.0} ({pf:.2}) | {ratio} | {cpu:.2} |"
+                "| {name} | {s} | {t:.0} ({tf:.2}) | {p:.0} ({pf:.2}) | {ratio} | {one:.0} | {:.2} | {cpu:.2} |",
+                p / one
             )
             .unwrap();
             eprintln!(
-                "{name} {s}: threads {t:.0} ({tf:.2}), processes {p:.0} ({pf:.2}), cpu {cpu:.2}%"
+                "{name} {s}: threads {t:.0} ({tf:.2}), processes {p:.0} ({pf:.2}) = {:.2} x one thread ({one:.0}), advisory ratio {ratio}, cpu {cpu:.2}%",
+                p / one
             );
             #[cfg(feature = "postgres")]
             if *name == "postgresql" {
@@ -312,7 +331,7 @@ fn main() {
         if let Some((a, af)) = advisory {
             writeln!(
                 m,
-                "| {name} | advisory (reference) | – | {a:.0} ({af:.2}) | 1.00 | – |"
+                "| {name} | advisory (reference) | – | {a:.0} ({af:.2}) | 1.00 | – | – | – |"
             )
             .unwrap();
         }

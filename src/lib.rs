@@ -201,6 +201,9 @@ mod election;
 mod error;
 mod guard;
 mod hold;
+#[cfg(feature = "test-hooks")]
+#[doc(hidden)]
+pub mod hooks;
 mod instrument;
 mod key;
 mod lock_info;
@@ -226,3 +229,6 @@ pub use strategy::Strategy;
 #[cfg(feature = "bench-sql")]
 #[doc(hidden)]
 pub use backend::bench_sql as __bench_sql;
+#[cfg(feature = "test-hooks")]
+#[doc(hidden)]
+pub use hooks as __test_hooks;

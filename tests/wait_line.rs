@@ -203,6 +203,64 @@ fn a_killed_second_in_line_is_passed_over(backend: &str, s: &str) {
     assert_eq!(names, ["0", "2"]);
 }
 
+/// Two wait in line; the first is SIGKILLed (and, in a second round, SIGSTOPped) just before
+/// the holder's release, which grants it the key: the grant lapses with its place, and the
+/// second gets the key within the place's ttl (2 s with the default `max_backoff`) + 1 s,
+/// with a token above the one the dead head was granted.
+fn a_killed_head_loses_its_grant(backend: &str, s: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(url) = url(backend, &dir) else {
+        return;
+    };
+    let holder = locker(&url, strategy(s));
+    holder.migrate().unwrap();
+    let mut admin_pool = connect(&url).unwrap();
+    for stop in [false, true] {
+        let key = common::unique_key(&format!("line-dead-head-{s}-{stop}"));
+        let file = dir
+            .path()
+            .join(format!("order-{stop}"))
+            .to_str()
+            .unwrap()
+            .to_owned();
+        let g = holder.lock(&key).unwrap();
+        let first = g.token();
+        let mut kids = Vec::new();
+        for i in 0..2 {
+            kids.push(spawn(&url, s, &key, &i.to_string(), &file, 0));
+            until_waiting(&mut admin_pool, &key, i + 1);
+        }
+        let pid = kids[0].id().to_string();
+        if stop {
+            let st = Command::new("kill").args(["-STOP", &pid]).status().unwrap();
+            assert!(st.success());
+        } else {
+            kids[0].kill().unwrap();
+            kids[0].wait().unwrap();
+        }
+        let released = Instant::now();
+        g.release().unwrap();
+        let second = got(&mut kids[1]);
+        let took = second - released;
+        eprintln!("{backend} {s}: the dead head's grant passed on {took:?} after the release (stopped: {stop})");
+        assert!(took < Duration::from_secs(3), "{took:?}");
+        assert!(kids[1].wait().unwrap().success());
+        if stop {
+            Command::new("kill").args(["-KILL", &pid]).status().unwrap();
+            kids[0].wait().unwrap();
+        }
+        let order = std::fs::read_to_string(&file).unwrap();
+        let lines: Vec<&str> = order.lines().collect();
+        assert_eq!(lines.len(), 1, "{order}");
+        let token: i64 = lines[0].split(' ').nth(1).unwrap().parse().unwrap();
+        assert!(
+            token > first + 1,
+            "token {token} after {first} and the dead head's grant"
+        );
+        assert_eq!(waiting(&mut admin_pool, &key), 0);
+    }
+}
+
 /// A waiter that gives up at its deadline, or is cancelled, leaves no place behind; nor does
 /// one whose thread panics while it waits (here: in the pool's checkout of its next
 /// attempt).
@@ -362,6 +420,10 @@ macro_rules! line_suite {
             #[test]
             fn a_killed_second_in_line_is_passed_over() {
                 super::a_killed_second_in_line_is_passed_over($backend, $strategy);
+            }
+            #[test]
+            fn a_killed_head_loses_its_grant() {
+                super::a_killed_head_loses_its_grant($backend, $strategy);
             }
             #[test]
             fn impatient_and_panicking_waiters_leave_no_place() {

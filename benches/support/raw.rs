@@ -143,6 +143,10 @@ pub mod pg {
             sql(lib::ROW_RELEASE)
                 .bind::<BigInt, _>(id)
                 .bind::<Text, _>(HOLDER)
+                .bind::<BigInt, _>(id)
+                .bind::<Text, _>(HOLDER)
+                .bind::<BigInt, _>(id)
+                .bind::<Text, _>(HOLDER)
                 .get_result::<One>(c)
                 .expect("row release")
                 .one as usize
@@ -178,6 +182,7 @@ pub mod pg {
     pub fn lease_release(c: &mut PgConnection, key: &str, notify: bool) {
         let n = if notify {
             sql(lib::LEASE_RELEASE)
+                .bind::<Text, _>(key)
                 .bind::<Text, _>(key)
                 .bind::<Text, _>(HOLDER)
                 .get_result::<One>(c)
@@ -244,6 +249,64 @@ pub mod pg {
                         .expect("advisory xact lock");
                     }),
                     "BEGIN; pg_advisory_xact_lock; COMMIT",
+                ))
+            }
+            // The minimal statements a user would write by hand, with no token counter and
+            // no line (on a key of their own).
+            Strategy::Row { .. } => {
+                let k = format!("{k}-bare");
+                Some((
+                    Box::new(move || {
+                        let mut c = pool.get().unwrap();
+                        let a = sql(
+                            "INSERT INTO dlock_rows (lock_key, owner, holder, token, acquired_at) \
+                             VALUES (?, ?, ?, 0, now()) ON CONFLICT (lock_key) DO NOTHING \
+                             RETURNING id, token, acquired_at",
+                        )
+                        .bind::<Text, _>(&k)
+                        .bind::<Text, _>(OWNER)
+                        .bind::<Text, _>(HOLDER)
+                        .get_result::<Acquired>(&mut c)
+                        .expect("bare row insert");
+                        drop(c);
+                        let n = sql("DELETE FROM dlock_rows WHERE id = ?")
+                            .bind::<BigInt, _>(a.id)
+                            .execute(&mut pool.get().unwrap())
+                            .unwrap();
+                        assert_eq!(n, 1);
+                    }),
+                    "INSERT … ON CONFLICT DO NOTHING RETURNING; DELETE by id",
+                ))
+            }
+            Strategy::Lease { .. } => {
+                let k = format!("{k}-bare");
+                Some((
+                    Box::new(move || {
+                        let mut c = pool.get().unwrap();
+                        sql(
+                            "INSERT INTO dlock_leases AS l (lock_key, owner, holder_id, token, acquired_at, expires_at) \
+                             VALUES (?, ?, ?, 1, now(), now() + ? * interval '1 microsecond') \
+                             ON CONFLICT (lock_key) DO UPDATE SET owner = excluded.owner, \
+                               holder_id = excluded.holder_id, token = l.token + 1, \
+                               acquired_at = excluded.acquired_at, expires_at = excluded.expires_at \
+                             WHERE l.holder_id IS NULL OR l.expires_at <= now() \
+                             RETURNING 0::int8 AS id, token, acquired_at",
+                        )
+                        .bind::<Text, _>(&k)
+                        .bind::<Text, _>(OWNER)
+                        .bind::<Text, _>(HOLDER)
+                        .bind::<BigInt, _>(TTL.as_micros() as i64)
+                        .get_result::<Acquired>(&mut c)
+                        .expect("bare lease upsert");
+                        drop(c);
+                        let n = sql(shared::LEASE_RELEASE)
+                            .bind::<Text, _>(&k)
+                            .bind::<Text, _>(HOLDER)
+                            .execute(&mut pool.get().unwrap())
+                            .unwrap();
+                        assert_eq!(n, 1);
+                    }),
+                    "INSERT … ON CONFLICT DO UPDATE … WHERE free RETURNING; UPDATE … holder = NULL",
                 ))
             }
             _ => None,
@@ -365,6 +428,14 @@ pub mod mysql {
         one: i64,
     }
 
+    /// What the releases' first step returns: the first place waiting (none here).
+    #[derive(QueryableByName)]
+    #[allow(dead_code)]
+    struct Place {
+        #[diesel(sql_type = BigInt)]
+        id: i64,
+    }
+
     /// What MariaDB's session statements return.
     #[derive(QueryableByName)]
     #[allow(dead_code)]
@@ -413,6 +484,59 @@ pub mod mysql {
                 }),
                 "BEGIN; SELECT … FOR UPDATE; COMMIT",
             )),
+            // The minimal statements a user would write by hand (see the PostgreSQL ones).
+            Strategy::Row { .. } => {
+                let k = format!("{k}-bare");
+                Some((
+                    Box::new(move || {
+                        let mut c = pool.get().unwrap();
+                        let n = sql(
+                            "INSERT IGNORE INTO dlock_rows (lock_key, owner, holder, token, acquired_at) \
+                             VALUES (?, ?, ?, 0, UTC_TIMESTAMP(6))",
+                        )
+                        .bind::<Text, _>(&k)
+                        .bind::<Text, _>(OWNER)
+                        .bind::<Text, _>(HOLDER)
+                        .execute(&mut c)
+                        .unwrap();
+                        assert_eq!(n, 1);
+                        let n = sql("DELETE FROM dlock_rows WHERE id = LAST_INSERT_ID()")
+                            .execute(&mut c)
+                            .unwrap();
+                        assert_eq!(n, 1);
+                    }),
+                    "INSERT IGNORE; DELETE by LAST_INSERT_ID()",
+                ))
+            }
+            Strategy::Lease { .. } => {
+                let k = format!("{k}-bare");
+                Some((
+                    Box::new(move || {
+                        let mut c = pool.get().unwrap();
+                        sql(
+                            "INSERT INTO dlock_leases (lock_key, owner, holder_id, token, acquired_at, expires_at) \
+                             VALUES (?, ?, ?, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
+                             ON DUPLICATE KEY UPDATE \
+                               holder_id = IF(expires_at IS NULL OR expires_at <= UTC_TIMESTAMP(6), VALUES(holder_id), holder_id), \
+                               expires_at = IF(expires_at IS NULL OR expires_at <= UTC_TIMESTAMP(6), VALUES(expires_at), expires_at)",
+                        )
+                        .bind::<Text, _>(&k)
+                        .bind::<Text, _>(OWNER)
+                        .bind::<Text, _>(HOLDER)
+                        .bind::<BigInt, _>(TTL.as_micros() as i64)
+                        .execute(&mut c)
+                        .unwrap();
+                        drop(c);
+                        let n = sql(lib::LEASE_RELEASE)
+                            .bind::<Text, _>(&k)
+                            .bind::<Text, _>(HOLDER)
+                            .execute(&mut pool.get().unwrap())
+                            .unwrap();
+                        assert_eq!(n, 1);
+                    }),
+                    "INSERT … ON DUPLICATE KEY UPDATE IF(free); UPDATE … holder = NULL",
+                ))
+            }
             _ => None,
         }
     }
@@ -444,14 +568,21 @@ pub mod mysql {
                         .get_result::<Acquired>(&mut c)
                         .unwrap();
                     drop(c);
+                    let mut c = pool.get().unwrap();
+                    let waits = sql(lib::ROW_FIRST_PLACE)
+                        .bind::<BigInt, _>(a.id)
+                        .bind::<BigInt, _>(0_i64)
+                        .load::<Place>(&mut c)
+                        .unwrap();
+                    assert!(waits.is_empty());
                     let n = sql(lib::ROW_RELEASE)
                         .bind::<BigInt, _>(a.id)
                         .bind::<Text, _>(HOLDER)
-                        .execute(&mut pool.get().unwrap())
+                        .execute(&mut c)
                         .unwrap();
                     assert_eq!(n, 1);
                 }),
-                "counter upsert; INSERT IGNORE … SELECT while the counter is ours; SELECT by LAST_INSERT_ID(); DELETE by id and holder",
+                "counter upsert; INSERT IGNORE … SELECT while the counter is ours; SELECT by LAST_INSERT_ID(); anyone waiting?; DELETE by id and holder",
             ),
             Strategy::Lease { .. } => (
                 Box::new(move || {
@@ -471,14 +602,21 @@ pub mod mysql {
                         .get_result::<Acquired>(&mut c)
                         .unwrap();
                     drop(c);
+                    let mut c = pool.get().unwrap();
+                    let waits = sql(lib::LEASE_FIRST_PLACE)
+                        .bind::<Text, _>(&k)
+                        .bind::<BigInt, _>(0_i64)
+                        .load::<Place>(&mut c)
+                        .unwrap();
+                    assert!(waits.is_empty());
                     let n = sql(lib::LEASE_RELEASE)
                         .bind::<Text, _>(&k)
                         .bind::<Text, _>(HOLDER)
-                        .execute(&mut pool.get().unwrap())
+                        .execute(&mut c)
                         .unwrap();
                     assert_eq!(n, 1);
                 }),
-                "INSERT … ON DUPLICATE KEY UPDATE; SELECT token; UPDATE … holder = NULL",
+                "INSERT … ON DUPLICATE KEY UPDATE; SELECT token; anyone waiting?; UPDATE … holder = NULL",
             ),
             Strategy::ForUpdate => (
                 Box::new(move || {
@@ -539,8 +677,70 @@ pub mod sqlite {
         pub acquired_at: NaiveDateTime,
     }
 
+    /// The minimal statements a user would write by hand (see the PostgreSQL ones).
+    fn bare(
+        pool: Pool<ConnectionManager<diesel::SqliteConnection>>,
+        strategy: Strategy,
+        key: &str,
+    ) -> Option<Bare> {
+        let k = format!("{key}-bare");
+        let ttl = format!("+{}.{:06} seconds", TTL.as_secs(), TTL.subsec_micros());
+        match strategy {
+            Strategy::Row { .. } => Some((
+                Box::new(move || {
+                    let a = sql(
+                        "INSERT INTO dlock_rows (lock_key, owner, holder, token, acquired_at) \
+                         VALUES (?, ?, ?, 0, strftime('%Y-%m-%d %H:%M:%f', 'now')) \
+                         ON CONFLICT (lock_key) DO NOTHING RETURNING id, token, acquired_at",
+                    )
+                    .bind::<Text, _>(&k)
+                    .bind::<Text, _>(OWNER)
+                    .bind::<Text, _>(HOLDER)
+                    .get_result::<Acquired>(&mut pool.get().unwrap())
+                    .unwrap();
+                    let n = sql("DELETE FROM dlock_rows WHERE id = ?")
+                        .bind::<BigInt, _>(a.id)
+                        .execute(&mut pool.get().unwrap())
+                        .unwrap();
+                    assert_eq!(n, 1);
+                }),
+                "INSERT … ON CONFLICT DO NOTHING RETURNING (token trigger); DELETE by id",
+            )),
+            Strategy::Lease { .. } => Some((
+                Box::new(move || {
+                    sql(
+                        "INSERT INTO dlock_leases (lock_key, owner, holder_id, token, acquired_at, expires_at) \
+                         VALUES (?, ?, ?, 1, strftime('%Y-%m-%d %H:%M:%f', 'now'), \
+                                 strftime('%Y-%m-%d %H:%M:%f', 'now', ?)) \
+                         ON CONFLICT (lock_key) DO UPDATE SET owner = excluded.owner, \
+                           holder_id = excluded.holder_id, token = dlock_leases.token + 1, \
+                           acquired_at = excluded.acquired_at, expires_at = excluded.expires_at \
+                         WHERE dlock_leases.holder_id IS NULL \
+                            OR dlock_leases.expires_at <= excluded.acquired_at \
+                         RETURNING 0 AS id, token, acquired_at",
+                    )
+                    .bind::<Text, _>(&k)
+                    .bind::<Text, _>(OWNER)
+                    .bind::<Text, _>(HOLDER)
+                    .bind::<Text, _>(&ttl)
+                    .get_result::<Acquired>(&mut pool.get().unwrap())
+                    .unwrap();
+                    let n = sql(lib::LEASE_RELEASE)
+                        .bind::<Text, _>(&k)
+                        .bind::<Text, _>(HOLDER)
+                        .execute(&mut pool.get().unwrap())
+                        .unwrap();
+                    assert_eq!(n, 1);
+                }),
+                "INSERT … ON CONFLICT DO UPDATE … WHERE free RETURNING; UPDATE … holder = NULL",
+            )),
+            _ => None,
+        }
+    }
+
     pub fn pair(strategy: Strategy, key: &str) -> Pair {
         let pool = super::super::sqlite_pool(4);
+        let pool_for_bare = pool.clone();
         let l = build(&pool, strategy, key);
         let k = key.to_owned();
         let ttl = format!("+{}.{:06} seconds", TTL.as_secs(), TTL.subsec_micros());
@@ -558,7 +758,7 @@ pub mod sqlite {
                         .bind::<BigInt, _>(i64::MAX)
                         .get_result::<Acquired>(&mut pool.get().unwrap())
                         .unwrap();
-                    let n = sql(lib::ROW_RELEASE)
+                    let n = sql(lib::ROW_RELEASE_ALONE)
                         .bind::<BigInt, _>(a.id)
                         .bind::<Text, _>(HOLDER)
                         .execute(&mut pool.get().unwrap())
@@ -579,9 +779,10 @@ pub mod sqlite {
                         .bind::<BigInt, _>(i64::MAX)
                         .get_result::<Acquired>(&mut pool.get().unwrap())
                         .unwrap();
-                    let n = sql(lib::LEASE_RELEASE)
+                    let n = sql(lib::LEASE_RELEASE_ALONE)
                         .bind::<Text, _>(&k)
                         .bind::<Text, _>(HOLDER)
+                        .bind::<Text, _>(&k)
                         .execute(&mut pool.get().unwrap())
                         .unwrap();
                     assert_eq!(n, 1);
@@ -595,7 +796,7 @@ pub mod sqlite {
             raw,
             statements,
             raw_without_notify: None,
-            bare: None,
+            bare: bare(pool_for_bare, strategy, key),
         }
     }
 }

@@ -21,7 +21,8 @@ pub mod pg {
 #[cfg(feature = "mysql")]
 pub mod mysql {
     pub use crate::backend::mysql::locks::{
-        LEASE_READ_BACK, LEASE_UPSERT, ROW_BUMP, ROW_INSERT, ROW_READ_BACK,
+        LEASE_FIRST_PLACE, LEASE_READ_BACK, LEASE_UPSERT, ROW_BUMP, ROW_FIRST_PLACE, ROW_INSERT,
+        ROW_READ_BACK,
     };
     pub use crate::backend::mysql::sessions::{
         ADVISORY_LOCK, ADVISORY_UNLOCK, FOR_UPDATE_LOCK, FOR_UPDATE_LOCK_ONLY, GET_LOCK,
@@ -33,5 +34,7 @@ pub mod mysql {
 #[cfg(feature = "sqlite")]
 pub mod sqlite {
     pub use crate::backend::shared::{LEASE_RELEASE, ROW_RELEASE};
-    pub use crate::backend::sqlite::locks::{LEASE_ACQUIRE, ROW_ACQUIRE};
+    pub use crate::backend::sqlite::locks::{
+        LEASE_ACQUIRE, LEASE_RELEASE_ALONE, ROW_ACQUIRE, ROW_RELEASE_ALONE,
+    };
 }

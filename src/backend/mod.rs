@@ -21,7 +21,7 @@ mod mysql;
 pub(crate) mod pg;
 mod shared;
 #[cfg(feature = "sqlite")]
-mod sqlite;
+pub(crate) mod sqlite;
 pub(crate) mod stmt;
 mod url;
 
@@ -313,6 +313,22 @@ pub(crate) mod sealed {
         fn row_release(&mut self, id: i64, holder: &str) -> QueryResult<bool>;
         /// Whether the row `id` is still there and still `holder`'s, as `row_release` matches.
         fn row_held(&mut self, id: i64, holder: &str) -> QueryResult<bool>;
+        /// Confirms a grant (`row_release` gave the key to place `place`, whose holder id is
+        /// `holder`): while the granted row is still `holder`'s and its confirmation
+        /// deadline has not passed, its `stale_at` becomes the holder's own (`stale_us`
+        /// from now; `None`: never) and the place goes. `None` if the grant lapsed or was
+        /// taken away (a forced release).
+        fn row_confirm(
+            &mut self,
+            key: &str,
+            place: i64,
+            holder: &str,
+            stale_us: Option<i64>,
+        ) -> QueryResult<Option<Acquired>>;
+        /// Releases `key`'s row if `holder` holds it, as `row_release` does (handing it on):
+        /// what a waiter that gives up does when its place may have been granted. Read by
+        /// key and holder id, then released by id and holder id.
+        fn row_give_back(&mut self, key: &str, holder: &str) -> QueryResult<bool>;
 
         fn lease_acquire(
             &mut self,
@@ -334,8 +350,19 @@ pub(crate) mod sealed {
             ttl_us: i64,
             bound: std::time::Duration,
         ) -> QueryResult<bool>;
-        /// Clears the lease if `holder` still holds it; false if it did not.
+        /// Clears the lease if `holder` still holds it; false if it did not. If a live place
+        /// of the key's line is waiting, the key goes to the first one instead, in the same
+        /// statement or transaction (a grant: see `Lines`).
         fn lease_release(&mut self, key: &str, holder: &str) -> QueryResult<bool>;
+        /// Confirms a grant, as `row_confirm`: the lease, still `holder`'s and unexpired,
+        /// runs `ttl_us` from now, and place `place` goes.
+        fn lease_confirm(
+            &mut self,
+            key: &str,
+            place: i64,
+            holder: &str,
+            ttl_us: i64,
+        ) -> QueryResult<Option<Acquired>>;
         fn lease_held(&mut self, key: &str, holder: &str) -> QueryResult<bool>;
     }
 
@@ -350,29 +377,45 @@ pub(crate) mod sealed {
     /// place with a lower number exists, and a waiter's acquisition removes its place.
     pub trait Lines {
         /// Takes a place at the end of `key`'s line, alive for `ttl_us`; returns its number.
+        /// `holder`: the holder id the waiter will hold the key under if a release grants it
+        /// the key.
         fn line_join(
             &mut self,
             key: &str,
             owner: &str,
             channel: Option<&str>,
             ttl_us: i64,
+            holder: &str,
         ) -> QueryResult<i64>;
         /// Keeps place `id` alive for `ttl_us` more and counts the live places ahead of it;
         /// `None` if the place is gone or lapsed (others have been let past it meanwhile:
         /// its waiter joins again, at the end, rather than jump back ahead of them).
-        fn line_renew(&mut self, key: &str, id: i64, ttl_us: i64) -> QueryResult<Option<i64>>;
+        /// A granted place is not renewed: its grant's deadline is its expiry.
+        fn line_renew(&mut self, key: &str, id: i64, ttl_us: i64) -> QueryResult<Option<Spot>>;
         /// Counts the live places ahead of place `id`, with a read only (no write: on SQLite
         /// a write would queue for the database's one write lock); `None` if the place is
         /// gone.
-        fn line_look(&mut self, key: &str, id: i64) -> QueryResult<Option<i64>>;
+        fn line_look(&mut self, key: &str, id: i64) -> QueryResult<Option<Spot>>;
         /// Gives place `id` up. On PostgreSQL the first live place left is notified, in case
-        /// the key is free and it was waiting behind this one.
-        fn line_leave(&mut self, key: &str, id: i64) -> QueryResult<()>;
+        /// the key is free and it was waiting behind this one. True if the place had been
+        /// granted the key: the caller then gives the key back (`row_give_back`, `lease_release`), which hands it
+        /// on. The removal comes first and commits: a release that has not granted the place
+        /// yet can no longer do so, and one that has is seen by the give-back.
+        fn line_leave(&mut self, key: &str, id: i64) -> QueryResult<bool>;
         /// The live lines: per key (all keys, or one), how many wait and how long the
         /// longest has waited, in microseconds of database time.
         fn line_stats(&mut self, key: Option<&str>) -> QueryResult<Vec<LineStat>>;
         /// Removes lapsed places; how many.
         fn purge_lapsed_places(&mut self) -> QueryResult<usize>;
+    }
+
+    /// Where a live place stands (`Lines::line_renew`, `line_look`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct Spot {
+        /// Live places ahead of it.
+        pub ahead: i64,
+        /// A release granted it the key: its waiter confirms.
+        pub granted: bool,
     }
 
     /// One key's line, as `Lines::line_stats` reads it.

@@ -29,6 +29,10 @@ pub(crate) const ROW_FORGET: &str = "DELETE FROM dlock_rows WHERE lock_key = ? A
 /// Matched by id and holder id (see `Locks::row_release`).
 pub const ROW_RELEASE: &str = "DELETE FROM dlock_rows WHERE id = ? AND COALESCE(holder, '') = ?";
 
+/// `row_give_back`'s read, on every backend: the id of the key's row if `holder` holds it.
+pub(crate) const ROW_OF_HOLDER: &str =
+    "SELECT id FROM dlock_rows WHERE lock_key = ? AND holder = ?";
+
 /// `row_held`, on every backend. It reads the id itself, a BIGINT on every backend, so that
 /// one text serves all three (a literal `1` would need a cast of its own on each).
 /// Matched by id and holder id, as `ROW_RELEASE`.
@@ -44,6 +48,11 @@ pub const LEASE_RELEASE: &str = "UPDATE dlock_leases SET holder_id = NULL, expir
 /// removal of a waiter's place after its acquisition there: by the place's number.
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) const LEAVE_PLACE: &str = "DELETE FROM dlock_waiters WHERE id = ?";
+
+/// `line_leave`'s first step on MySQL: the place goes if no release granted it the key.
+#[cfg(feature = "mysql")]
+pub(crate) const LEAVE_UNGRANTED: &str =
+    "DELETE FROM dlock_waiters WHERE id = ? AND granted_at IS NULL";
 
 /// `HolderSteps::create_header` on PostgreSQL and SQLite (MySQL: `INSERT IGNORE`).
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
@@ -64,19 +73,25 @@ pub(crate) struct One {
 }
 
 /// What the line's renewals and looks answer (`Lines::line_renew`, `line_look`): whether the
-/// caller's place is there and live (`mine`, 0 or 1), and how many live places are ahead.
+/// caller's place is there and live (`mine`, 0 or 1; for a renewal, renewed), how many live
+/// places are ahead, and whether it is live and granted (`granted`, 0 or 1).
 #[derive(diesel::QueryableByName)]
 pub(crate) struct Mine {
     #[diesel(sql_type = diesel::sql_types::BigInt)]
     pub(crate) mine: i64,
     #[diesel(sql_type = diesel::sql_types::BigInt)]
     pub(crate) ahead: i64,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    pub(crate) granted: i64,
 }
 
 impl Mine {
-    /// The places ahead, if the caller's place is there.
-    pub(crate) fn ahead(self) -> Option<i64> {
-        (self.mine == 1).then_some(self.ahead)
+    /// Where the caller's place stands, if it is there (a granted place is, renewed or not).
+    pub(crate) fn spot(self) -> Option<crate::backend::sealed::Spot> {
+        (self.mine == 1 || self.granted == 1).then_some(crate::backend::sealed::Spot {
+            ahead: self.ahead,
+            granted: self.granted == 1,
+        })
     }
 }
 
@@ -262,6 +277,25 @@ macro_rules! statements {
                 .map(|n| n == 1)
         }
     };
+    (@row_give_back) => {
+        fn row_give_back(&mut self, key: &str, holder: &str) -> diesel::QueryResult<bool> {
+            use diesel::{OptionalExtension as _, RunQueryDsl as _};
+            #[derive(diesel::QueryableByName)]
+            struct Id {
+                #[diesel(sql_type = diesel::sql_types::BigInt)]
+                id: i64,
+            }
+            let id = $crate::backend::stmt::stmt($crate::backend::shared::ROW_OF_HOLDER)
+                .bind::<diesel::sql_types::Text, _>(key)
+                .bind::<diesel::sql_types::Text, _>(holder)
+                .get_result::<Id>(self)
+                .optional()?;
+            match id {
+                Some(Id { id }) => self.row_release(id, holder),
+                None => Ok(false),
+            }
+        }
+    };
     (@row_held) => {
         fn row_held(&mut self, id: i64, holder: &str) -> diesel::QueryResult<bool> {
             use diesel::{OptionalExtension as _, RunQueryDsl as _};
@@ -280,12 +314,21 @@ macro_rules! statements {
         }
     };
     (@line_leave) => {
-        fn line_leave(&mut self, _key: &str, id: i64) -> diesel::QueryResult<()> {
+        fn line_leave(&mut self, _key: &str, id: i64) -> diesel::QueryResult<bool> {
             use diesel::RunQueryDsl as _;
+            // No RETURNING on MySQL: a place not granted goes in one statement (a locking
+            // delete of the newest version, which waits for a grant under way); only one
+            // that was granted is deleted by a second, and the caller gives the key back.
+            let n = $crate::backend::stmt::stmt($crate::backend::shared::LEAVE_UNGRANTED)
+                .bind::<diesel::sql_types::BigInt, _>(id)
+                .execute(self)?;
+            if n == 1 {
+                return Ok(false);
+            }
             $crate::backend::stmt::stmt($crate::backend::shared::LEAVE_PLACE)
                 .bind::<diesel::sql_types::BigInt, _>(id)
                 .execute(self)
-                .map(drop)
+                .map(|n| n == 1)
         }
     };
     (@lease_release) => {

@@ -454,6 +454,23 @@ impl<C: LockConnection> LockerBuilder<C> {
             }
             None => None,
         };
+        // Row and Lease waiters on SQLite (Linux) are rung by the release that grants them
+        // the key.
+        #[cfg(all(feature = "sqlite", target_os = "linux"))]
+        let doorbell = if backend == Backend::Sqlite && raw.lines() {
+            let woken = shared.clone();
+            match crate::backend::sqlite::doorbell::Doorbell::new(move |key| {
+                woken.queues.wake_remote(key)
+            }) {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    log::warn!("doorbell: cannot bind its socket ({e}); waiters poll");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         Ok(Locker {
             inner: Arc::new(Inner {
                 pool,
@@ -467,6 +484,8 @@ impl<C: LockConnection> LockerBuilder<C> {
                 schema_waited: AtomicBool::new(false),
                 #[cfg(feature = "postgres")]
                 listener,
+                #[cfg(all(feature = "sqlite", target_os = "linux"))]
+                doorbell,
             }),
         })
     }

@@ -12,8 +12,21 @@
 //! (deadline, cancel, error, panic) is given up when its `Place` is dropped.
 
 use crate::backend::{LockConnection, Sql};
-use crate::strategy::Pool;
+use crate::strategy::{Pool, RawLock};
 use std::time::{Duration, Instant};
+
+/// How often the first in line looks at its own place for a grant when it hears no
+/// notifications (MySQL, SQLite, PostgreSQL without a listener): a cheap read of one
+/// place. Those behind it pace themselves by the line's movement (`Place::pause`).
+const HEAD_POLL: Duration = Duration::from_millis(1);
+
+/// The longest pause of the first in line between looks, behind a holder that keeps the key.
+const HEAD_POLL_SLOW: Duration = Duration::from_millis(10);
+
+/// How often the first in line also tries the key itself: releases hand the key over, so a
+/// try finds it free only when no release did (a holder that died, a grant that lapsed, a
+/// forced release, a purge).
+const HEAD_TRY: Duration = Duration::from_millis(20);
 
 /// How long a place stays alive without a renewal: long enough for the pauses between a
 /// waiter's looks (at most `max_backoff`) with room to spare, short enough that a dead
@@ -25,8 +38,19 @@ pub(super) fn place_ttl(max_backoff: Duration) -> Duration {
 /// A place held by a waiting thread.
 pub(super) struct Place<'a, C: LockConnection> {
     pool: &'a Pool<C>,
+    /// Gives back a key granted as the wait ended (`RawLock::give_back`).
+    raw: &'a dyn RawLock<C>,
     key: &'a str,
     pub(super) id: i64,
+    /// The holder id a grant gives the key to.
+    pub(super) holder: String,
+    /// A release granted the key to this place (at the last look).
+    granted: bool,
+    /// When the first in line last tried the key itself.
+    tried: Option<Instant>,
+    /// A confirmation failed in a way that may have committed: giving the place up gives
+    /// the key back whatever the removal says.
+    pub(super) may_hold: bool,
     ttl: Duration,
     ttl_us: i64,
     /// When the last join or renewal was sent (the database's expiry follows it).
@@ -44,9 +68,11 @@ pub(super) struct Place<'a, C: LockConnection> {
 
 impl<'a, C: LockConnection> Place<'a, C> {
     /// Takes a place at the end of `key`'s line on `conn`.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn join(
         conn: &mut C,
         pool: &'a Pool<C>,
+        raw: &'a dyn RawLock<C>,
         key: &'a str,
         owner: &str,
         channel: Option<&str>,
@@ -54,12 +80,18 @@ impl<'a, C: LockConnection> Place<'a, C> {
     ) -> crate::Result<Place<'a, C>> {
         let ttl_us = crate::strategy::micros(ttl).unwrap_or(i64::MAX);
         let renewed = Instant::now();
-        let id = conn.sql().line_join(key, owner, channel, ttl_us)?;
+        let holder = crate::random::holder_id();
+        let id = conn.sql().line_join(key, owner, channel, ttl_us, &holder)?;
         log::trace!("lock {key:?}: waiting in line, place {id}");
         Ok(Place {
             pool,
+            raw,
             key,
             id,
+            holder,
+            granted: false,
+            tried: None,
+            may_hold: false,
             ttl,
             ttl_us,
             renewed,
@@ -71,29 +103,50 @@ impl<'a, C: LockConnection> Place<'a, C> {
         })
     }
 
-    /// Whether the waiter may try the key: nobody was ahead at the last look.
+    /// Whether the waiter is first in line: nobody was ahead at the last look.
     pub(super) fn first(&self) -> bool {
         self.ahead == Some(0)
     }
 
+    /// Whether a release granted this place the key (at the last look).
+    pub(super) fn granted(&self) -> bool {
+        self.granted
+    }
+
+    /// Whether the first in line should try the key itself now (see `HEAD_TRY`): at once
+    /// when it becomes first, then now and then; it notes the try.
+    pub(super) fn try_due(&mut self) -> bool {
+        let due = self.tried.is_none_or(|t| t.elapsed() >= HEAD_TRY);
+        if due {
+            self.tried = Some(Instant::now());
+        }
+        due
+    }
+
     /// Before an attempt: renews the place once a third of its ttl has passed (a write),
-    /// otherwise, unless it was first at the last look, counts those ahead (a read: only a
-    /// look tells when they go). False if the place lapsed (this waiter was held up for longer
-    /// than its ttl, and others were let past it) or is gone (a purge removed it): the caller
-    /// then joins again, at the end.
+    /// otherwise looks at it (a read: whether a release granted it the key, and how many are
+    /// ahead). False if the place lapsed (this waiter was held up for longer than its ttl,
+    /// and others were let past it) or is gone (a purge removed it): the caller then joins
+    /// again, at the end.
     pub(super) fn refresh(&mut self, conn: &mut C) -> crate::Result<bool> {
         let sent = Instant::now();
-        let ahead = if sent.duration_since(self.renewed) >= self.ttl / 3 {
-            let ahead = conn.sql().line_renew(self.key, self.id, self.ttl_us)?;
-            if ahead.is_some() {
+        let spot = if !self.granted && sent.duration_since(self.renewed) >= self.ttl / 3 {
+            let spot = conn.sql().line_renew(self.key, self.id, self.ttl_us)?;
+            if spot.is_some_and(|s| !s.granted) {
                 self.renewed = sent;
             }
-            ahead
-        } else if self.first() {
-            return Ok(true);
+            match spot {
+                // Not renewed: lapsed, gone, or granted by a release that committed while
+                // the renewal waited for the place (PostgreSQL's renewal then reads the rest
+                // of its answer from before that commit): a look of its own tells.
+                None => conn.sql().line_look(self.key, self.id)?,
+                spot => spot,
+            }
         } else {
             conn.sql().line_look(self.key, self.id)?
         };
+        self.granted = spot.is_some_and(|s| s.granted);
+        let ahead = spot.map(|s| s.ahead);
         let Some(ahead) = ahead else {
             log::debug!(
                 "lock {:?}: place {} in line lapsed; joining again",
@@ -106,6 +159,9 @@ impl<'a, C: LockConnection> Place<'a, C> {
         self.ahead_at_first_look.get_or_insert(ahead);
         if self.ahead != Some(ahead) {
             self.since = sent;
+            if ahead == 0 {
+                self.tried = None; // just became first: try the key at once
+            }
         }
         self.ahead = Some(ahead);
         Ok(true)
@@ -119,6 +175,14 @@ impl<'a, C: LockConnection> Place<'a, C> {
     /// hand-overs less one at the pace the line has moved since it joined, and looks at half
     /// that time (before that, as the first does).
     pub(super) fn pause(&self, max: Duration) -> Duration {
+        if self.first() {
+            // Every `HEAD_POLL` while the line moves; behind a holder that keeps the key,
+            // ever less often (a 32nd of the time the line has stood still), up to
+            // `HEAD_POLL_SLOW`: a quick hand-over is seen within a millisecond, and a long
+            // wait costs little CPU.
+            let pause = (self.since.elapsed() / 32).clamp(HEAD_POLL, HEAD_POLL_SLOW);
+            return pause.min(max.max(Duration::from_micros(250)));
+        }
         let floor = Duration::from_micros(250);
         let still = self.since.elapsed() / 8;
         let pause = match self.ahead {
@@ -147,7 +211,7 @@ impl<'a, C: LockConnection> Place<'a, C> {
     /// from the pool, which on a pool of one would wait for this one).
     pub(super) fn leave(mut self, conn: &mut C) {
         self.used = true;
-        if let Err(e) = conn.sql().line_leave(self.key, self.id) {
+        if let Err(e) = self.give_up(conn) {
             log::debug!(
                 "lock {:?}: giving up place {} in line failed ({e}); it lapses within {:?}",
                 self.key,
@@ -155,6 +219,21 @@ impl<'a, C: LockConnection> Place<'a, C> {
                 self.ttl
             );
         }
+    }
+
+    /// Removes the place, then gives back the key if a release had granted it to the place
+    /// before the removal (the removal commits first: a release that had not granted it
+    /// yet can no longer, and a grant already made is seen by the give-back, which hands
+    /// the key on). The race of a waiter that gives up (deadline, cancel, error, panic) as
+    /// it is granted the key ends so: the grant passes to the next place.
+    fn give_up(&self, conn: &mut C) -> crate::Result<()> {
+        #[cfg(feature = "test-hooks")]
+        crate::hooks::before_leave(self.key);
+        let granted = conn.sql().line_leave(self.key, self.id)?;
+        if granted || self.may_hold {
+            self.raw.give_back(conn, self.key, &self.holder)?;
+        }
+        Ok(())
     }
 }
 
@@ -167,10 +246,7 @@ impl<C: LockConnection> Drop for Place<'_, C> {
         // expiry, and holds up the line only until then.
         let patience = self.pool.connection_timeout().min(Duration::from_secs(1));
         let left = match self.pool.get_timeout(patience) {
-            Ok(mut c) => c
-                .sql()
-                .line_leave(self.key, self.id)
-                .map_err(crate::Error::from),
+            Ok(mut c) => self.give_up(&mut c),
             Err(e) => Err(e.into()),
         };
         match left {

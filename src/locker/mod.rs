@@ -122,6 +122,10 @@ pub(crate) struct Inner<C: LockConnection> {
     /// Dropped (and joined) with the last clone of the `Locker`.
     #[cfg(feature = "postgres")]
     listener: Option<crate::backend::pg::listen::Listener>,
+    /// SQLite on Linux, Row and Lease: the socket a release that grants this `Locker`'s
+    /// place the key rings (`backend/sqlite/doorbell.rs`).
+    #[cfg(all(feature = "sqlite", target_os = "linux"))]
+    doorbell: Option<crate::backend::sqlite::doorbell::Doorbell>,
 }
 
 impl<C: LockConnection> Clone for Locker<C> {

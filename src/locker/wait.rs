@@ -164,7 +164,7 @@ impl<C: LockConnection> Locker<C> {
     #[allow(clippy::too_many_arguments)]
     fn attempt<'a>(
         &'a self,
-        raw: &dyn RawLock<C>,
+        raw: &'a dyn RawLock<C>,
         key: &'a str,
         retry: bool,
         deadline: Deadline,
@@ -254,7 +254,7 @@ impl<C: LockConnection> Locker<C> {
     /// release between its first try and its joining notified nobody).
     fn attempt_in_line<'a>(
         &'a self,
-        raw: &dyn RawLock<C>,
+        raw: &'a dyn RawLock<C>,
         conn: &mut Conn<C>,
         key: &'a str,
         retry: bool,
@@ -268,10 +268,44 @@ impl<C: LockConnection> Locker<C> {
                 }
             }
         }
-        let joined = match place.as_ref() {
+        let joined = match place.as_mut() {
+            Some(p) if p.granted() => {
+                // A release handed this place the key: confirm it.
+                conn.place = p.id;
+                conn.holder = Some(p.holder.clone());
+                conn.granted = true;
+                let confirmed = raw.try_acquire(conn, key, true, Wait::No);
+                conn.granted = false;
+                return match confirmed {
+                    Ok(Some(taken)) => {
+                        if let Some(p) = place.take() {
+                            p.used();
+                        }
+                        Ok(Some(taken))
+                    }
+                    Ok(None) => {
+                        // The grant lapsed or was taken away (a forced release): join again.
+                        log::debug!("lock {key:?}: the key granted to place {} was gone before it was confirmed", p.id);
+                        if let Some(p) = place.take() {
+                            p.leave(&mut **conn);
+                        }
+                        Ok(None)
+                    }
+                    Err(e) => {
+                        // The confirmation may have committed: giving the place up gives the
+                        // key back in any case.
+                        p.may_hold = true;
+                        Err(e)
+                    }
+                };
+            }
             Some(p) if !p.first() => return Ok(None),
             Some(p) => {
+                if !p.try_due() {
+                    return Ok(None);
+                }
                 conn.place = p.id;
+                conn.holder = Some(p.holder.clone());
                 true
             }
             None => false,
@@ -294,12 +328,14 @@ impl<C: LockConnection> Locker<C> {
         let p = Place::join(
             &mut **conn,
             &self.inner.pool,
+            raw,
             key,
             &self.inner.shared.owner,
             self.channel(),
             place_ttl(self.inner.max_backoff),
         )?;
         conn.place = p.id;
+        conn.holder = Some(p.holder.clone());
         let taken = raw.try_acquire(conn, key, true, Wait::No)?;
         if taken.is_some() {
             p.used();
@@ -450,6 +486,16 @@ impl<C: LockConnection> Locker<C> {
                 }
             };
         }
+        #[cfg(all(feature = "sqlite", target_os = "linux"))]
+        if let Some(d) = &self.inner.doorbell {
+            return match d.start() {
+                Ok(()) => true,
+                Err(e) => {
+                    log::warn!("doorbell: cannot start its thread ({e}); waiters poll");
+                    false
+                }
+            };
+        }
         false
     }
 
@@ -458,6 +504,10 @@ impl<C: LockConnection> Locker<C> {
         #[cfg(feature = "postgres")]
         if let Some(l) = &self.inner.listener {
             return Some(l.channel());
+        }
+        #[cfg(all(feature = "sqlite", target_os = "linux"))]
+        if let Some(d) = &self.inner.doorbell {
+            return Some(d.name());
         }
         None
     }

@@ -415,6 +415,13 @@ pub(crate) trait RawLock<C: LockConnection>: Send + Sync + 'static {
     fn lines(&self) -> bool {
         false
     }
+
+    /// Gives back the key a release may have granted to a place taken with `holder`, whose
+    /// waiter gave up (its place is already removed): released as the strategy releases,
+    /// which hands it on to the next place. Nothing where it holds nothing.
+    fn give_back(&self, _conn: &mut C, _key: &str, _holder: &str) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// The kinds of lock beside a strategy's own exclusive one (`Locker::read`, `write`,
@@ -456,6 +463,11 @@ pub(crate) struct Conn<C: LockConnection> {
     /// The caller's place in the key's line (`locker/line.rs`), or `NO_PLACE`: what the
     /// acquiring statements of strategies with a line (`RawLock::lines`) are given.
     pub(crate) place: i64,
+    /// The holder id the caller's place was taken with (a grant names it), if it has one.
+    pub(crate) holder: Option<String>,
+    /// The caller's place was granted the key by a release: the attempt confirms the grant
+    /// (`Locks::row_confirm`, `lease_confirm`) instead of acquiring.
+    pub(crate) granted: bool,
 }
 
 impl<C: LockConnection> Conn<C> {
@@ -464,6 +476,8 @@ impl<C: LockConnection> Conn<C> {
             conn: Some(conn),
             target: None,
             place: crate::backend::NO_PLACE,
+            holder: None,
+            granted: false,
         }
     }
 

@@ -1,7 +1,7 @@
 //! MySQL's statements of the line of waiters (`dlock_waiters`). No notifications here:
 //! waiters poll their own place (`line_renew`, an update by primary key and an indexed count).
 
-use crate::backend::sealed::{LineStat, Lines};
+use crate::backend::sealed::{LineStat, Lines, Spot};
 use crate::backend::shared::Mine;
 use crate::backend::stmt::stmt;
 use diesel::mysql::MysqlConnection;
@@ -14,10 +14,6 @@ struct Count {
     n: i64,
 }
 
-/// The live places of `key` ahead of place `id` (a consistent, non-locking read).
-pub(super) const AHEAD: &str = "SELECT COUNT(*) AS n FROM dlock_waiters \
-     WHERE lock_key = ? AND id < ? AND expires_at > UTC_TIMESTAMP(6)";
-
 impl Lines for MysqlConnection {
     crate::backend::shared::statements!(line_leave);
 
@@ -27,57 +23,56 @@ impl Lines for MysqlConnection {
         owner: &str,
         channel: Option<&str>,
         ttl_us: i64,
+        holder: &str,
     ) -> QueryResult<i64> {
         // Lapsed places are left to `purge` (and ignored meanwhile): a DELETE by key here
         // would take next-key locks on the key's places and deadlock with other joiners.
         stmt(
-            "INSERT INTO dlock_waiters (lock_key, owner, channel, since, expires_at) \
-             VALUES (?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)",
+            "INSERT INTO dlock_waiters (lock_key, owner, channel, since, expires_at, holder) \
+             VALUES (?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?)",
         )
         .bind::<Text, _>(key)
         .bind::<Text, _>(owner)
         .bind::<Nullable<Text>, _>(channel)
         .bind::<BigInt, _>(ttl_us)
+        .bind::<Text, _>(holder)
         .execute(self)?;
         stmt("SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS n")
             .get_result::<Count>(self)
             .map(|c| c.n)
     }
 
-    fn line_renew(&mut self, key: &str, id: i64, ttl_us: i64) -> QueryResult<Option<i64>> {
-        // diesel sets CLIENT_FOUND_ROWS, so the count is of matched rows.
-        let mine = stmt(
+    fn line_renew(&mut self, key: &str, id: i64, ttl_us: i64) -> QueryResult<Option<Spot>> {
+        // A granted place is not renewed (its expiry is its grant's deadline): the look
+        // below then reports it granted.
+        stmt(
             "UPDATE dlock_waiters SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
-             WHERE id = ? AND expires_at > UTC_TIMESTAMP(6)",
+             WHERE id = ? AND expires_at > UTC_TIMESTAMP(6) AND granted_at IS NULL",
         )
         .bind::<BigInt, _>(ttl_us)
         .bind::<BigInt, _>(id)
         .execute(self)?;
-        if mine != 1 {
-            return Ok(None);
-        }
-        stmt(AHEAD)
-            .bind::<Text, _>(key)
-            .bind::<BigInt, _>(id)
-            .get_result::<Count>(self)
-            .map(|c| Some(c.n))
+        self.line_look(key, id)
     }
 
-    fn line_look(&mut self, key: &str, id: i64) -> QueryResult<Option<i64>> {
+    fn line_look(&mut self, key: &str, id: i64) -> QueryResult<Option<Spot>> {
         // A consistent (non-locking) read of the key's places up to this one.
         stmt(
             "SELECT CAST(COALESCE(SUM(id = ? AND expires_at > UTC_TIMESTAMP(6)), 0) AS SIGNED) \
                       AS mine, \
                     CAST(COALESCE(SUM(id < ? AND expires_at > UTC_TIMESTAMP(6)), 0) AS SIGNED) \
-                      AS ahead \
+                      AS ahead, \
+                    CAST(COALESCE(SUM(id = ? AND expires_at > UTC_TIMESTAMP(6) \
+                                      AND granted_at IS NOT NULL), 0) AS SIGNED) AS granted \
              FROM dlock_waiters WHERE lock_key = ? AND id <= ?",
         )
+        .bind::<BigInt, _>(id)
         .bind::<BigInt, _>(id)
         .bind::<BigInt, _>(id)
         .bind::<Text, _>(key)
         .bind::<BigInt, _>(id)
         .get_result::<Mine>(self)
-        .map(Mine::ahead)
+        .map(Mine::spot)
     }
 
     fn line_stats(&mut self, key: Option<&str>) -> QueryResult<Vec<LineStat>> {

@@ -10,7 +10,7 @@ use crate::backend::stmt::stmt;
 use crate::backend::Acquired;
 use diesel::mysql::MysqlConnection;
 use diesel::sql_types::{BigInt, Nullable, Text};
-use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
+use diesel::{Connection, OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 
 // The texts of the statements the benches' raw floors run too (`diesel_lock::__bench_sql`);
 // the others are written where they run. The releases are in `shared.rs` (the same on
@@ -183,7 +183,134 @@ struct Id {
 }
 
 impl Locks for MysqlConnection {
-    shared::statements!(row_release, row_held, lease_release);
+    shared::statements!(row_held, row_give_back);
+
+    fn row_release(&mut self, id: i64, holder: &str) -> QueryResult<bool> {
+        // A consistent read first: the first live place of the row's key waiting for a
+        // grant. Nobody: the plain DELETE (a place joining after the read tries the key
+        // itself once it has joined).
+        let mut after = 0_i64;
+        for _ in 0..8 {
+            let Some(w) = stmt(ROW_FIRST_PLACE)
+                .bind::<BigInt, _>(id)
+                .bind::<BigInt, _>(after)
+                .get_result::<FirstPlace>(self)
+                .optional()?
+            else {
+                return stmt(shared::ROW_RELEASE)
+                    .bind::<BigInt, _>(id)
+                    .bind::<Text, _>(holder)
+                    .execute(self)
+                    .map(|n| n == 1);
+            };
+            // The hand-over, in one transaction, locking the key's counter, then its row,
+            // then the place (the acquisitions lock the counter, then insert the row; a
+            // place's own statements lock the place only).
+            match self.transaction(|c| grant_row(c, id, holder, &w)) {
+                Ok(granted) => return Ok(granted),
+                Err(Passed::Gone) => after = w.id,
+                Err(Passed::Failed(e)) => return Err(e),
+            }
+        }
+        stmt(shared::ROW_RELEASE)
+            .bind::<BigInt, _>(id)
+            .bind::<Text, _>(holder)
+            .execute(self)
+            .map(|n| n == 1)
+    }
+
+    fn lease_release(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
+        let mut after = 0_i64;
+        for _ in 0..8 {
+            let Some(w) = stmt(LEASE_FIRST_PLACE)
+                .bind::<Text, _>(key)
+                .bind::<BigInt, _>(after)
+                .get_result::<FirstPlace>(self)
+                .optional()?
+            else {
+                return stmt(shared::LEASE_RELEASE)
+                    .bind::<Text, _>(key)
+                    .bind::<Text, _>(holder)
+                    .execute(self)
+                    .map(|n| n == 1);
+            };
+            // The lease's row, then the place.
+            match self.transaction(|c| grant_lease(c, key, holder, &w)) {
+                Ok(granted) => return Ok(granted),
+                Err(Passed::Gone) => after = w.id,
+                Err(Passed::Failed(e)) => return Err(e),
+            }
+        }
+        stmt(shared::LEASE_RELEASE)
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(holder)
+            .execute(self)
+            .map(|n| n == 1)
+    }
+
+    fn row_confirm(
+        &mut self,
+        key: &str,
+        place: i64,
+        holder: &str,
+        stale_us: Option<i64>,
+    ) -> QueryResult<Option<Acquired>> {
+        let n = stmt(
+            "UPDATE dlock_rows SET stale_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+             WHERE lock_key = ? AND holder = ? AND stale_at > UTC_TIMESTAMP(6)",
+        )
+        .bind::<Nullable<BigInt>, _>(stale_us)
+        .bind::<Text, _>(key)
+        .bind::<Text, _>(holder)
+        .execute(self)?;
+        if n != 1 {
+            return Ok(None);
+        }
+        let a = stmt(
+            "SELECT id, token, acquired_at, CAST(0 AS SIGNED) AS ahead FROM dlock_rows \
+             WHERE lock_key = ? AND holder = ?",
+        )
+        .bind::<Text, _>(key)
+        .bind::<Text, _>(holder)
+        .get_result::<ReadBack>(self)
+        .optional()?;
+        if a.is_some() {
+            leave_place(self, place);
+        }
+        Ok(a.map(ReadBack::acquired))
+    }
+
+    fn lease_confirm(
+        &mut self,
+        key: &str,
+        place: i64,
+        holder: &str,
+        ttl_us: i64,
+    ) -> QueryResult<Option<Acquired>> {
+        let n = stmt(
+            "UPDATE dlock_leases SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+             WHERE lock_key = ? AND holder_id = ? AND expires_at > UTC_TIMESTAMP(6)",
+        )
+        .bind::<BigInt, _>(ttl_us)
+        .bind::<Text, _>(key)
+        .bind::<Text, _>(holder)
+        .execute(self)?;
+        if n != 1 {
+            return Ok(None);
+        }
+        let a = stmt(
+            "SELECT CAST(0 AS SIGNED) AS id, token, acquired_at, CAST(0 AS SIGNED) AS ahead \
+             FROM dlock_leases WHERE lock_key = ? AND holder_id = ?",
+        )
+        .bind::<Text, _>(key)
+        .bind::<Text, _>(holder)
+        .get_result::<ReadBack>(self)
+        .optional()?;
+        if a.is_some() {
+            leave_place(self, place);
+        }
+        Ok(a.map(ReadBack::acquired))
+    }
 
     fn row_acquire(
         &mut self,
@@ -399,4 +526,130 @@ fn lease_visibly_held(conn: &mut MysqlConnection, key: &str, place: i64) -> Quer
         .get_result::<One>(conn)
         .optional(),
     )
+}
+
+/// A place of a key's line, as a release reads it to grant it the key.
+#[derive(QueryableByName)]
+struct FirstPlace {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+    #[diesel(sql_type = Text)]
+    lock_key: String,
+    #[diesel(sql_type = Text)]
+    owner: String,
+    #[diesel(sql_type = Text)]
+    holder: String,
+    #[diesel(sql_type = diesel::sql_types::Datetime)]
+    expires_at: chrono::NaiveDateTime,
+}
+
+/// `lease_release`'s first step (a consistent read): the first live place of the key's line
+/// waiting for a grant, after place `?` (0 at first). None: the plain release
+/// (`shared::LEASE_RELEASE`).
+pub const LEASE_FIRST_PLACE: &str =
+    "SELECT id, CAST(lock_key AS CHAR) AS lock_key, owner, holder, expires_at FROM dlock_waiters \
+     WHERE lock_key = ? AND id > ? AND expires_at > UTC_TIMESTAMP(6) AND granted_at IS NULL \
+       AND holder IS NOT NULL ORDER BY id LIMIT 1";
+
+/// `row_release`'s first step, as `LEASE_FIRST_PLACE`, for the key of row `?`.
+pub const ROW_FIRST_PLACE: &str =
+    "SELECT w.id, CAST(w.lock_key AS CHAR) AS lock_key, w.owner, w.holder, w.expires_at \
+     FROM dlock_waiters w JOIN dlock_rows r ON r.lock_key = w.lock_key WHERE r.id = ? \
+       AND w.id > ? AND w.expires_at > UTC_TIMESTAMP(6) AND w.granted_at IS NULL \
+       AND w.holder IS NOT NULL ORDER BY w.id LIMIT 1";
+
+/// Why a hand-over transaction rolled back: the place it meant to grant was gone (its
+/// waiter left), or a statement failed.
+enum Passed {
+    Gone,
+    Failed(diesel::result::Error),
+}
+
+impl From<diesel::result::Error> for Passed {
+    fn from(e: diesel::result::Error) -> Self {
+        Passed::Failed(e)
+    }
+}
+
+/// Marks place `w` granted, by its primary key, while still live and ungranted (a locking
+/// update of the newest version: a waiter that left meanwhile is passed over, one leaving
+/// now waits for this transaction and then gives the key back).
+fn mark_granted(c: &mut MysqlConnection, w: &FirstPlace) -> Result<(), Passed> {
+    let n = stmt(
+        "UPDATE dlock_waiters SET granted_at = UTC_TIMESTAMP(6) \
+         WHERE id = ? AND granted_at IS NULL AND expires_at > UTC_TIMESTAMP(6)",
+    )
+    .bind::<BigInt, _>(w.id)
+    .execute(c)?;
+    if n == 1 {
+        Ok(())
+    } else {
+        Err(Passed::Gone)
+    }
+}
+
+/// A lease's hand-over to `w` (in a transaction): false if `holder` no longer held it.
+fn grant_lease(
+    c: &mut MysqlConnection,
+    key: &str,
+    holder: &str,
+    w: &FirstPlace,
+) -> Result<bool, Passed> {
+    let n = stmt(concat!(
+        "UPDATE dlock_leases SET owner = ?, holder_id = ?, token = GREATEST(token + 1, ",
+        mysql_floor!(),
+        "), acquired_at = UTC_TIMESTAMP(6), expires_at = ? WHERE lock_key = ? AND holder_id = ?"
+    ))
+    .bind::<Text, _>(&w.owner)
+    .bind::<Text, _>(&w.holder)
+    .bind::<diesel::sql_types::Datetime, _>(w.expires_at)
+    .bind::<Text, _>(key)
+    .bind::<Text, _>(holder)
+    .execute(c)?;
+    if n != 1 {
+        return Ok(false);
+    }
+    mark_granted(c, w)?;
+    Ok(true)
+}
+
+/// A row's hand-over to `w` (in a transaction): the key's next token from its counter
+/// (left in LAST_INSERT_ID()), the row, the place. False if `holder` no longer held it.
+fn grant_row(
+    c: &mut MysqlConnection,
+    id: i64,
+    holder: &str,
+    w: &FirstPlace,
+) -> Result<bool, Passed> {
+    let bumped = stmt(concat!(
+        "UPDATE dlock_tokens SET token = LAST_INSERT_ID(GREATEST(token + 1, ",
+        mysql_floor!(),
+        ")) WHERE lock_key = ?"
+    ))
+    .bind::<Text, _>(&w.lock_key)
+    .execute(c)?;
+    if bumped != 1 {
+        // No counter (never expected while the row exists): no hand-over.
+        return Ok(stmt(shared::ROW_RELEASE)
+            .bind::<BigInt, _>(id)
+            .bind::<Text, _>(holder)
+            .execute(c)?
+            == 1);
+    }
+    let n = stmt(
+        "UPDATE dlock_rows SET owner = ?, holder = ?, token = LAST_INSERT_ID(), \
+           acquired_at = UTC_TIMESTAMP(6), stale_at = ? \
+         WHERE id = ? AND COALESCE(holder, '') = ?",
+    )
+    .bind::<Text, _>(&w.owner)
+    .bind::<Text, _>(&w.holder)
+    .bind::<diesel::sql_types::Datetime, _>(w.expires_at)
+    .bind::<BigInt, _>(id)
+    .bind::<Text, _>(holder)
+    .execute(c)?;
+    if n != 1 {
+        return Ok(false);
+    }
+    mark_granted(c, w)?;
+    Ok(true)
 }

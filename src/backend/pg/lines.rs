@@ -1,16 +1,27 @@
 //! PostgreSQL's statements of the line of waiters (`dlock_waiters`).
 
-use crate::backend::sealed::{LineStat, Lines};
+use crate::backend::sealed::{LineStat, Lines, Spot};
 use crate::backend::shared::Mine;
 use crate::backend::stmt::stmt;
 use diesel::pg::PgConnection;
 use diesel::sql_types::{BigInt, Nullable, Text};
-use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
+use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
 #[derive(QueryableByName)]
 struct Id {
     #[diesel(sql_type = BigInt)]
     id: i64,
+}
+
+/// What `line_leave` answers: the notifications sent (read so that they are sent) and
+/// whether the place had been granted.
+#[derive(QueryableByName)]
+struct Left {
+    #[diesel(sql_type = BigInt)]
+    #[allow(dead_code)]
+    id: i64,
+    #[diesel(sql_type = BigInt)]
+    granted: i64,
 }
 
 impl Lines for PgConnection {
@@ -20,14 +31,15 @@ impl Lines for PgConnection {
         owner: &str,
         channel: Option<&str>,
         ttl_us: i64,
+        holder: &str,
     ) -> QueryResult<i64> {
         // The key's lapsed places go in the same statement (a dead waiter's place would
         // otherwise stay until a purge; it is ignored meanwhile, as every statement here
         // asks for live places only).
         stmt(
             "WITH gone AS (DELETE FROM dlock_waiters WHERE lock_key = ? AND expires_at <= now()) \
-             INSERT INTO dlock_waiters (lock_key, owner, channel, since, expires_at) \
-             VALUES (?, ?, ?, clock_timestamp(), clock_timestamp() + ? * interval '1 microsecond') \
+             INSERT INTO dlock_waiters (lock_key, owner, channel, since, expires_at, holder) \
+             VALUES (?, ?, ?, clock_timestamp(), clock_timestamp() + ? * interval '1 microsecond', ?) \
              RETURNING id",
         )
         .bind::<Text, _>(key)
@@ -35,57 +47,66 @@ impl Lines for PgConnection {
         .bind::<Text, _>(owner)
         .bind::<Nullable<Text>, _>(channel)
         .bind::<BigInt, _>(ttl_us)
+        .bind::<Text, _>(holder)
         .get_result::<Id>(self)
         .map(|r| r.id)
     }
 
-    fn line_renew(&mut self, key: &str, id: i64, ttl_us: i64) -> QueryResult<Option<i64>> {
+    fn line_renew(&mut self, key: &str, id: i64, ttl_us: i64) -> QueryResult<Option<Spot>> {
         stmt(
             "WITH u AS (UPDATE dlock_waiters \
                         SET expires_at = clock_timestamp() + ? * interval '1 microsecond' \
-                        WHERE id = ? AND expires_at > now() RETURNING id) \
+                        WHERE id = ? AND expires_at > now() AND granted_at IS NULL RETURNING id) \
              SELECT (SELECT count(*) FROM u) AS mine, \
                     (SELECT count(*) FROM dlock_waiters \
-                     WHERE lock_key = ? AND id < ? AND expires_at > now()) AS ahead",
+                     WHERE lock_key = ? AND id < ? AND expires_at > now()) AS ahead, \
+                    (SELECT count(*) FROM dlock_waiters \
+                     WHERE id = ? AND expires_at > now() AND granted_at IS NOT NULL) AS granted",
         )
         .bind::<BigInt, _>(ttl_us)
         .bind::<BigInt, _>(id)
         .bind::<Text, _>(key)
         .bind::<BigInt, _>(id)
+        .bind::<BigInt, _>(id)
         .get_result::<Mine>(self)
-        .map(Mine::ahead)
+        .map(Mine::spot)
     }
 
-    fn line_look(&mut self, key: &str, id: i64) -> QueryResult<Option<i64>> {
+    fn line_look(&mut self, key: &str, id: i64) -> QueryResult<Option<Spot>> {
         stmt(
             "SELECT count(*) FILTER (WHERE id = ? AND expires_at > now()) AS mine, \
-                    count(*) FILTER (WHERE id < ? AND expires_at > now()) AS ahead \
+                    count(*) FILTER (WHERE id < ? AND expires_at > now()) AS ahead, \
+                    count(*) FILTER (WHERE id = ? AND expires_at > now() \
+                                     AND granted_at IS NOT NULL) AS granted \
              FROM dlock_waiters WHERE lock_key = ? AND id <= ?",
         )
         .bind::<BigInt, _>(id)
         .bind::<BigInt, _>(id)
+        .bind::<BigInt, _>(id)
         .bind::<Text, _>(key)
         .bind::<BigInt, _>(id)
         .get_result::<Mine>(self)
-        .map(Mine::ahead)
+        .map(Mine::spot)
     }
 
-    fn line_leave(&mut self, key: &str, id: i64) -> QueryResult<()> {
+    fn line_leave(&mut self, key: &str, id: i64) -> QueryResult<bool> {
         // The DELETE's effect is not visible to the rest of the statement: the first live
-        // place other than this one is the next in line.
+        // place other than this one is the next in line. The DELETE waits for a release
+        // granting this place at that moment, and returns the granted version.
         stmt(
-            "WITH d AS (DELETE FROM dlock_waiters WHERE id = ? RETURNING id) \
-             SELECT count(pg_notify(f.channel, f.lock_key))::int8 AS id FROM ( \
+            "WITH d AS (DELETE FROM dlock_waiters WHERE id = ? RETURNING granted_at), \
+             n AS (SELECT pg_notify(f.channel, f.lock_key) FROM ( \
                SELECT channel, lock_key FROM dlock_waiters \
                WHERE lock_key = ? AND id <> ? AND expires_at > now() ORDER BY id LIMIT 1) f \
-             WHERE f.channel IS NOT NULL AND EXISTS (SELECT 1 FROM d)",
+             WHERE f.channel IS NOT NULL AND EXISTS (SELECT 1 FROM d)) \
+             SELECT (SELECT count(*) FROM n) AS id, \
+                    (SELECT count(*) FROM d WHERE granted_at IS NOT NULL) AS granted",
         )
         .bind::<BigInt, _>(id)
         .bind::<Text, _>(key)
         .bind::<BigInt, _>(id)
-        .get_result::<Id>(self)
-        .optional()
-        .map(drop)
+        .get_result::<Left>(self)
+        .map(|r| r.granted > 0)
     }
 
     fn line_stats(&mut self, key: Option<&str>) -> QueryResult<Vec<LineStat>> {

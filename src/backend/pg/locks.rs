@@ -15,6 +15,31 @@ use diesel::{OptionalExtension, QueryResult, RunQueryDsl};
 // The texts of the statements the benches' raw floors run too (`diesel_lock::__bench_sql`);
 // the others are written where they run.
 
+/// The key's next token, drawn from its own counter (`$col`: `dlock_tokens.token` for a
+/// row, `dlock_leases.token` for a lease), never below the server's epoch: written once for
+/// the acquisitions' upserts and the grants.
+macro_rules! next_token {
+    ($col:literal) => {
+        concat!("GREATEST(", $col, " + 1, ", pg_epoch!(), " + 1)")
+    };
+}
+
+/// The first live place of a key's line not granted yet, locked (`FOR UPDATE`: a waiter
+/// leaving at that moment either deleted it first, and the next place is taken, or waits
+/// for the grant to commit, and gives the key back). `$key`: an expression for the key.
+macro_rules! first_place {
+    ($key:literal) => {
+        concat!(
+            "SELECT w.id, w.owner, w.holder, w.expires_at FROM dlock_waiters w \
+           WHERE w.lock_key = ",
+            $key,
+            " AND w.expires_at > now() AND w.granted_at IS NULL \
+             AND w.holder IS NOT NULL \
+           ORDER BY w.id LIMIT 1 FOR UPDATE"
+        )
+    };
+}
+
 /// The CTEs of `ROW_ACQUIRE` and `ROW_ACQUIRE_IN_LINE` (which add the final SELECT).
 macro_rules! row_acquire {
     () => {
@@ -24,7 +49,7 @@ macro_rules! row_acquire {
            WHERE NOT EXISTS (SELECT 1 FROM dlock_rows WHERE lock_key = ?) \
              AND NOT EXISTS (SELECT 1 FROM dlock_waiters \
                              WHERE lock_key = ? AND id < ? AND expires_at > now()) \
-           ON CONFLICT (lock_key) DO UPDATE SET token = GREATEST(t.token + 1, ", pg_epoch!(), " + 1) \
+           ON CONFLICT (lock_key) DO UPDATE SET token = ", next_token!("t.token"), " \
            RETURNING token), \
          i AS ( \
            INSERT INTO dlock_rows (lock_key, owner, holder, token, acquired_at, stale_at) \
@@ -56,19 +81,39 @@ const ROW_ACQUIRE_IN_LINE: &str = concat!(
      SELECT id, token, acquired_at FROM i"
 );
 
-/// `row_release`, by id and holder id (`Locks::row_release`). The notification goes to the channel of the first live place in the
-/// key's line (`lines.rs`), if that waiter's `Locker` listens: one process is woken, the
-/// one whose turn it is. It is sent at commit, so it never arrives before the row is gone.
-/// `woken` (0 or 1) is selected only so that `n` runs (a SELECT in WITH runs only as far as
-/// it is read); the library reads `one`.
-pub const ROW_RELEASE: &str =
-    "WITH d AS (DELETE FROM dlock_rows WHERE id = ? AND COALESCE(holder, '') = ? \
-                RETURNING lock_key), \
-     n AS (SELECT pg_notify(f.channel, f.lock_key) FROM ( \
-             SELECT w.channel, w.lock_key FROM dlock_waiters w JOIN d ON w.lock_key = d.lock_key \
-             WHERE w.expires_at > now() ORDER BY w.id LIMIT 1) f \
-           WHERE f.channel IS NOT NULL) \
-     SELECT (SELECT count(*) FROM d) AS one, (SELECT count(*) FROM n) AS woken";
+/// `row_release`, by id and holder id (`Locks::row_release`), and the hand-over: if a live
+/// place waits in the key's line, the row is not deleted but given to the first place
+/// (`g`: its owner and holder id, the key's next token from its counter `t`, the time, and as
+/// `stale_at` the place's own expiry, the deadline to confirm by), the place is marked
+/// granted (`m`) and its `Locker` notified (`n`, sent at commit). Otherwise the row goes
+/// (`d`). One statement, one commit per hand-over. Every step re-checks the row's id and
+/// holder id.
+pub const ROW_RELEASE: &str = concat!(
+    "WITH r AS (SELECT lock_key FROM dlock_rows WHERE id = ? AND COALESCE(holder, '') = ?), \
+     w AS MATERIALIZED (", first_place!("(SELECT lock_key FROM r)"), "), \
+     t AS (UPDATE dlock_tokens SET token = ", next_token!("dlock_tokens.token"), " \
+           FROM w WHERE dlock_tokens.lock_key = (SELECT lock_key FROM r) RETURNING dlock_tokens.token), \
+     g AS (UPDATE dlock_rows SET owner = w.owner, holder = w.holder, token = t.token, \
+             acquired_at = clock_timestamp(), stale_at = w.expires_at \
+           FROM w, t WHERE dlock_rows.id = ? AND COALESCE(dlock_rows.holder, '') = ? \
+           RETURNING dlock_rows.lock_key, w.id AS wid), \
+     d AS (DELETE FROM dlock_rows WHERE id = ? AND COALESCE(holder, '') = ? \
+           AND NOT EXISTS (SELECT 1 FROM t) RETURNING lock_key), \
+     m AS (UPDATE dlock_waiters SET granted_at = clock_timestamp() FROM g \
+           WHERE dlock_waiters.id = g.wid RETURNING dlock_waiters.channel, dlock_waiters.lock_key), \
+     n AS (SELECT pg_notify(channel, lock_key) FROM m WHERE channel IS NOT NULL) \
+     SELECT (SELECT count(*) FROM g) + (SELECT count(*) FROM d) AS one, \
+            (SELECT count(*) FROM n) AS woken"
+);
+
+/// `row_confirm`: the granted row, still the holder's and within its deadline, takes the
+/// holder's own `stale_at`, and the place goes.
+const ROW_CONFIRM: &str =
+    "WITH u AS (UPDATE dlock_rows SET stale_at = clock_timestamp() + ? * interval '1 microsecond' \
+                WHERE lock_key = ? AND holder = ? AND stale_at > now() \
+                RETURNING id, token, acquired_at), \
+     d AS (DELETE FROM dlock_waiters WHERE id = ? AND EXISTS (SELECT 1 FROM u)) \
+     SELECT id, token, acquired_at FROM u";
 
 /// The CTEs of `LEASE_ACQUIRE` and `LEASE_ACQUIRE_IN_LINE` (which add the final SELECT).
 macro_rules! lease_acquire {
@@ -78,7 +123,7 @@ macro_rules! lease_acquire {
                           WHERE lock_key = ? AND id < ? AND expires_at > now()) AS turn), \
      u AS ( \
        UPDATE dlock_leases SET owner = ?, holder_id = ?, \
-         token = GREATEST(token + 1, ", pg_epoch!(), " + 1), \
+         token = ", next_token!("token"), ", \
          acquired_at = clock_timestamp(), expires_at = clock_timestamp() + ? * interval '1 microsecond' \
        WHERE lock_key = ? AND (holder_id IS NULL OR expires_at <= now()) \
          AND (shared_until IS NULL OR shared_until <= now()) AND (SELECT turn FROM l) \
@@ -87,7 +132,7 @@ macro_rules! lease_acquire {
        INSERT INTO dlock_tokens AS t (lock_key, token) \
        SELECT ?, ", pg_epoch!(), " + 1 WHERE NOT EXISTS (SELECT 1 FROM dlock_leases WHERE lock_key = ?) \
          AND (SELECT turn FROM l) \
-       ON CONFLICT (lock_key) DO UPDATE SET token = GREATEST(t.token + 1, ", pg_epoch!(), " + 1) \
+       ON CONFLICT (lock_key) DO UPDATE SET token = ", next_token!("t.token"), " \
        RETURNING token), \
      i AS ( \
        INSERT INTO dlock_leases (lock_key, owner, holder_id, token, acquired_at, expires_at) \
@@ -129,18 +174,35 @@ const LEASE_ACQUIRE_IN_LINE: &str = concat!(
      UNION ALL SELECT 0::int8 AS id, token, acquired_at FROM i"
 );
 
-/// `lease_release`, with the notification `ROW_RELEASE` sends.
-pub const LEASE_RELEASE: &str =
-    "WITH u AS (UPDATE dlock_leases SET holder_id = NULL, expires_at = NULL \
-                WHERE lock_key = ? AND holder_id = ? RETURNING lock_key), \
-     n AS (SELECT pg_notify(f.channel, f.lock_key) FROM ( \
-             SELECT w.channel, w.lock_key FROM dlock_waiters w JOIN u ON w.lock_key = u.lock_key \
-             WHERE w.expires_at > now() ORDER BY w.id LIMIT 1) f \
-           WHERE f.channel IS NOT NULL) \
-     SELECT (SELECT count(*) FROM u) AS one, (SELECT count(*) FROM n) AS woken";
+/// `lease_release`, and the hand-over as `ROW_RELEASE`'s: with a live place waiting, the
+/// lease goes to the first (`u`: its owner and holder id, the next token, the time, and the
+/// place's expiry as the lease's, the deadline to confirm by), which is marked granted and
+/// notified; otherwise it is cleared. The place is locked before the lease's row.
+pub const LEASE_RELEASE: &str = concat!(
+    "WITH w AS MATERIALIZED (", first_place!("?"), "), \
+     u AS (UPDATE dlock_leases l SET owner = COALESCE(w.owner, l.owner), holder_id = w.holder, \
+             token = CASE WHEN w.id IS NULL THEN l.token ELSE ", next_token!("l.token"), " END, \
+             acquired_at = CASE WHEN w.id IS NULL THEN l.acquired_at ELSE clock_timestamp() END, \
+             expires_at = w.expires_at \
+           FROM (SELECT 1) o LEFT JOIN w ON true \
+           WHERE l.lock_key = ? AND l.holder_id = ? RETURNING l.lock_key, w.id AS wid), \
+     m AS (UPDATE dlock_waiters SET granted_at = clock_timestamp() FROM u \
+           WHERE dlock_waiters.id = u.wid RETURNING dlock_waiters.channel, dlock_waiters.lock_key), \
+     n AS (SELECT pg_notify(channel, lock_key) FROM m WHERE channel IS NOT NULL) \
+     SELECT (SELECT count(*) FROM u) AS one, (SELECT count(*) FROM n) AS woken"
+);
+
+/// `lease_confirm`: the granted lease, still the holder's and unexpired, runs its own ttl
+/// from now, and the place goes.
+const LEASE_CONFIRM: &str =
+    "WITH u AS (UPDATE dlock_leases SET expires_at = clock_timestamp() + ? * interval '1 microsecond' \
+                WHERE lock_key = ? AND holder_id = ? AND expires_at > now() \
+                RETURNING token, acquired_at), \
+     d AS (DELETE FROM dlock_waiters WHERE id = ? AND EXISTS (SELECT 1 FROM u)) \
+     SELECT 0::int8 AS id, token, acquired_at FROM u";
 
 impl Locks for PgConnection {
-    shared::statements!(row_forget, row_held);
+    shared::statements!(row_forget, row_held, row_give_back);
 
     fn row_acquire(
         &mut self,
@@ -189,8 +251,46 @@ impl Locks for PgConnection {
         stmt(ROW_RELEASE)
             .bind::<BigInt, _>(id)
             .bind::<Text, _>(holder)
+            .bind::<BigInt, _>(id)
+            .bind::<Text, _>(holder)
+            .bind::<BigInt, _>(id)
+            .bind::<Text, _>(holder)
             .get_result::<One>(self)
             .map(|r| r.one == 1)
+    }
+
+    fn row_confirm(
+        &mut self,
+        key: &str,
+        place: i64,
+        holder: &str,
+        stale_us: Option<i64>,
+    ) -> QueryResult<Option<Acquired>> {
+        stmt(ROW_CONFIRM)
+            .bind::<Nullable<BigInt>, _>(stale_us)
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(holder)
+            .bind::<BigInt, _>(place)
+            .get_result::<AcquiredRow>(self)
+            .optional()
+            .map(|r| r.map(Into::into))
+    }
+
+    fn lease_confirm(
+        &mut self,
+        key: &str,
+        place: i64,
+        holder: &str,
+        ttl_us: i64,
+    ) -> QueryResult<Option<Acquired>> {
+        stmt(LEASE_CONFIRM)
+            .bind::<BigInt, _>(ttl_us)
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(holder)
+            .bind::<BigInt, _>(place)
+            .get_result::<AcquiredRow>(self)
+            .optional()
+            .map(|r| r.map(Into::into))
     }
 
     fn lease_acquire(
@@ -252,6 +352,7 @@ impl Locks for PgConnection {
 
     fn lease_release(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
         stmt(LEASE_RELEASE)
+            .bind::<Text, _>(key)
             .bind::<Text, _>(key)
             .bind::<Text, _>(holder)
             .get_result::<One>(self)

@@ -1,7 +1,7 @@
 //! SQLite's statements of the line of waiters (`dlock_waiters`). No notifications here:
 //! waiters poll their own place (`line_renew`).
 
-use crate::backend::sealed::{LineStat, Lines};
+use crate::backend::sealed::{LineStat, Lines, Spot};
 use crate::backend::shared::Mine;
 use crate::backend::stmt::stmt;
 use diesel::sql_types::{BigInt, Nullable, Text};
@@ -17,67 +17,70 @@ struct Count {
 }
 
 impl Lines for SqliteConnection {
-    crate::backend::shared::statements!(line_leave);
-
     fn line_join(
         &mut self,
         key: &str,
         owner: &str,
         channel: Option<&str>,
         ttl_us: i64,
+        holder: &str,
     ) -> QueryResult<i64> {
         // One write (a second, to delete the key's lapsed places, would queue for the write
         // lock once more: lapsed places are ignored, and `purge` removes them).
         stmt(
-            "INSERT INTO dlock_waiters (lock_key, owner, channel, since, expires_at) \
+            "INSERT INTO dlock_waiters (lock_key, owner, channel, since, expires_at, holder) \
              VALUES (?, ?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now'), \
-                     strftime('%Y-%m-%d %H:%M:%f', 'now', ?)) \
+                     strftime('%Y-%m-%d %H:%M:%f', 'now', ?), ?) \
              RETURNING id AS n",
         )
         .bind::<Text, _>(key)
         .bind::<Text, _>(owner)
         .bind::<Nullable<Text>, _>(channel)
         .bind::<Text, _>(seconds('+', ttl_us))
+        .bind::<Text, _>(holder)
         .get_result::<Count>(self)
         .map(|c| c.n)
     }
 
-    fn line_renew(&mut self, key: &str, id: i64, ttl_us: i64) -> QueryResult<Option<i64>> {
-        let mine = stmt(
+    fn line_renew(&mut self, key: &str, id: i64, ttl_us: i64) -> QueryResult<Option<Spot>> {
+        // A granted place is not renewed (its expiry is its grant's deadline): the look
+        // below then reports it granted.
+        stmt(
             "UPDATE dlock_waiters SET expires_at = strftime('%Y-%m-%d %H:%M:%f', 'now', ?) \
-             WHERE id = ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')",
+             WHERE id = ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
+               AND granted_at IS NULL",
         )
         .bind::<Text, _>(seconds('+', ttl_us))
         .bind::<BigInt, _>(id)
         .execute(self)?;
-        if mine != 1 {
-            return Ok(None);
-        }
-        stmt(
-            "SELECT COUNT(*) AS n FROM dlock_waiters WHERE lock_key = ? AND id < ? \
-             AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')",
-        )
-        .bind::<Text, _>(key)
-        .bind::<BigInt, _>(id)
-        .get_result::<Count>(self)
-        .map(|c| Some(c.n))
+        self.line_look(key, id)
     }
 
-    fn line_look(&mut self, key: &str, id: i64) -> QueryResult<Option<i64>> {
+    fn line_look(&mut self, key: &str, id: i64) -> QueryResult<Option<Spot>> {
         // A read: in WAL mode it never waits for the writer.
         stmt(
             "SELECT COALESCE(SUM(id = ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')), 0) \
                       AS mine, \
                     COALESCE(SUM(id < ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')), 0) \
-                      AS ahead \
+                      AS ahead, \
+                    COALESCE(SUM(id = ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
+                                 AND granted_at IS NOT NULL), 0) AS granted \
              FROM dlock_waiters WHERE lock_key = ? AND id <= ?",
         )
+        .bind::<BigInt, _>(id)
         .bind::<BigInt, _>(id)
         .bind::<BigInt, _>(id)
         .bind::<Text, _>(key)
         .bind::<BigInt, _>(id)
         .get_result::<Mine>(self)
-        .map(Mine::ahead)
+        .map(Mine::spot)
+    }
+
+    fn line_leave(&mut self, _key: &str, id: i64) -> QueryResult<bool> {
+        stmt("DELETE FROM dlock_waiters WHERE id = ? RETURNING (granted_at IS NOT NULL) AS n")
+            .bind::<BigInt, _>(id)
+            .get_results::<Count>(self)
+            .map(|r| r.iter().any(|c| c.n == 1))
     }
 
     fn line_stats(&mut self, key: Option<&str>) -> QueryResult<Vec<LineStat>> {

@@ -48,8 +48,163 @@ pub const LEASE_ACQUIRE: &str =
             OR dlock_leases.shared_until <= excluded.acquired_at) \
      RETURNING 0 AS id, token, acquired_at";
 
+/// `row_release` when nobody waits: the DELETE by id and holder id, if no live place of the
+/// key's line waits for a grant (else the hand-over runs).
+pub const ROW_RELEASE_ALONE: &str =
+    "DELETE FROM dlock_rows WHERE id = ? AND COALESCE(holder, '') = ? \
+     AND NOT EXISTS (SELECT 1 FROM dlock_waiters w WHERE w.lock_key = dlock_rows.lock_key \
+       AND w.expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
+       AND w.granted_at IS NULL AND w.holder IS NOT NULL)";
+
+/// `lease_release` when nobody waits, as `ROW_RELEASE_ALONE`.
+pub const LEASE_RELEASE_ALONE: &str =
+    "UPDATE dlock_leases SET holder_id = NULL, expires_at = NULL \
+     WHERE lock_key = ? AND holder_id = ? \
+     AND NOT EXISTS (SELECT 1 FROM dlock_waiters w WHERE w.lock_key = ? \
+       AND w.expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
+       AND w.granted_at IS NULL AND w.holder IS NOT NULL)";
+
 impl Locks for SqliteConnection {
-    shared::statements!(row_forget, row_release, row_held, lease_release);
+    shared::statements!(row_forget, row_held, row_give_back);
+
+    fn row_release(&mut self, id: i64, holder: &str) -> QueryResult<bool> {
+        // The plain DELETE when nobody waits (one statement); otherwise the hand-over, in one
+        // IMMEDIATE transaction (one more take of the write lock).
+        let n = stmt(ROW_RELEASE_ALONE)
+            .bind::<BigInt, _>(id)
+            .bind::<Text, _>(holder)
+            .execute(self)?;
+        if n == 1 {
+            return Ok(true);
+        }
+        let granted = write_txn(self, |c| {
+            let key = stmt(
+                "SELECT lock_key AS n FROM dlock_rows WHERE id = ? AND COALESCE(holder, '') = ?",
+            )
+            .bind::<BigInt, _>(id)
+            .bind::<Text, _>(holder)
+            .get_result::<KeyOf>(c)
+            .optional()?;
+            let Some(key) = key else {
+                return Ok((false, None));
+            };
+            let Some(w) = first_place(c, &key.n)? else {
+                return stmt(shared::ROW_RELEASE)
+                    .bind::<BigInt, _>(id)
+                    .bind::<Text, _>(holder)
+                    .execute(c)
+                    .map(|n| (n == 1, None));
+            };
+            // The key's next token: its own counter (the row's token, which the insert
+            // trigger keeps in dlock_tokens too).
+            let granted = stmt(
+                "UPDATE dlock_rows SET owner = ?, holder = ?, token = token + 1, \
+                   acquired_at = strftime('%Y-%m-%d %H:%M:%f', 'now'), stale_at = ? \
+                 WHERE id = ? AND COALESCE(holder, '') = ? RETURNING token AS n",
+            )
+            .bind::<Text, _>(&w.owner)
+            .bind::<Text, _>(&w.holder)
+            .bind::<Text, _>(&w.expires_at)
+            .bind::<BigInt, _>(id)
+            .bind::<Text, _>(holder)
+            .get_result::<Count>(c)
+            .optional()?;
+            let Some(token) = granted else {
+                return Ok((false, None));
+            };
+            stmt(
+                "INSERT INTO dlock_tokens (lock_key, token) VALUES (?, ?) \
+                 ON CONFLICT (lock_key) DO UPDATE SET token = excluded.token",
+            )
+            .bind::<Text, _>(&w.lock_key)
+            .bind::<BigInt, _>(token.n)
+            .execute(c)?;
+            grant(c, w.id)?;
+            Ok((true, Some(w)))
+        })?;
+        Ok(rung(granted))
+    }
+
+    fn lease_release(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
+        let n = stmt(LEASE_RELEASE_ALONE)
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(holder)
+            .bind::<Text, _>(key)
+            .execute(self)?;
+        if n == 1 {
+            return Ok(true);
+        }
+        let granted = write_txn(self, |c| {
+            let Some(w) = first_place(c, key)? else {
+                return stmt(shared::LEASE_RELEASE)
+                    .bind::<Text, _>(key)
+                    .bind::<Text, _>(holder)
+                    .execute(c)
+                    .map(|n| (n == 1, None));
+            };
+            let n = stmt(
+                "UPDATE dlock_leases SET owner = ?, holder_id = ?, token = token + 1, \
+                   acquired_at = strftime('%Y-%m-%d %H:%M:%f', 'now'), expires_at = ? \
+                 WHERE lock_key = ? AND holder_id = ?",
+            )
+            .bind::<Text, _>(&w.owner)
+            .bind::<Text, _>(&w.holder)
+            .bind::<Text, _>(&w.expires_at)
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(holder)
+            .execute(c)?;
+            if n == 1 {
+                grant(c, w.id)?;
+                return Ok((true, Some(w)));
+            }
+            Ok((false, None))
+        })?;
+        Ok(rung(granted))
+    }
+
+    fn row_confirm(
+        &mut self,
+        key: &str,
+        place: i64,
+        holder: &str,
+        stale_us: Option<i64>,
+    ) -> QueryResult<Option<Acquired>> {
+        confirm(self, place, |c| {
+            stmt(
+                "UPDATE dlock_rows SET stale_at = strftime('%Y-%m-%d %H:%M:%f', 'now', ?) \
+                 WHERE lock_key = ? AND holder = ? \
+                   AND stale_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
+                 RETURNING id, token, acquired_at",
+            )
+            .bind::<Nullable<Text>, _>(stale_us.map(|us| seconds('+', us)))
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(holder)
+            .get_result::<AcquiredRow>(c)
+            .optional()
+        })
+    }
+
+    fn lease_confirm(
+        &mut self,
+        key: &str,
+        place: i64,
+        holder: &str,
+        ttl_us: i64,
+    ) -> QueryResult<Option<Acquired>> {
+        confirm(self, place, |c| {
+            stmt(
+                "UPDATE dlock_leases SET expires_at = strftime('%Y-%m-%d %H:%M:%f', 'now', ?) \
+                 WHERE lock_key = ? AND holder_id = ? \
+                   AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
+                 RETURNING 0 AS id, token, acquired_at",
+            )
+            .bind::<Text, _>(seconds('+', ttl_us))
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(holder)
+            .get_result::<AcquiredRow>(c)
+            .optional()
+        })
+    }
 
     fn row_acquire(
         &mut self,
@@ -212,4 +367,101 @@ fn in_line(
         }
         Ok(acquired)
     })
+}
+
+#[derive(diesel::QueryableByName)]
+struct Count {
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+#[derive(diesel::QueryableByName)]
+struct KeyOf {
+    #[diesel(sql_type = Text)]
+    n: String,
+}
+
+/// The first live place of a key's line not granted yet.
+#[derive(diesel::QueryableByName)]
+struct FirstPlace {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+    #[diesel(sql_type = Text)]
+    lock_key: String,
+    #[diesel(sql_type = Text)]
+    owner: String,
+    #[diesel(sql_type = Text)]
+    holder: String,
+    #[diesel(sql_type = Text)]
+    expires_at: String,
+    #[diesel(sql_type = Nullable<Text>)]
+    channel: Option<String>,
+}
+
+/// Inside a release's IMMEDIATE transaction: the first live place of `key`'s line not
+/// granted yet, if any.
+fn first_place(conn: &mut SqliteConnection, key: &str) -> QueryResult<Option<FirstPlace>> {
+    stmt(FIRST_PLACE)
+        .bind::<Text, _>(key)
+        .get_result::<FirstPlace>(conn)
+        .optional()
+}
+
+/// The first live place of a key's line that no release has granted the key yet.
+const FIRST_PLACE: &str =
+    "SELECT id, lock_key, owner, holder, expires_at, channel FROM dlock_waiters \
+     WHERE lock_key = ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
+       AND granted_at IS NULL AND holder IS NOT NULL ORDER BY id LIMIT 1";
+
+/// Marks place `id` granted (inside the release's transaction).
+fn grant(conn: &mut SqliteConnection, id: i64) -> QueryResult<()> {
+    stmt("UPDATE dlock_waiters SET granted_at = strftime('%Y-%m-%d %H:%M:%f', 'now') WHERE id = ?")
+        .bind::<BigInt, _>(id)
+        .execute(conn)
+        .map(drop)
+}
+
+/// A confirmation: `update` (extending the granted lock, while still the holder's and
+/// within its deadline) and the removal of the place, in one IMMEDIATE transaction.
+fn confirm(
+    conn: &mut SqliteConnection,
+    place: i64,
+    update: impl FnOnce(&mut SqliteConnection) -> QueryResult<Option<AcquiredRow>>,
+) -> QueryResult<Option<Acquired>> {
+    write_txn(conn, |c| {
+        let a = update(c)?;
+        if a.is_some() {
+            stmt(shared::LEAVE_PLACE)
+                .bind::<BigInt, _>(place)
+                .execute(c)?;
+        }
+        Ok(a.map(Into::into))
+    })
+}
+
+/// An IMMEDIATE transaction (the write lock first), or a savepoint inside the caller's own
+/// (`admin::force_release` releases inside one).
+fn write_txn<T>(
+    conn: &mut SqliteConnection,
+    f: impl FnOnce(&mut SqliteConnection) -> QueryResult<T>,
+) -> QueryResult<T> {
+    use diesel::connection::{AnsiTransactionManager, TransactionManager};
+    let depth = AnsiTransactionManager::transaction_manager_status_mut(conn).transaction_depth()?;
+    if depth.is_some() {
+        diesel::Connection::transaction(conn, f)
+    } else {
+        conn.immediate_transaction(f)
+    }
+}
+
+/// After a release's transaction: rings the doorbell of the place it granted the key, if any
+/// (`doorbell.rs`); the release's answer.
+fn rung((released, granted): (bool, Option<FirstPlace>)) -> bool {
+    #[cfg(target_os = "linux")]
+    if let Some(w) = granted {
+        super::doorbell::ring(w.channel.as_deref(), &w.lock_key);
+    }
+    #[cfg(not(target_os = "linux"))]
+    drop(granted);
+    released
 }

@@ -9,6 +9,8 @@
 //! session strategies (`Dialect::sessions` is `None`).
 
 mod admin;
+#[cfg(target_os = "linux")]
+pub(crate) mod doorbell;
 mod holders;
 mod lines;
 pub(super) mod locks;

@@ -46,8 +46,24 @@ impl<C: LockConnection> LeaseLock<C> {
         })
     }
 
-    fn attempt(&self, conn: &mut C, key: &str, retry: bool, place: i64) -> Result<Option<Taken>> {
-        let holder = crate::random::holder_id();
+    fn attempt(
+        &self,
+        conn: &mut C,
+        key: &str,
+        retry: bool,
+        place: i64,
+        holder: Option<String>,
+        granted: bool,
+    ) -> Result<Option<Taken>> {
+        let holder = holder.unwrap_or_else(crate::random::holder_id);
+        if granted {
+            // A release gave this waiter's place the key: confirm within its deadline.
+            let sent = Instant::now();
+            return Ok(conn
+                .sql()
+                .lease_confirm(key, place, &holder, self.ttl_us)?
+                .map(|a| self.taken(key, holder, sent, a)));
+        }
         let mut backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(16));
         let mut tries = 0;
         let (sent, a) = loop {
@@ -85,8 +101,19 @@ impl<C: LockConnection> LeaseLock<C> {
             log::debug!("lock {key:?}: held by nobody (a purge under way?); trying again");
             std::thread::sleep(backoff.next_pause());
         };
+        Ok(Some(self.taken(key, holder, sent, a)))
+    }
+
+    /// The hold of a lease acquired (or confirmed) with a statement sent at `sent`.
+    fn taken(
+        &self,
+        key: &str,
+        holder: String,
+        sent: Instant,
+        a: crate::backend::Acquired,
+    ) -> Taken {
         let beat = self.heartbeat.register(key, &holder, sent);
-        Ok(Some(Taken {
+        Taken {
             hold: Box::new(LeaseHold {
                 rows: Rows::Lease,
                 pool: self.pool.clone(),
@@ -96,7 +123,7 @@ impl<C: LockConnection> LeaseLock<C> {
             }),
             token: a.token,
             acquired_at: a.acquired_at,
-        }))
+        }
     }
 }
 
@@ -123,13 +150,20 @@ impl<C: LockConnection> RawLock<C> for LeaseLock<C> {
         retry: bool,
         _wait: Wait,
     ) -> Result<Option<Taken>> {
-        let place = conn.place;
-        let attempt = self.attempt(conn, key, retry, place);
+        let (place, holder, granted) = (conn.place, conn.holder.clone(), conn.granted);
+        let attempt = self.attempt(conn, key, retry, place, holder, granted);
         contention_is_busy(&mut **conn, key, attempt)
     }
 
     fn lines(&self) -> bool {
         true
+    }
+
+    fn give_back(&self, conn: &mut C, key: &str, holder: &str) -> Result<()> {
+        if conn.sql().lease_release(key, holder)? {
+            log::debug!("lock {key:?}: gave back the key granted as its wait ended");
+        }
+        Ok(())
     }
 
     fn purge(&self, idle: Duration) -> Result<usize> {

@@ -100,6 +100,13 @@ impl<C: LockConnection> RawLock<C> for RowLock<C> {
         true
     }
 
+    fn give_back(&self, conn: &mut C, key: &str, holder: &str) -> Result<()> {
+        if conn.sql().row_give_back(key, holder)? {
+            log::debug!("lock {key:?}: gave back the key granted as its wait ended");
+        }
+        Ok(())
+    }
+
     fn purge(&self, _idle: Duration) -> Result<usize> {
         // Rows past their own `stale_at`, which any waiter could take over anyway. One
         // statement; a deadlock victim's was rolled back and is run again.
@@ -145,7 +152,15 @@ impl<C: LockConnection> RowLock<C> {
 
     fn attempt(&self, conn: &mut Conn<C>, key: &str, retry: bool) -> Result<Option<Taken>> {
         self.forget_orphans(conn, key)?;
-        let holder = crate::random::holder_id();
+        let holder = conn.holder.clone().unwrap_or_else(crate::random::holder_id);
+        if conn.granted {
+            // A release gave this waiter's place the key: confirm within its deadline.
+            let place = conn.place;
+            return Ok(conn
+                .sql()
+                .row_confirm(key, place, &holder, self.stale_us)?
+                .map(|a| self.taken(a, &holder)));
+        }
         if let Some(a) = self.insert(conn, key, &holder, retry)? {
             return Ok(Some(self.taken(a, &holder)));
         }

@@ -1,0 +1,2 @@
+ALTER TABLE dlock_waiters DROP COLUMN granted_at;
+ALTER TABLE dlock_waiters DROP COLUMN holder;

@@ -1,0 +1,335 @@
+//! The hand-over of `Row` and `Lease` keys (issue 23): a release that finds a waiter in the
+//! key's line gives it the key in the releasing statement; a waiter that gives up at the
+//! very instant it is granted the key passes it on; tokens keep increasing across grants;
+//! a forced release beside the line strands nobody. On every backend (and through
+//! PgBouncer where it applies). The instant is reached with the `test-hooks` feature's
+//! hook, which stops the giving-up waiter right before it removes its place.
+
+mod common;
+
+use diesel::r2d2::{ConnectionManager, Pool};
+use diesel_lock::{admin, connect, AnyConnection, Cancel, Locker, Strategy};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+fn strategy(name: &str) -> Strategy {
+    match name {
+        "row" => Strategy::Row { stale_after: None },
+        _ => Strategy::Lease {
+            ttl: Duration::from_secs(10),
+        },
+    }
+}
+
+/// The URL of a backend under test (a SQLite file in `dir`).
+fn url(backend: &str, dir: &tempfile::TempDir) -> Option<String> {
+    match backend {
+        "sqlite" => Some(dir.path().join("handover.db").to_str().unwrap().to_owned()),
+        "pg" => common::url("DLOCK_TEST_PG_URL", "pg"),
+        "pgbouncer" => common::url("DLOCK_TEST_PGBOUNCER_URL", "pgbouncer"),
+        _ => common::url("DLOCK_TEST_MYSQL_URL", "mysql"),
+    }
+}
+
+fn locker(url: &str, s: &str, owner: &str) -> Locker<AnyConnection> {
+    Locker::connect(url)
+        .unwrap()
+        .strategy(strategy(s))
+        .owner(owner)
+        .build()
+        .unwrap()
+}
+
+type AdminPool = Pool<ConnectionManager<AnyConnection>>;
+
+/// Who holds `key` (exclusively) and how many wait, as `admin` reads it.
+fn holder_and_waiting(pool: &AdminPool, key: &str) -> (Option<String>, u32) {
+    let mut c = pool.get().unwrap();
+    let info = admin::lock_info(&mut *c, key).unwrap();
+    let owner = info.iter().map(|i| i.owner.clone()).next();
+    let waiting = info.iter().map(|i| i.waiting).max().unwrap_or(0);
+    (owner, waiting)
+}
+
+/// Waits (at most 20 s) until `n` wait for `key`.
+fn until_waiting(pool: &AdminPool, key: &str, n: u32) {
+    let start = Instant::now();
+    loop {
+        let (_, w) = holder_and_waiting(pool, key);
+        if w == n {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{w} waiting for {key}, not {n}"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// A release with a waiter in line gives it the key in the releasing statement: right
+/// after the release returns, the key is the waiter's already (before it has even heard of
+/// it), with the next token; nothing is left in the line afterwards.
+fn release_hands_over(backend: &str, s: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(url) = url(backend, &dir) else {
+        return;
+    };
+    let a = locker(&url, s, "holder-a");
+    a.migrate().unwrap();
+    let b = locker(&url, s, "waiter-b");
+    let admin_pool = connect(&url).unwrap();
+    let key = common::unique_key(&format!("handover-{s}"));
+    let g = a.lock(&key).unwrap();
+    let first = g.token();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let waiter = {
+        let (b, key) = (b.clone(), key.clone());
+        std::thread::spawn(move || {
+            let g = b.lock(&key).unwrap();
+            let t = g.token();
+            done_rx.recv().unwrap();
+            g.release().unwrap();
+            t
+        })
+    };
+    until_waiting(&admin_pool, &key, 1);
+    g.release().unwrap();
+    let (owner, _) = holder_and_waiting(&admin_pool, &key);
+    done_tx.send(()).unwrap();
+    let token = waiter.join().unwrap();
+    assert_eq!(
+        owner.as_deref(),
+        Some("waiter-b"),
+        "the key was not the waiter's as the release returned"
+    );
+    assert!(token > first, "token {token} after {first}");
+    assert_eq!(holder_and_waiting(&admin_pool, &key), (None, 0));
+}
+
+/// How the giving-up waiter of `gives_up_as_granted` ends its wait.
+#[derive(Clone, Copy)]
+enum GiveUp {
+    Deadline,
+    Cancel,
+}
+
+/// The race that decides the design: B, first in line, gives up (its deadline passes, or it
+/// is cancelled) and is stopped right before it removes its place; the holder releases then,
+/// granting B the key; B goes on. The grant passes to C, second in line: B's wait ends
+/// without the key, C gets it with a larger token than both before it, and nothing is left
+/// in the line.
+fn gives_up_as_granted(backend: &str, s: &str, how: GiveUp) {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(url) = url(backend, &dir) else {
+        return;
+    };
+    let a = locker(&url, s, "holder-a");
+    a.migrate().unwrap();
+    let b = locker(&url, s, "quitter-b");
+    let c = locker(&url, s, "patient-c");
+    let admin_pool = connect(&url).unwrap();
+    let key = common::unique_key(&format!("handover-race-{s}"));
+    // The hook stops B (the only waiter that gives up) once, before it leaves the line.
+    let (at_tx, at_rx) = mpsc::channel::<()>();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let once = Arc::new(Mutex::new(Some((at_tx, go_rx))));
+    diesel_lock::__test_hooks::set_before_leave(
+        &key,
+        Arc::new(move || {
+            let taken = once.lock().unwrap().take();
+            if let Some((at, go)) = taken {
+                at.send(()).unwrap();
+                go.recv().unwrap();
+            }
+        }),
+    );
+    let g = a.lock(&key).unwrap();
+    let first = g.token();
+    let cancel = Cancel::new();
+    let quitter = {
+        let (b, key, cancel) = (b.clone(), key.clone(), cancel.clone());
+        std::thread::spawn(move || match how {
+            GiveUp::Deadline => b
+                .try_lock_for(&key, Duration::from_millis(1500))
+                .unwrap()
+                .map(|g| g.token()),
+            GiveUp::Cancel => b
+                .try_lock_cancellable(&key, None, &cancel)
+                .unwrap()
+                .map(|g| g.token()),
+        })
+    };
+    until_waiting(&admin_pool, &key, 1);
+    let patient = {
+        let (c, key) = (c.clone(), key.clone());
+        std::thread::spawn(move || {
+            let g = c.lock(&key).unwrap();
+            let t = g.token();
+            g.release().unwrap();
+            t
+        })
+    };
+    until_waiting(&admin_pool, &key, 2);
+    if let GiveUp::Cancel = how {
+        cancel.cancel();
+    }
+    // B has given up and stands right before removing its place.
+    at_rx.recv_timeout(Duration::from_secs(20)).unwrap();
+    g.release().unwrap();
+    let (owner, _) = holder_and_waiting(&admin_pool, &key);
+    assert_eq!(
+        owner.as_deref(),
+        Some("quitter-b"),
+        "the release did not grant the key to the first place"
+    );
+    go_tx.send(()).unwrap();
+    assert_eq!(quitter.join().unwrap(), None, "B gave up, yet got the key");
+    let token = patient.join().unwrap();
+    assert!(
+        token > first + 1,
+        "C's token {token}: not above the one B was granted ({first} + 1 or more)"
+    );
+    assert_eq!(holder_and_waiting(&admin_pool, &key), (None, 0));
+    diesel_lock::__test_hooks::clear(&key);
+}
+
+/// Four `Locker`s (each its own pool) take one key 40 times each while others wait in
+/// line: never two holders, and the tokens, in the order the key was held, only grow.
+fn tokens_increase_across_grants(backend: &str, s: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(url) = url(backend, &dir) else {
+        return;
+    };
+    locker(&url, s, "migrate").migrate().unwrap();
+    let key = common::unique_key(&format!("handover-tokens-{s}"));
+    let seen = Arc::new(Mutex::new(Vec::<i64>::new()));
+    let inside = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let threads: Vec<_> = (0..4)
+        .map(|i| {
+            let (url, key, s) = (url.clone(), key.clone(), s.to_owned());
+            let (seen, inside) = (seen.clone(), inside.clone());
+            std::thread::spawn(move || {
+                let l = locker(&url, &s, &format!("t{i}"));
+                for _ in 0..40 {
+                    let g = l.lock(&key).unwrap();
+                    assert_eq!(inside.fetch_add(1, std::sync::atomic::Ordering::SeqCst), 0);
+                    seen.lock().unwrap().push(g.token());
+                    inside.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                    g.release().unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 160);
+    for w in seen.windows(2) {
+        assert!(w[1] > w[0], "token {} after {}", w[1], w[0]);
+    }
+    let admin_pool = connect(&url).unwrap();
+    assert_eq!(holder_and_waiting(&admin_pool, &key), (None, 0));
+}
+
+/// A forced release (`admin::force_release`, what `dlock release --force` runs) of the
+/// holder while others wait: the first in line gets the key (it tries the key itself now
+/// and then), the next after it through the first's release, and the forced holder's
+/// late release reports the loss and grants nothing.
+fn forced_release_beside_the_line(backend: &str, s: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(url) = url(backend, &dir) else {
+        return;
+    };
+    let a = locker(&url, s, "holder-a");
+    a.migrate().unwrap();
+    let admin_pool = connect(&url).unwrap();
+    let key = common::unique_key(&format!("handover-forced-{s}"));
+    let g = a.lock(&key).unwrap();
+    let (tx, rx) = mpsc::channel::<(String, i64)>();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let done_rx = Arc::new(Mutex::new(done_rx));
+    let mut waiters = Vec::new();
+    for name in ["b", "c"] {
+        let (url, k, s, tx, done_rx) = (
+            url.clone(),
+            key.clone(),
+            s.to_owned(),
+            tx.clone(),
+            done_rx.clone(),
+        );
+        let n = waiters.len() as u32 + 1;
+        waiters.push(std::thread::spawn(move || {
+            let l = locker(&url, &s, name);
+            let g = l.lock(&k).unwrap();
+            tx.send((name.to_owned(), g.token())).unwrap();
+            done_rx.lock().unwrap().recv().unwrap();
+            g.release().unwrap();
+        }));
+        until_waiting(&admin_pool, &key, n);
+    }
+    {
+        let mut c = admin_pool.get().unwrap();
+        let forced = admin::force_release(&mut *c, &key).unwrap();
+        assert_eq!(forced.len(), 1);
+    }
+    let (first, t1) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(first, "b");
+    // The forced holder's release finds its lock gone: it must not grant or free anything.
+    assert!(
+        g.release().is_err(),
+        "the forced holder's release reported success"
+    );
+    let (owner, _) = holder_and_waiting(&admin_pool, &key);
+    assert_eq!(owner.as_deref(), Some("b"));
+    done_tx.send(()).unwrap();
+    let (second, t2) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(second, "c");
+    assert!(t2 > t1);
+    done_tx.send(()).unwrap();
+    for w in waiters {
+        w.join().unwrap();
+    }
+    assert_eq!(holder_and_waiting(&admin_pool, &key), (None, 0));
+}
+
+macro_rules! handover_suite {
+    ($($name:ident: $backend:literal, $strategy:literal;)+) => {$(
+        mod $name {
+            use super::GiveUp;
+            #[test]
+            fn release_hands_over() {
+                super::release_hands_over($backend, $strategy);
+            }
+            #[test]
+            fn gives_up_at_its_deadline_as_granted() {
+                super::gives_up_as_granted($backend, $strategy, GiveUp::Deadline);
+            }
+            #[test]
+            fn cancelled_as_granted() {
+                super::gives_up_as_granted($backend, $strategy, GiveUp::Cancel);
+            }
+            #[test]
+            fn tokens_increase_across_grants() {
+                super::tokens_increase_across_grants($backend, $strategy);
+            }
+            #[test]
+            fn forced_release_beside_the_line() {
+                super::forced_release_beside_the_line($backend, $strategy);
+            }
+        }
+    )+};
+}
+
+handover_suite! {
+    sqlite_row: "sqlite", "row";
+    sqlite_lease: "sqlite", "lease";
+    pg_row: "pg", "row";
+    pg_lease: "pg", "lease";
+    pgbouncer_row: "pgbouncer", "row";
+    pgbouncer_lease: "pgbouncer", "lease";
+    mysql_row: "mysql", "row";
+    mysql_lease: "mysql", "lease";
+}

@@ -409,6 +409,13 @@ pub(crate) trait RawLock<C: LockConnection>: Send + Sync + 'static {
         Ok(None)
     }
 
+    /// One try (no wait) that needs no connection of the attempt's own: `Advisory` tries on
+    /// a session it shares between its guards. `None` (the default): the strategy tries on
+    /// the attempt's connection, through [`try_acquire`](Self::try_acquire).
+    fn try_without_connection(&self, _key: &str) -> Option<Result<Option<Taken>>> {
+        None
+    }
+
     /// Whether waiters line up in the database (`dlock_waiters`, `locker/line.rs`): true
     /// for `Row` and `Lease`, whose waiters would otherwise poll in no order. The
     /// strategies that wait in the server's own lock queue have no need of one.
@@ -456,6 +463,9 @@ pub(crate) struct Conn<C: LockConnection> {
     /// The caller's place in the key's line (`locker/line.rs`), or `NO_PLACE`: what the
     /// acquiring statements of strategies with a line (`RawLock::lines`) are given.
     pub(crate) place: i64,
+    /// Whether a cancellation may end this attempt's session (the waiting code registered
+    /// the strategy's interrupter): such a session must not be shared with other locks.
+    pub(crate) cancellable: bool,
 }
 
 impl<C: LockConnection> Conn<C> {
@@ -464,6 +474,7 @@ impl<C: LockConnection> Conn<C> {
             conn: Some(conn),
             target: None,
             place: crate::backend::NO_PLACE,
+            cancellable: false,
         }
     }
 

@@ -416,6 +416,13 @@ pub(crate) trait RawLock<C: LockConnection>: Send + Sync + 'static {
         None
     }
 
+    /// How many pooled connections the strategy keeps for its guards beside those the
+    /// guards keep themselves (`Advisory`'s shared sessions), for the error of an exhausted
+    /// pool.
+    fn connections_held(&self) -> usize {
+        0
+    }
+
     /// Whether waiters line up in the database (`dlock_waiters`, `locker/line.rs`): true
     /// for `Row` and `Lease`, whose waiters would otherwise poll in no order. The
     /// strategies that wait in the server's own lock queue have no need of one.

@@ -69,7 +69,8 @@ impl<C: LockConnection> RawLock<C> for AdvisoryLock<C> {
         // `conn`). A wait runs on `conn`'s session, of its own, so that nothing waits
         // behind it on a shared one.
         if wait == Wait::No {
-            return self.mux.try_lock(key);
+            let mut offer = conn.get_mut().is_some().then(|| conn.take());
+            return self.mux.try_lock(key, &mut offer);
         }
         // Server-side these locks are reentrant per session. The library is not: a session
         // holding locks is out of the pool, and a shared one refuses its own keys (`mux.rs`),
@@ -103,8 +104,12 @@ impl<C: LockConnection> RawLock<C> for AdvisoryLock<C> {
         }
     }
 
+    fn connections_held(&self) -> usize {
+        self.mux.open()
+    }
+
     fn try_without_connection(&self, key: &str) -> Option<Result<Option<Taken>>> {
-        Some(self.mux.try_lock(key))
+        Some(self.mux.try_lock(key, &mut None))
     }
 
     fn interrupter(&self, conn: &mut Conn<C>) -> Result<Option<Interrupter>> {

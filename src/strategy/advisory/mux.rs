@@ -87,19 +87,25 @@ impl<C: LockConnection> Mux<C> {
         self.cap
     }
 
-    /// The shared sessions open now (tests, reports).
-    #[allow(dead_code)]
+    /// The shared sessions open now.
     pub(crate) fn open(&self) -> usize {
         self.sessions.lock().unpoisoned().len()
     }
 
     /// One try of `key` on a shared session: the lock with its token, or `None` if busy
     /// (held elsewhere, or by another guard of this `Locker`).
-    pub(crate) fn try_lock(self: &Arc<Self>, key: &str) -> Result<Option<Taken>> {
+    ///
+    /// `offer`: a connection the caller has (the first attempt of a `Locker` has one), used
+    /// if a new session is wanted; one left unused goes back to the pool with `offer`.
+    pub(crate) fn try_lock(
+        self: &Arc<Self>,
+        key: &str,
+        offer: &mut Option<Pooled<C>>,
+    ) -> Result<Option<Taken>> {
         // A session found lost between being picked and being used: pick again (the lost
         // one has left the registry), a few times at most.
         for _ in 0..3 {
-            let session = self.pick()?;
+            let session = self.pick(offer)?;
             let mut inner = session.inner.lock().unpoisoned();
             let attempt = session.try_lock(&mut inner, key);
             let retry = matches!(attempt, Err(None));
@@ -160,7 +166,7 @@ impl<C: LockConnection> Mux<C> {
     /// A shared session for one try, counted as in use until [`finish`](Self::finish): an
     /// idle one if any, else a new one while there are fewer than `cap` (and the pool has
     /// one idle), else the least busy.
-    fn pick(&self) -> Result<Arc<MuxSession<C>>> {
+    fn pick(&self, offer: &mut Option<Pooled<C>>) -> Result<Arc<MuxSession<C>>> {
         let best = |sessions: &mut Vec<Arc<MuxSession<C>>>| {
             sessions.retain(|s| !s.lost.load(Ordering::Acquire));
             sessions
@@ -183,7 +189,9 @@ impl<C: LockConnection> Mux<C> {
             };
             // Every session busy and room for one more, or none at all: a new one. Only
             // one the pool has idle if others exist (not worth waiting for).
-            let conn = if existing {
+            let conn = if let Some(c) = offer.take() {
+                Some(c)
+            } else if existing {
                 self.pool.try_get()
             } else {
                 Some(
@@ -210,7 +218,10 @@ impl<C: LockConnection> Mux<C> {
                     return Ok(session);
                 }
                 // (A connection taken meanwhile goes back to the pool, unused.)
-                (_, Some(s)) => {
+                (conn, Some(s)) => {
+                    if offer.is_none() {
+                        *offer = conn;
+                    }
                     s.users.fetch_add(1, Ordering::Relaxed);
                     return Ok(s);
                 }

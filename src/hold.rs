@@ -42,7 +42,8 @@ pub(crate) trait Hold: Send + Sync {
 
 /// How often a loss watcher asks the database about a lock nothing else watches (`Row`,
 /// `ForUpdate`, `Advisory`): the pace [`Strategy::check_every`](crate::Strategy::check_every) gives the session
-/// strategies. One query each time (on the guard's own connection for a session strategy).
+/// strategies. One query each time (on the session holding the lock for a session strategy;
+/// guards sharing a session share their probes: [`Hold::probe`]).
 pub(crate) const PROBE_EVERY: Duration = Duration::from_secs(1);
 
 /// A successful acquisition.

@@ -39,6 +39,12 @@ use std::time::{Duration, Instant};
 /// locks side by side, few enough to leave a small pool room for waits.
 pub(crate) const MAX_SHARED: usize = 4;
 
+/// How many locks a shared session holds before a try prefers to open another one (while
+/// fewer than `cap` are open): PostgreSQL's cost of every statement on a session grows with
+/// the locks it holds (each transaction's end walks the session's lock table), so the locks
+/// are spread over the sessions allowed.
+const SPREAD_AT: usize = 256;
+
 /// The shared sessions of one `Advisory` `Locker`.
 pub(crate) struct Mux<C: LockConnection> {
     pool: Pool<C>,
@@ -53,6 +59,8 @@ pub(crate) struct MuxSession<C: LockConnection> {
     /// Threads that picked this session for a try and have not finished it (changed under
     /// the `Mux`'s registry mutex only).
     users: AtomicUsize,
+    /// How many keys it holds (`Inner::keys.len()`, readable without the statement mutex).
+    held: AtomicUsize,
     /// Set once the session failed: every lock on it is lost, for good.
     lost: AtomicBool,
 }
@@ -154,6 +162,7 @@ impl<C: LockConnection> Mux<C> {
                 checked: None,
             }),
             users: AtomicUsize::new(0),
+            held: AtomicUsize::new(1),
             lost: AtomicBool::new(false),
         });
         sessions.push(session.clone());
@@ -164,14 +173,15 @@ impl<C: LockConnection> Mux<C> {
     }
 
     /// A shared session for one try, counted as in use until [`finish`](Self::finish): an
-    /// idle one if any, else a new one while there are fewer than `cap` (and the pool has
-    /// one idle), else the least busy.
+    /// idle one holding fewer than [`SPREAD_AT`] locks if any (the one holding fewest), else
+    /// a new one while there are fewer than `cap` (and the pool has one idle), else the least
+    /// busy.
     fn pick(&self, offer: &mut Option<Pooled<C>>) -> Result<Arc<MuxSession<C>>> {
         let best = |sessions: &mut Vec<Arc<MuxSession<C>>>| {
             sessions.retain(|s| !s.lost.load(Ordering::Acquire));
             sessions
                 .iter()
-                .min_by_key(|s| s.users.load(Ordering::Relaxed))
+                .min_by_key(|s| (s.users.load(Ordering::Relaxed), s.held.load(Ordering::Relaxed)))
                 .cloned()
         };
         loop {
@@ -179,7 +189,9 @@ impl<C: LockConnection> Mux<C> {
                 let mut sessions = self.sessions.lock().unpoisoned();
                 match best(&mut sessions) {
                     Some(s)
-                        if s.users.load(Ordering::Relaxed) == 0 || sessions.len() >= self.cap =>
+                        if (s.users.load(Ordering::Relaxed) == 0
+                            && s.held.load(Ordering::Relaxed) < SPREAD_AT)
+                            || sessions.len() >= self.cap =>
                     {
                         s.users.fetch_add(1, Ordering::Relaxed);
                         return Ok(s);
@@ -192,11 +204,18 @@ impl<C: LockConnection> Mux<C> {
             let conn = if let Some(c) = offer.take() {
                 Some(c)
             } else if existing {
-                self.pool.try_get()
+                // An idle one, or one the pool has room to open; never a wait for one that
+                // others hold.
+                self.pool.try_get().or_else(|| {
+                    let state = self.pool.state();
+                    (state.connections < self.pool.max_size())
+                        .then(|| self.pool.get_timeout(patience(&self.pool)).ok())
+                        .flatten()
+                })
             } else {
                 Some(
                     self.pool
-                        .get_timeout(self.pool.connection_timeout().min(Duration::from_secs(1)))
+                        .get_timeout(patience(&self.pool))
                         .map_err(Error::Pool)?,
                 )
             };
@@ -212,6 +231,7 @@ impl<C: LockConnection> Mux<C> {
                             checked: None,
                         }),
                         users: AtomicUsize::new(1),
+                        held: AtomicUsize::new(0),
                         lost: AtomicBool::new(false),
                     });
                     sessions.push(session.clone());
@@ -258,6 +278,12 @@ impl<C: LockConnection> Mux<C> {
     }
 }
 
+/// How long a try waits for a connection for a new shared session: a second (opening one
+/// can take that long on a loaded machine), or the pool's timeout if shorter.
+fn patience<C: LockConnection>(pool: &Pool<C>) -> Duration {
+    pool.connection_timeout().min(Duration::from_secs(1))
+}
+
 impl<C: LockConnection> MuxSession<C> {
     /// One try of `key` on this session. `Err(None)`: the session is lost (pick another).
     fn try_lock(
@@ -281,6 +307,7 @@ impl<C: LockConnection> MuxSession<C> {
         match attempt {
             Ok(Some(a)) => {
                 inner.keys.insert(key.to_owned());
+                self.held.store(inner.keys.len(), Ordering::Relaxed);
                 Ok(Some(a))
             }
             Ok(None) => Ok(None),
@@ -384,6 +411,7 @@ impl<C: LockConnection> Hold for MuxHold<C> {
             false
         };
         inner.keys.remove(key);
+        session.held.store(inner.keys.len(), Ordering::Relaxed);
         self.mux.finish(session, &mut inner, false);
         Ok(released)
     }

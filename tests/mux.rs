@@ -86,8 +86,7 @@ impl Advisories for diesel::MysqlConnection {
         )
         .get_result::<Id>(self)
         .unwrap()
-        .id
-            > 0
+        .id > 0
     }
 }
 
@@ -158,7 +157,11 @@ fn release_one_others_stay_held<C: TestDb + Advisories>(h: &Harness<C>) {
     for k in &keys {
         assert!(conn.holder(k).is_none(), "{k} still held");
     }
-    assert_eq!(in_use(&pool), 0, "the shared sessions went back to the pool");
+    assert_eq!(
+        in_use(&pool),
+        0,
+        "the shared sessions went back to the pool"
+    );
 }
 
 /// A shared session ended from the server (pg_terminate_backend, KILL): every guard on it
@@ -170,10 +173,7 @@ fn killed_session_tells_every_guard<C: TestDb + Advisories>(h: &Harness<C>) {
     let l = advisory(&pool);
     let other = advisory(&h.pool);
     let keys: Vec<String> = (0..40).map(|i| unique_key(&format!("kill{i}"))).collect();
-    let guards: Vec<LockGuard<C>> = keys
-        .iter()
-        .map(|k| l.lock(k).unwrap())
-        .collect();
+    let guards: Vec<LockGuard<C>> = keys.iter().map(|k| l.lock(k).unwrap()).collect();
     let mut conn = h.pool.get().unwrap();
     let ids: HashSet<i64> = keys.iter().map(|k| conn.holder(k).unwrap()).collect();
     assert_eq!(ids.len(), 1, "one shared session");
@@ -185,7 +185,11 @@ fn killed_session_tells_every_guard<C: TestDb + Advisories>(h: &Harness<C>) {
     }
     conn.kill_session(*ids.iter().next().unwrap());
     for (i, w) in watches.iter().enumerate() {
-        assert_eq!(w.wait(Duration::from_secs(30)), LockStatus::Lost, "guard {i}");
+        assert_eq!(
+            w.wait(Duration::from_secs(30)),
+            LockStatus::Lost,
+            "guard {i}"
+        );
     }
     let told: HashSet<usize> = (0..10)
         .map(|_| rx.recv_timeout(Duration::from_secs(30)).expect("told"))
@@ -206,7 +210,10 @@ fn killed_session_tells_every_guard<C: TestDb + Advisories>(h: &Harness<C>) {
             .release()
             .unwrap();
     }
-    let again = l.try_lock(&unique_key("after")).unwrap().expect("a new session");
+    let again = l
+        .try_lock(&unique_key("after"))
+        .unwrap()
+        .expect("a new session");
     again.check().unwrap();
     again.release().unwrap();
 }
@@ -220,7 +227,9 @@ fn nothing_waits_behind_a_wait<C: TestDb + Advisories>(h: &Harness<C>) {
     let other = advisory(&h.pool);
     let key = unique_key("waited");
     let held = other.lock(&key).unwrap();
-    let kept: Vec<_> = (0..5).map(|i| l.lock(&unique_key(&format!("kept{i}"))).unwrap()).collect();
+    let kept: Vec<_> = (0..5)
+        .map(|i| l.lock(&unique_key(&format!("kept{i}"))).unwrap())
+        .collect();
     let (tx, rx) = mpsc::channel();
     let waiter = {
         let (l, key) = (l.clone(), key.clone());
@@ -247,7 +256,8 @@ fn nothing_waits_behind_a_wait<C: TestDb + Advisories>(h: &Harness<C>) {
     }
     assert!(rx.try_recv().is_err(), "the waiter got a held key");
     drop(held);
-    rx.recv_timeout(Duration::from_secs(30)).expect("the waiter got it");
+    rx.recv_timeout(Duration::from_secs(30))
+        .expect("the waiter got it");
     let g = waiter.join().unwrap();
     g.check().unwrap();
     assert!(other.try_lock(&key).unwrap().is_none());
@@ -314,7 +324,12 @@ fn ten_thousand_on_a_pool_of_eight<C: TestDb + Advisories>(h: &Harness<C>) {
     }
     drop(guards);
     for k in keys.iter().step_by(97) {
-        other.try_lock(k).unwrap().expect("released").release().unwrap();
+        other
+            .try_lock(k)
+            .unwrap()
+            .expect("released")
+            .release()
+            .unwrap();
     }
     assert_eq!(in_use(&pool), 0);
 }

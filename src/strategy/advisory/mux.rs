@@ -116,7 +116,6 @@ impl<C: LockConnection> Mux<C> {
             let session = self.pick(offer)?;
             let mut inner = session.inner.lock().unpoisoned();
             let attempt = session.try_lock(&mut inner, key);
-            let retry = matches!(attempt, Err(None));
             self.finish(&session, &mut inner, true);
             drop(inner);
             match attempt {
@@ -132,8 +131,7 @@ impl<C: LockConnection> Mux<C> {
                 }
                 Ok(None) => return Ok(None),
                 Err(Some(e)) => return Err(e),
-                Err(None) if retry => continue,
-                Err(None) => unreachable!(),
+                Err(None) => continue,
             }
         }
         Err(Error::Database(diesel::result::Error::DatabaseError(
@@ -181,7 +179,12 @@ impl<C: LockConnection> Mux<C> {
             sessions.retain(|s| !s.lost.load(Ordering::Acquire));
             sessions
                 .iter()
-                .min_by_key(|s| (s.users.load(Ordering::Relaxed), s.held.load(Ordering::Relaxed)))
+                .min_by_key(|s| {
+                    (
+                        s.users.load(Ordering::Relaxed),
+                        s.held.load(Ordering::Relaxed),
+                    )
+                })
                 .cloned()
         };
         loop {

@@ -90,8 +90,10 @@ pub enum Error {
     /// could not be reached when the pool does not know why: a pool built by hand).
     Pool(r2d2::Error),
     /// No connection could be had from the pool: all of its `size` connections were in use,
-    /// `held_by_guards` of them by this `Locker`'s own guards (a guard of a session strategy,
-    /// `ForUpdate`, `Advisory` or `AdvisoryXact`, keeps one for its whole life). Size the
+    /// `held_by_guards` of them by this `Locker`'s own guards (a `ForUpdate` or
+    /// `AdvisoryXact` guard keeps one for its whole life; `Advisory` guards share a few, at
+    /// most half the pool, and a guard whose lock was won by a wait once those are all open
+    /// keeps its own). Size the
     /// pool with [`LockerBuilder::pool_size`](crate::LockerBuilder::pool_size) or the URL's
     /// `dlock_pool_size`, or hold fewer guards at once.
     PoolExhausted {
@@ -174,8 +176,8 @@ impl fmt::Display for Error {
             Error::PoolExhausted { size, held_by_guards } => write!(
                 f,
                 "no database connection could be had: the pool's {size} connections are in use, \
-                 {held_by_guards} of them by this Locker's guards (ForUpdate, Advisory and \
-                 AdvisoryXact guards keep one each); size the pool with LockerBuilder::pool_size \
+                 {held_by_guards} of them by this Locker's guards (ForUpdate and AdvisoryXact \
+                 guards keep one each, Advisory guards share a few); size the pool with LockerBuilder::pool_size \
                  or dlock_pool_size=N in the url, or hold fewer guards at once"
             ),
             Error::Database(_) => write!(f, "database error"),

@@ -192,9 +192,11 @@ impl<C: LockConnection> LockGuard<C> {
 
     /// Asks the database whether the lock is still held by this guard.
     ///
-    /// Session strategies (`ForUpdate`, `Advisory`) ask on the guard's own connection:
-    /// pg_locks for this backend, `IS_USED_LOCK(name) = CONNECTION_ID()`, or whether the
-    /// holding transaction still sees its row.
+    /// Session strategies ask on the session holding the lock: `ForUpdate` whether the
+    /// holding transaction still sees its row; an `Advisory` guard on a session it shares
+    /// with the `Locker`'s other guards whether that session is alive and still the same
+    /// one (its locks go only with it, or with their own releases); one on a session of its
+    /// own, pg_locks for this backend or `IS_USED_LOCK(name) = CONNECTION_ID()`.
     ///
     /// A `Lease` guard waits for the database's answer at most until the lease's local
     /// deadline (see [`Strategy::Lease`](crate::Strategy::Lease)), and reports `LockLost`

@@ -15,6 +15,19 @@ pub(crate) trait Hold: Send + Sync {
     fn release(self: Box<Self>, key: &str) -> Result<bool>;
     /// Asks the database whether the lock is still ours.
     fn held(&self, key: &str) -> Result<bool>;
+    /// As [`held`](Self::held), but an answer from a query that began after `since` will
+    /// do: locks that share a session (`Advisory`'s) answer many guards' probes with one
+    /// query per session. A loss watcher that probes many guards in a round passes the
+    /// round's start.
+    fn probe(&self, key: &str, since: Instant) -> Result<bool> {
+        let _ = since;
+        self.held(key)
+    }
+    /// Whether this hold keeps a pooled connection of its own (counted for the error of a
+    /// pool its guards have emptied): a session strategy's, unless it shares its session.
+    fn keeps_connection(&self) -> bool {
+        true
+    }
     /// The loss status that this hold marks by itself (a lease's: the heartbeat and the
     /// local deadline), if any; the guard makes one otherwise.
     fn loss(&self) -> Option<Arc<Loss>> {
@@ -29,7 +42,8 @@ pub(crate) trait Hold: Send + Sync {
 
 /// How often a loss watcher asks the database about a lock nothing else watches (`Row`,
 /// `ForUpdate`, `Advisory`): the pace [`Strategy::check_every`](crate::Strategy::check_every) gives the session
-/// strategies. One query each time (on the guard's own connection for a session strategy).
+/// strategies. One query each time (on the session holding the lock for a session strategy;
+/// guards sharing a session share their probes: [`Hold::probe`]).
 pub(crate) const PROBE_EVERY: Duration = Duration::from_secs(1);
 
 /// A successful acquisition.
@@ -85,7 +99,12 @@ fn watch(loss: &Loss, cell: &HoldCell, key: &str, every: Option<Duration>) {
             let Some(hold) = hold.as_ref() else {
                 continue; // released: the next wait says so
             };
-            hold.held(key)
+            // A probe of this guard's session made by another guard's watcher during the
+            // last half interval answers for this one too (shared sessions).
+            let since = every
+                .and_then(|e| Instant::now().checked_sub(e / 2))
+                .unwrap_or_else(Instant::now);
+            hold.probe(key, since)
         };
         match held {
             Ok(true) => {}

@@ -42,22 +42,28 @@
 //! - [`Strategy::ForUpdate`] (PostgreSQL, MySQL): the key's row locked by `SELECT … FOR
 //!   UPDATE` in a transaction the guard keeps open; release is `COMMIT`.
 //! - [`Strategy::Advisory`] (PostgreSQL `pg_advisory_lock`, MySQL `GET_LOCK`): a lock held
-//!   by the guard's database session.
+//!   by a database session; the guards of one `Locker` share a few sessions (at most half
+//!   the pool, 4 at most), so 10⁴ locks fit on a pool of 8.
 //! - [`Strategy::AdvisoryXact`] (PostgreSQL `pg_advisory_xact_lock`): the same lock held by
 //!   a transaction the guard keeps open; release is `COMMIT`. What works behind a
 //!   transaction-pooling PgBouncer (with `dlock_pooler=transaction` in the URL given to
 //!   [`Locker::connect`]; docs/guide.md, "Behind a connection pooler"), where `Advisory`
 //!   does not.
 //!
-//! The last three are *session strategies*: the guard owns a pooled connection for its whole
-//! life, waiting happens in the server's lock queue, and a holder that dies frees its lock
+//! The last three are *session strategies*: the lock lives in a database session, waiting
+//! happens in the server's lock queue, and a holder that dies frees its lock
 //! as soon as the server sees its connection close, with no ttl to wait out. A failover
 //! ends the lock with the session, and so does a network partition once the server's TCP
 //! keepalives give up on the holder (2 h 11 min by Linux's defaults: see docs/guide.md for
 //! settings that make it 25 s); [`LockGuard::check`] asks the server on the guard's own
 //! connection and reports [`Error::LockLost`]. A `Lease` guard cut off from the database
-//! reports the loss by itself, before any other client can take the key. See [`Strategy`]
-//! for the details of each. SQLite has none of them, and refuses them with
+//! reports the loss by itself, before any other client can take the key. A `ForUpdate` or
+//! `AdvisoryXact` guard owns a pooled connection, with its open transaction, for its whole
+//! life (a lock per transaction, by nature): size the pool for the locks held at once. An
+//! `Advisory` guard shares its session with the `Locker`'s other guards (a lock won by a
+//! wait keeps the session it waited on when the shared ones are all open); when a shared
+//! session ends, every guard on it reports the loss. See [`Strategy`] for the details of
+//! each. SQLite has none of them, and refuses them with
 //! [`Error::Unsupported`] (MySQL refuses `AdvisoryXact`).
 //!
 //! A session lock lives as long as its connection is open in *any* process. The MySQL/MariaDB

@@ -406,9 +406,10 @@ fn a_pool_emptied_by_guards_says_so(url: &str) {
     let own = Locker::builder(sized.pool().clone()).pool_size(4).build();
     assert!(matches!(own, Err(Error::InvalidConfig(_))), "{own:?}");
 
+    // ForUpdate guards keep a connection each (Advisory guards share theirs: tests/mux.rs).
     let locker = Locker::connect(url)
         .unwrap()
-        .strategy(Strategy::Advisory)
+        .strategy(Strategy::ForUpdate)
         .pool_size(2)
         .build()
         .unwrap();

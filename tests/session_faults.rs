@@ -195,21 +195,41 @@ fn dropped_in_panic<C: TestDb>(h: &Harness<C>) {
     }
 }
 
-/// Every guard owns a connection: with a pool of one held by a guard, try_lock_for on another
-/// key returns Err(Error::PoolExhausted), naming the guard, at its deadline (it cannot even
-/// ask), and try_lock after its short grace period of 20 ms. Never a hang.
+/// A `ForUpdate` or `AdvisoryXact` guard owns a connection: with a pool of one held by a
+/// guard, try_lock_for on another key returns Err(Error::PoolExhausted), naming the guard,
+/// at its deadline (it cannot even ask), and try_lock after its short grace period of 20 ms.
+/// Never a hang. `Advisory` guards share their session: a second key is taken on the same
+/// one connection, and only a wait, which needs a session of its own, finds the pool
+/// exhausted (by the shared session, counted as held by guards).
 fn exhausted_pool<C: TestDb>(h: &Harness<C>) {
     for s in session_strategies(h) {
         let pool = common::pool::<C>(&h.url, 1);
         let l = locker(&pool, s);
         let _g = l.lock(&unique_key("only")).unwrap();
+        let elsewhere = locker(&h.pool, s);
+        let busy = unique_key("busy");
+        let _busy = elsewhere.lock(&busy).unwrap();
+        let _second = (s == Strategy::Advisory).then(|| {
+            l.try_lock(&unique_key("second"))
+                .unwrap()
+                .expect("a second key on the shared session")
+        });
         for (timeout, at_least) in [
             (Duration::from_millis(200), Duration::from_millis(200)),
             (Duration::ZERO, Duration::from_millis(20)),
         ] {
+            let key = match s {
+                Strategy::Advisory => busy.clone(),
+                _ => unique_key("other"),
+            };
             let start = Instant::now();
-            let r = l.try_lock_for(&unique_key("other"), timeout);
+            let r = l.try_lock_for(&key, timeout);
             let took = start.elapsed();
+            if s == Strategy::Advisory && timeout.is_zero() {
+                // A single try: answered on the shared session, no connection needed.
+                assert!(matches!(r, Ok(None)), "{r:?}");
+                continue;
+            }
             assert!(
                 matches!(
                     r,

@@ -253,7 +253,8 @@ impl<C: LockConnection> Locker<C> {
             .inner
             .shared
             .guards_with_connections
-            .load(Ordering::Relaxed);
+            .load(Ordering::Relaxed)
+            + self.inner.raw.connections_held();
         if full && held_by_guards > 0 {
             return crate::Error::PoolExhausted {
                 size: pool.max_size(),

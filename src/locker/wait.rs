@@ -174,11 +174,6 @@ impl<C: LockConnection> Locker<C> {
     ) -> Result<Option<Taken>> {
         #[cfg(all(test, feature = "postgres"))]
         tests::ATTEMPTS.with(|n| n.set(n.get() + 1));
-        let Some(mut conn) = self.connection(deadline, cancel)? else {
-            return Ok(None); // cancelled while waiting for a connection
-        };
-        self.check_schema(&mut conn)?;
-        let mut conn = Conn::new(conn);
         // Strategies that wait on the server use what is left of the deadline; a
         // cancellation then ends the server's wait by ending the session, but only while
         // this attempt is under way (`live`): once it has returned, the connection may go
@@ -189,11 +184,41 @@ impl<C: LockConnection> Locker<C> {
         } else {
             Wait::No
         };
+        // A try that the strategy runs on a session of its own choosing (`Advisory`'s
+        // shared sessions), once this `Locker` knows the schema is current.
+        if wait == Wait::No
+            && !raw.lines()
+            && self.inner.schema_current.load(Ordering::Relaxed)
+            && !cancel.is_some_and(Cancel::is_cancelled)
+        {
+            if let Some(attempt) = raw.try_without_connection(key) {
+                if matches!(attempt, Ok(None)) {
+                    self.inner.shared.meter.contended();
+                }
+                return match attempt {
+                    Err(Error::Pool(e)) => Err(self.pool_error(e)),
+                    Ok(Some(taken)) if cancel.is_some_and(Cancel::is_cancelled) => {
+                        // Cancelled meanwhile: never a lock.
+                        if let Err(e) = taken.hold.release(key) {
+                            log::debug!("lock {key:?}: releasing a lock taken as its wait was cancelled failed ({e})");
+                        }
+                        Ok(None)
+                    }
+                    attempt => attempt,
+                };
+            }
+        }
+        let Some(mut conn) = self.connection(deadline, cancel)? else {
+            return Ok(None); // cancelled while waiting for a connection
+        };
+        self.check_schema(&mut conn)?;
+        let mut conn = Conn::new(conn);
         let live = Arc::new(Mutex::new(true));
         let registration = match cancel {
             Some(c) if wait != Wait::No => {
                 match raw.interrupter(&mut conn)? {
                     Some(interrupt) => {
+                        conn.cancellable = true;
                         let live = live.clone();
                         Some(c.on_cancel(Arc::new(move || {
                             // Taking a connection may block: not while holding `live`.
@@ -522,13 +547,15 @@ impl<C: LockConnection> Locker<C> {
             self.inner.strategy.name(),
             taken.token
         );
+        let keeps = taken.hold.keeps_connection();
         let guard = LockGuard::new(self.inner.shared.clone(), key.to_owned(), taken);
-        // A session strategy's hold keeps its pooled connection until released.
+        // A session strategy's hold keeps its pooled connection until released (unless it
+        // shares its session with other guards: `Advisory`'s tries).
         match self.inner.strategy {
-            Strategy::ForUpdate | Strategy::Advisory | Strategy::AdvisoryXact => {
+            Strategy::ForUpdate | Strategy::Advisory | Strategy::AdvisoryXact if keeps => {
                 guard.keeping_connection()
             }
-            Strategy::Row { .. } | Strategy::Lease { .. } => guard,
+            _ => guard,
         }
     }
 }

@@ -42,10 +42,12 @@ use std::sync::Arc;
 /// | `Advisory` | ✓ | ✓ | refused | free as soon as the server sees the session end | one unlock |
 /// | `AdvisoryXact` | ✓ | refused | refused | free as soon as the server sees the session end | `COMMIT` |
 ///
-/// The session strategies (`ForUpdate`, `Advisory`, `AdvisoryXact`) keep the lock in the
-/// holder's database session: the guard owns one pooled connection for its whole life (size
-/// the pool for the locks held at once plus the waiters), waiting happens in the server's
-/// lock queue, and a deadline is enforced there too. `ForUpdate` and `AdvisoryXact` keep it
+/// The session strategies (`ForUpdate`, `Advisory`, `AdvisoryXact`) keep the lock in a
+/// database session, waiting happens in the server's lock queue, and a deadline is enforced
+/// there too. A `ForUpdate` or `AdvisoryXact` guard owns one pooled connection, with its
+/// open transaction, for its whole life: a lock per transaction, by nature (size the pool
+/// for the locks held at once plus the waiters). `Advisory` guards of one `Locker` share a
+/// few sessions instead (see [`Advisory`](Self::Advisory)): 10⁴ locks fit on a pool of 8. `ForUpdate` and `AdvisoryXact` keep it
 /// in a transaction the guard holds open, which works behind a transaction-pooling
 /// PgBouncer; `Advisory` does not (docs/guide.md, "Behind a connection pooler"). A Galera node
 /// refuses `ForUpdate` and `Advisory` (their locks are local to one node).
@@ -169,8 +171,25 @@ pub enum Strategy {
     /// locks the first free one (`FOR UPDATE SKIP LOCKED`), beside the key's row `FOR SHARE`
     /// as a reader locks it; at most 1,000 permits.
     ForUpdate,
-    /// PostgreSQL `pg_advisory_lock` family / MySQL `GET_LOCK`, held by the guard's session.
-    /// PostgreSQL and MySQL only: `build` returns [`Error::Unsupported`] on SQLite.
+    /// PostgreSQL `pg_advisory_lock` family / MySQL `GET_LOCK`, held by a session of the
+    /// `Locker`'s. PostgreSQL and MySQL only: `build` returns [`Error::Unsupported`] on SQLite.
+    ///
+    /// **Shared sessions.** The exclusive locks (`lock`, `write`) of one `Locker` are held on
+    /// a few of its pool's connections, many locks per session, each released on its own
+    /// (`pg_advisory_unlock` / `RELEASE_LOCK`): at most half the pool, and at most 4; a
+    /// session is opened when those open are busy or hold many locks, and goes back to the
+    /// pool once it holds none. A try (`try_lock`, and the first attempt of every wait) runs
+    /// on a shared session; a wait in the server's queue runs on a session of its own, so
+    /// that nothing waits behind it, and the lock it wins stays on that session, which joins
+    /// the shared ones while fewer are open (else it stays the guard's own, as a
+    /// cancellable wait's always does). A process's death still frees every lock at once
+    /// (the server ends its sessions); a shared session that ends (killed, a network cut, a
+    /// restart) ends every lock on it, and every guard on it reports the loss ([`check`],
+    /// the loss watch), each key free for others. [`check`] costs one query per session
+    /// (the session is alive, and the same one); a loss watch's probes of many guards on one
+    /// session share one query each round. Readers and permits keep a session each.
+    ///
+    /// [`check`]: crate::LockGuard::check
     ///
     /// Keys are mapped by a stable hash: on PostgreSQL the lock key is
     /// [`key_hash`](crate::key_hash) (first 8 bytes of SHA-256, big-endian, as an `i64`;
@@ -409,6 +428,20 @@ pub(crate) trait RawLock<C: LockConnection>: Send + Sync + 'static {
         Ok(None)
     }
 
+    /// One try (no wait) that needs no connection of the attempt's own: `Advisory` tries on
+    /// a session it shares between its guards. `None` (the default): the strategy tries on
+    /// the attempt's connection, through [`try_acquire`](Self::try_acquire).
+    fn try_without_connection(&self, _key: &str) -> Option<Result<Option<Taken>>> {
+        None
+    }
+
+    /// How many pooled connections the strategy keeps for its guards beside those the
+    /// guards keep themselves (`Advisory`'s shared sessions), for the error of an exhausted
+    /// pool.
+    fn connections_held(&self) -> usize {
+        0
+    }
+
     /// Whether waiters line up in the database (`dlock_waiters`, `locker/line.rs`): true
     /// for `Row` and `Lease`, whose waiters would otherwise poll in no order. The
     /// strategies that wait in the server's own lock queue have no need of one.
@@ -468,6 +501,9 @@ pub(crate) struct Conn<C: LockConnection> {
     /// The caller's place was granted the key by a release: the attempt confirms the grant
     /// (`Locks::row_confirm`, `lease_confirm`) instead of acquiring.
     pub(crate) granted: bool,
+    /// Whether a cancellation may end this attempt's session (the waiting code registered
+    /// the strategy's interrupter): such a session must not be shared with other locks.
+    pub(crate) cancellable: bool,
 }
 
 impl<C: LockConnection> Conn<C> {
@@ -478,6 +514,7 @@ impl<C: LockConnection> Conn<C> {
             place: crate::backend::NO_PLACE,
             holder: None,
             granted: false,
+            cancellable: false,
         }
     }
 

@@ -1,6 +1,9 @@
-//! `Strategy::Advisory`: PostgreSQL `pg_advisory_lock` / MySQL `GET_LOCK`, held by the
-//! session of a connection that the guard keeps; release = one unlock.
+//! `Strategy::Advisory`: PostgreSQL `pg_advisory_lock` / MySQL `GET_LOCK`, held on a few
+//! sessions that the `Locker`'s guards share (`mux.rs`), or, for a lock won by a wait once
+//! those are all open, by the session of a connection that the guard keeps; release = one
+//! unlock.
 
+pub(crate) mod mux;
 mod shared;
 
 use super::session::{self, discard, Session};
@@ -8,11 +11,14 @@ use super::session_permits::{slot_lock, SlotCore, SlotKind};
 use super::{Conn, Hold, Interrupter, Mode, ModeLock, Pool, RawLock, Setup, Strategy, Taken};
 use crate::backend::{LockConnection, Sql, Wait};
 use crate::Result;
+use mux::Mux;
 use shared::AdvisorySharedLock;
 use std::sync::Arc;
 
 pub(super) struct AdvisoryLock<C: LockConnection> {
     pool: Pool<C>,
+    /// The shared sessions of the exclusive locks.
+    mux: Arc<Mux<C>>,
     /// Readers, where the backend has shared advisory locks (PostgreSQL's
     /// `pg_advisory_lock_shared`); their writer is this strategy's own lock.
     read: Option<Arc<AdvisorySharedLock<C>>>,
@@ -32,6 +38,7 @@ impl<C: LockConnection> AdvisoryLock<C> {
                     kinds: slots.clone(),
                 })
             }),
+            mux: Arc::new(Mux::new(setup.pool.clone())),
             pool: setup.pool,
             slots,
         })
@@ -57,17 +64,36 @@ impl<C: LockConnection> RawLock<C> for AdvisoryLock<C> {
         _retry: bool,
         wait: Wait,
     ) -> Result<Option<Taken>> {
-        // Server-side these locks are reentrant per session. The library is not: a held
-        // lock's connection is out of the pool, owned by its guard, so any other attempt runs
-        // on another session and finds the lock busy; and each guard unlocks exactly once.
+        // A try runs on a shared session (the waiting code asks `try_without_connection`
+        // first; this is the first attempt of a `Locker`, which checked the schema on
+        // `conn`). A wait runs on `conn`'s session, of its own, so that nothing waits
+        // behind it on a shared one.
+        if wait == Wait::No {
+            let mut offer = conn.get_mut().is_some().then(|| conn.take());
+            return self.mux.try_lock(key, &mut offer);
+        }
+        // Server-side these locks are reentrant per session. The library is not: a session
+        // holding locks is out of the pool, and a shared one refuses its own keys (`mux.rs`),
+        // so any other attempt finds the lock busy; and each guard unlocks exactly once.
         match conn.session_sql()?.advisory_lock(key, wait) {
-            Ok(Some(a)) => Ok(Some(Taken {
-                hold: Box::new(AdvisoryHold {
-                    session: Session::new(conn.take()),
-                }),
-                token: a.token,
-                acquired_at: a.acquired_at,
-            })),
+            Ok(Some(a)) => {
+                // Won by a wait: the session joins the shared ones if there is room (not
+                // one a cancellation may still end: that would end the others' locks).
+                let hold = match conn.cancellable {
+                    false => self.mux.adopt(conn.take(), key),
+                    true => Err(conn.take()),
+                }
+                .unwrap_or_else(|conn| {
+                    Box::new(AdvisoryHold {
+                        session: Session::new(conn),
+                    })
+                });
+                Ok(Some(Taken {
+                    hold,
+                    token: a.token,
+                    acquired_at: a.acquired_at,
+                }))
+            }
             Ok(None) => Ok(None),
             Err(e) => {
                 // The lock may have been granted before the error (e.g. the token could not
@@ -76,6 +102,14 @@ impl<C: LockConnection> RawLock<C> for AdvisoryLock<C> {
                 Err(e.into())
             }
         }
+    }
+
+    fn connections_held(&self) -> usize {
+        self.mux.open()
+    }
+
+    fn try_without_connection(&self, key: &str) -> Option<Result<Option<Taken>>> {
+        Some(self.mux.try_lock(key, &mut None))
     }
 
     fn interrupter(&self, conn: &mut Conn<C>) -> Result<Option<Interrupter>> {

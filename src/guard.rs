@@ -1,7 +1,7 @@
 //! `LockGuard`: what a held lock looks like to its user; releases in `release` or `Drop`.
 
 use crate::backend::LockConnection;
-use crate::hold::{ensure_watcher, HoldCell, Taken};
+use crate::hold::{HoldCell, Taken};
 use crate::locker::shared::Shared;
 use crate::loss::{LockStatus, Loss, LossWatch};
 use crate::sync::Unpoison;
@@ -267,7 +267,7 @@ impl<C: LockConnection> LockGuard<C> {
     /// # Ok(()) }
     /// ```
     pub fn loss_watch(&self) -> LossWatch {
-        ensure_watcher(&self.loss, &self.hold, &self.key);
+        self.shared.watcher.watch(&self.loss, &self.hold, &self.key);
         LossWatch::new(self.loss.clone())
     }
 
@@ -284,7 +284,7 @@ impl<C: LockConnection> LockGuard<C> {
     /// # Ok(()) }
     /// ```
     pub fn wait_lost(&self, timeout: Duration) -> bool {
-        ensure_watcher(&self.loss, &self.hold, &self.key);
+        self.shared.watcher.watch(&self.loss, &self.hold, &self.key);
         self.loss.wait_until(Instant::now().checked_add(timeout)) == LockStatus::Lost
     }
 
@@ -399,6 +399,7 @@ impl<C: LockConnection> LockGuard<C> {
         self.uncount_connection();
         self.loss
             .end_release(matches!(result, Err(Error::LockLost { .. })));
+        self.shared.watcher.unwatch(&self.loss);
         let failed = matches!(result, Err(ref e) if !matches!(e, Error::LockLost { .. }));
         self.shared.meter.guard_ended(self.made.elapsed(), failed);
         self.shared.queues.wake(&self.key);

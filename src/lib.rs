@@ -210,6 +210,7 @@ pub mod optimistic;
 mod random;
 mod strategy;
 mod sync;
+mod watcher;
 
 #[cfg(feature = "sqlite")]
 pub use backend::SqliteTuning;
@@ -226,3 +227,5 @@ pub use strategy::Strategy;
 #[cfg(feature = "bench-sql")]
 #[doc(hidden)]
 pub use backend::bench_sql as __bench_sql;
+#[doc(hidden)]
+pub use instrument::renewal_statements as __renewal_statements;

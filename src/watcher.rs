@@ -22,6 +22,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -54,6 +55,8 @@ fn id(loss: &Arc<Loss>) -> usize {
 pub(crate) struct Watcher {
     tx: Mutex<Sender<Msg>>,
     start: Mutex<Start>,
+    /// The size of the set, as the thread last saw it.
+    watched: Arc<AtomicUsize>,
 }
 
 enum Start {
@@ -74,6 +77,7 @@ impl Default for Watcher {
         Watcher {
             tx: Mutex::new(tx),
             start: Mutex::new(Start::NotYet(rx)),
+            watched: Arc::default(),
         }
     }
 }
@@ -102,6 +106,11 @@ impl Watcher {
         }
     }
 
+    /// How many guards are in the set (as of the last message the thread handled).
+    pub(crate) fn watched(&self) -> usize {
+        self.watched.load(Ordering::Relaxed)
+    }
+
     /// The guard released its lock: out of the set.
     pub(crate) fn unwatch(&self, loss: &Arc<Loss>) {
         if loss.watched() {
@@ -118,9 +127,10 @@ impl Watcher {
             unreachable!()
         };
         let tx = self.tx.lock().unpoisoned().clone();
+        let watched = self.watched.clone();
         let spawned = std::thread::Builder::new()
             .name("dlock-watch".into())
-            .spawn(move || Watching::new(tx).run(&rx));
+            .spawn(move || Watching::new(tx, watched).run(&rx));
         *start = match spawned {
             Ok(handle) => Start::Running(handle),
             Err(e) => {
@@ -163,16 +173,18 @@ struct Watching {
     probes: usize,
     runners: Arc<Runners>,
     tx: Sender<Msg>,
+    watched: Arc<AtomicUsize>,
 }
 
 impl Watching {
-    fn new(tx: Sender<Msg>) -> Self {
+    fn new(tx: Sender<Msg>, watched: Arc<AtomicUsize>) -> Self {
         Watching {
             entries: HashMap::new(),
             heap: BinaryHeap::new(),
             probes: 0,
             runners: Arc::default(),
             tx,
+            watched,
         }
     }
 
@@ -180,8 +192,16 @@ impl Watching {
         loop {
             let now = Instant::now();
             self.look(now);
-            let msg = match self.heap.peek() {
-                Some(Reverse((at, _))) => {
+            self.watched.store(self.entries.len(), Ordering::Relaxed);
+            // Jobs waiting: look again for stuck runners every `STALL`.
+            let backlog = self.runners.backlog().then(|| now + STALL);
+            self.runners.nudge();
+            let next = match (self.heap.peek().map(|r| r.0 .0), backlog) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let msg = match next {
+                Some(at) => {
                     match rx.recv_timeout(at.saturating_duration_since(Instant::now())) {
                         Ok(m) => m,
                         Err(RecvTimeoutError::Timeout) => continue,
@@ -215,6 +235,7 @@ impl Watching {
             }
         }
         self.runners.close();
+        self.watched.store(0, Ordering::Relaxed);
     }
 
     fn add(&mut self, loss: Arc<Loss>, cell: Arc<HoldCell>, key: String) {
@@ -326,8 +347,16 @@ impl Watching {
 
 type Job = Box<dyn FnOnce() + Send>;
 
-/// The helper threads of a watcher: probes and callbacks, each on a thread that was idle, or
-/// on a new one if none was.
+/// Runners started without waiting for a stall.
+const RUNNERS: usize = 4;
+/// With jobs waiting and no runner done with one for this long, all are stuck (a hanging
+/// probe, a blocking callback): one more runner is started.
+const STALL: Duration = Duration::from_millis(100);
+
+/// The helper threads of a watcher: probes and callbacks, each on a thread that was idle.
+/// Up to `RUNNERS` start as jobs come; beyond that one more only when the others have made
+/// no progress for `STALL`, so a blocking callback costs one thread and delays the others
+/// by `STALL` once.
 #[derive(Default)]
 struct Runners {
     state: Mutex<RunState>,
@@ -337,16 +366,41 @@ struct Runners {
 #[derive(Default)]
 struct RunState {
     jobs: VecDeque<Job>,
+    /// Runners alive, and of them idle.
+    alive: usize,
     idle: usize,
+    /// When a runner last started or finished a job (or was started).
+    progress: Option<Instant>,
     closed: bool,
 }
 
 impl Runners {
     fn run(self: &Arc<Self>, job: Job) {
+        self.state.lock().unpoisoned().jobs.push_back(job);
+        self.wake.notify_one();
+        self.nudge();
+    }
+
+    /// Whether jobs wait (the watcher then calls `nudge` every `STALL`).
+    fn backlog(&self) -> bool {
+        !self.state.lock().unpoisoned().jobs.is_empty()
+    }
+
+    /// Starts one more runner if jobs wait for one and none is idle, either because few are
+    /// running or because those running made no progress for `STALL`.
+    fn nudge(self: &Arc<Self>) {
         let spawn = {
             let mut st = self.state.lock().unpoisoned();
-            st.jobs.push_back(job);
-            st.idle < st.jobs.len()
+            let stalled = st.progress.is_none_or(|p| p.elapsed() >= STALL);
+            let spawn = !st.jobs.is_empty()
+                && st.idle == 0
+                && !st.closed
+                && (st.alive < RUNNERS || stalled);
+            if spawn {
+                st.alive += 1;
+                st.progress = Some(Instant::now());
+            }
+            spawn
         };
         if spawn {
             let me = self.clone();
@@ -354,11 +408,10 @@ impl Runners {
                 .name("dlock-watch-run".into())
                 .spawn(move || me.work());
             if let Err(e) = spawned {
+                self.state.lock().unpoisoned().alive -= 1;
                 // The job waits for a runner that is busy now.
                 log::warn!("could not start a loss watcher runner: {e}");
             }
-        } else {
-            self.wake.notify_one();
         }
     }
 
@@ -371,21 +424,24 @@ impl Runners {
         let mut st = self.state.lock().unpoisoned();
         loop {
             if let Some(job) = st.jobs.pop_front() {
+                st.progress = Some(Instant::now());
                 drop(st);
                 job();
                 st = self.state.lock().unpoisoned();
+                st.progress = Some(Instant::now());
                 continue;
             }
             if st.closed {
-                return;
+                break;
             }
             st.idle += 1;
             let (g, timeout) = self.wake.wait_timeout(st, RUNNER_IDLE).unpoisoned();
             st = g;
             st.idle -= 1;
             if timeout.timed_out() && st.jobs.is_empty() {
-                return;
+                break;
             }
         }
+        st.alive -= 1;
     }
 }

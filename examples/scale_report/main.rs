@@ -1,0 +1,86 @@
+//! The scale report (issue 25): what it costs one process to hold many locks, and how the
+//! cost grows with their number. A thin dispatcher; each part is a module of its own
+//! (`lease.rs`: `Lease` locks with a loss watch on each guard).
+//!
+//! ```text
+//! cargo run --release --all-features --example scale_report -- \
+//!     --backend pg --url postgres://… --n 10,1000,10000 [--ttl 30] [--out docs/scale.md]
+//! ```
+//! `--backend` is `sqlite` (`--url` a file path), `pg` or `mysql`. The markdown table goes to
+//! stdout, or is appended to `--out`.
+
+mod lease;
+
+use std::time::Duration;
+
+/// The command line, parsed by hand (no dependency for four flags).
+pub(crate) struct Args {
+    pub(crate) backend: String,
+    pub(crate) url: String,
+    pub(crate) n: Vec<usize>,
+    pub(crate) ttl: Duration,
+    pub(crate) out: Option<String>,
+    pub(crate) part: String,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        backend: "sqlite".into(),
+        url: String::new(),
+        n: vec![10, 1000, 10_000],
+        ttl: Duration::from_secs(30),
+        out: None,
+        part: "lease".into(),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
+        match flag.as_str() {
+            "--backend" => a.backend = value(),
+            "--url" => a.url = value(),
+            "--n" => a.n = value().split(',').map(|n| n.parse().expect("--n")).collect(),
+            "--ttl" => a.ttl = Duration::from_secs(value().parse().expect("--ttl")),
+            "--out" => a.out = Some(value()),
+            "--part" => a.part = value(),
+            other => panic!("unknown flag {other}"),
+        }
+    }
+    if a.url.is_empty() {
+        a.url = match a.backend.as_str() {
+            "sqlite" => std::env::temp_dir()
+                .join("dlock-scale.db")
+                .to_string_lossy()
+                .into_owned(),
+            "pg" => std::env::var("DLOCK_TEST_PG_URL").expect("--url or DLOCK_TEST_PG_URL"),
+            "mysql" => {
+                std::env::var("DLOCK_TEST_MYSQL_URL").expect("--url or DLOCK_TEST_MYSQL_URL")
+            }
+            other => panic!("unknown backend {other}"),
+        };
+    }
+    a
+}
+
+fn main() {
+    // A child that holds leases until it is killed (the SIGKILL measurement).
+    if let Ok(spec) = std::env::var("DLOCK_SCALE_CHILD") {
+        return lease::child(&spec);
+    }
+    let a = args();
+    let report = match a.part.as_str() {
+        "lease" => lease::report(&a),
+        other => panic!("unknown part {other}"),
+    };
+    match &a.out {
+        Some(path) => {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .unwrap();
+            f.write_all(report.as_bytes()).unwrap();
+        }
+        None => print!("{report}"),
+    }
+}

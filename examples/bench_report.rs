@@ -303,7 +303,12 @@ fn main() {
     // The long soak (examples/soak.rs) takes many minutes: its last report is kept in its own
     // file and carried over into this one.
     // So are the loss-notification latencies (examples/loss_latency.rs).
-    for carried in ["docs/soak.md", "docs/loss.md", "docs/waiting.md"] {
+    for carried in [
+        "docs/soak.md",
+        "docs/loss.md",
+        "docs/waiting.md",
+        "docs/scale.md",
+    ] {
         if let Ok(text) = std::fs::read_to_string(carried) {
             md.push('\n');
             md.push_str(&text);

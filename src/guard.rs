@@ -38,7 +38,7 @@ pub struct LockGuard<C: LockConnection> {
     token: i64,
     acquired_at: DateTime<Utc>,
     /// What the strategy keeps to release and check the lock; `None` once released. Shared
-    /// with the loss watcher thread, if one was started.
+    /// with the `Locker`'s loss watcher once watched.
     hold: Arc<HoldCell>,
     /// Whether the lock is held, lost or released, for those waiting to be told.
     loss: Arc<Loss>,
@@ -238,14 +238,16 @@ impl<C: LockConnection> LockGuard<C> {
     ///   renews every interval, ttl/3 by default, so within one interval of a takeover or a
     ///   forced release), and at the lease's local deadline when it could not be renewed in
     ///   time (see [`check`](Self::check)); no database work of its own.
-    /// - `Row`, `ForUpdate`, `Advisory`: a watcher thread of the guard, started by the first
-    ///   call of this method (or of [`wait_lost`](Self::wait_lost),
+    /// - `Row`, `ForUpdate`, `Advisory`: the `Locker`'s watcher, which the guard joins with
+    ///   the first call of this method (or of [`wait_lost`](Self::wait_lost),
     ///   [`on_lost`](Self::on_lost)), asks the database once a second what
     ///   [`check`](Self::check) asks (for a session strategy, one query on the guard's own
     ///   connection, which fails at once when the server ended the session).
     ///
-    /// Every strategy starts that thread with the first such call (it runs the callbacks);
-    /// it ends with the lock.
+    /// One watcher thread serves all the watched guards of a `Locker` and runs the
+    /// callbacks, on a few helper threads: a callback that blocks holds up only itself, one
+    /// that panics is logged. A guard leaves it when released; the thread ends with the
+    /// `Locker` and its last guard.
     ///
     /// ```
     /// use diesel_lock::{admin, LockStatus};

@@ -7,10 +7,11 @@
 //! no row), a lease's local deadline (`strategy/validity.rs` keeps `until` here in step with
 //! its own, so a waiter wakes at that instant without anyone asking the database), a
 //! `check()` that found the lock gone, and, for the strategies that nothing tells
-//! (`Row`, `ForUpdate`, `Advisory`), the guard's watcher thread, which asks `Hold::held` once
-//! per `Hold::probe_every`. Marking never runs user code: the callbacks run on the watcher
-//! thread, outside every lock of the library, so a callback may call anything (even
-//! `check()`) without deadlocking.
+//! (`Row`, `ForUpdate`, `Advisory`), the `Locker`'s watcher (`watcher.rs`), which asks
+//! `Hold::held` once per `Hold::probe_every`. Marking never runs user code: a watched
+//! `Loss` sends itself to the watcher, which runs the callbacks on threads of its own,
+//! outside every lock of the library, so a callback may call anything (even `check()`)
+//! without deadlocking.
 //!
 //! A release first sets `releasing`, which makes every later mark a no-op (a renewal racing
 //! the release's own delete must not report a loss), then ends in `Released`, or in `Lost`
@@ -56,7 +57,7 @@ struct State {
 }
 
 /// One guard's loss status, shared by the guard, its strategy (a lease's `Validity`), its
-/// watcher thread and every [`LossWatch`].
+/// `Locker`'s watcher and every [`LossWatch`].
 pub(crate) struct Loss {
     state: Mutex<State>,
     changed: Condvar,
@@ -200,7 +201,7 @@ impl Loss {
         }
     }
 
-    /// Adds a callback for the watcher thread; runs it at once if the lock is lost already,
+    /// Adds a callback for the watcher; runs it at once if the lock is lost already,
     /// drops it if it was released.
     fn on_lost(&self, f: Callback) {
         let mut st = self.state();

@@ -44,16 +44,21 @@ fn lease(ttl: Duration) -> Strategy {
 /// most, not a thread per guard; the watcher's set follows releases at once, and its thread
 /// ends with the `Locker` and its guards.
 fn one_watcher_serves_many_guards<C: TestDb>(h: &Harness<C>) {
-    for strategy in [Strategy::Row { stale_after: None }, lease(Duration::from_secs(6))] {
+    for strategy in [
+        Strategy::Row { stale_after: None },
+        lease(Duration::from_secs(6)),
+    ] {
         let before = all_threads();
         let locker = h.locker(strategy);
         let guards: Vec<_> = (0..300)
             .map(|i| locker.lock(&unique_key(&format!("watched-{i}"))).unwrap())
             .collect();
         let watches: Vec<_> = guards.iter().map(|g| g.loss_watch()).collect();
-        until("all 300 in the watcher's set", Duration::from_secs(30), || {
-            locker.__watched() == 300
-        });
+        until(
+            "all 300 in the watcher's set",
+            Duration::from_secs(30),
+            || locker.__watched() == 300,
+        );
         // Long enough for a round of probes (1 s) and of renewals (2 s).
         assert!(!guards[0].wait_lost(Duration::from_millis(2500)));
         assert_eq!(threads("dlock-watch"), 1, "one watcher thread");
@@ -67,9 +72,11 @@ fn one_watcher_serves_many_guards<C: TestDb>(h: &Harness<C>) {
         for g in guards.by_ref().take(100) {
             g.release().unwrap();
         }
-        until("100 released guards gone from the set", Duration::from_secs(10), || {
-            locker.__watched() == 200
-        });
+        until(
+            "100 released guards gone from the set",
+            Duration::from_secs(10),
+            || locker.__watched() == 200,
+        );
         assert!(watches[..100]
             .iter()
             .all(|w| w.status() == LockStatus::Released));
@@ -85,7 +92,10 @@ fn one_watcher_serves_many_guards<C: TestDb>(h: &Harness<C>) {
 /// 200 watched guards lose their locks at once (forced releases): every one is told, its
 /// callback run, although one callback blocks until the end and another panics.
 fn each_of_many_guards_is_told<C: TestDb>(h: &Harness<C>) {
-    for strategy in [Strategy::Row { stale_after: None }, lease(Duration::from_secs(3))] {
+    for strategy in [
+        Strategy::Row { stale_after: None },
+        lease(Duration::from_secs(3)),
+    ] {
         let locker = h.locker(strategy);
         let keys: Vec<String> = (0..200).map(|i| unique_key(&format!("told-{i}"))).collect();
         let guards: Vec<_> = keys.iter().map(|k| locker.lock(k).unwrap()).collect();
@@ -110,7 +120,9 @@ fn each_of_many_guards_is_told<C: TestDb>(h: &Harness<C>) {
                 .unwrap_or_else(|_| panic!("{strategy:?}: only {} of 198 told", told.len()));
             assert!(told.insert(i), "told twice: {i}");
         }
-        assert!(guards.iter().all(|g| g.loss_watch().status() == LockStatus::Lost));
+        assert!(guards
+            .iter()
+            .all(|g| g.loss_watch().status() == LockStatus::Lost));
         unblock_tx.send(()).unwrap();
     }
 }
@@ -122,7 +134,9 @@ fn thousand_leases_one_taken_over<C: TestDb>(h: &Harness<C>) {
     let ttl = Duration::from_secs(3);
     let interval = ttl / 3;
     let locker = h.locker(lease(ttl));
-    let keys: Vec<String> = (0..1000).map(|i| unique_key(&format!("k1000-{i}"))).collect();
+    let keys: Vec<String> = (0..1000)
+        .map(|i| unique_key(&format!("k1000-{i}")))
+        .collect();
     let guards: Vec<_> = keys.iter().map(|k| locker.lock(k).unwrap()).collect();
     let watches: Vec<_> = guards.iter().map(|g| g.loss_watch()).collect();
     // Renewals of keys taken over a few seconds come together after their first round.
@@ -140,10 +154,16 @@ fn thousand_leases_one_taken_over<C: TestDb>(h: &Harness<C>) {
     let stolen = Instant::now();
     assert_eq!(watches[victim].wait(ttl * 2), LockStatus::Lost);
     let told = stolen.elapsed();
-    assert!(told <= interval * 2 + Duration::from_millis(700), "{told:?}");
+    assert!(
+        told <= interval * 2 + Duration::from_millis(700),
+        "{told:?}"
+    );
     eprintln!("LATENCY 1000 leases, one taken over: told after {told:?}");
     assert_eq!(
-        watches.iter().filter(|w| w.status() == LockStatus::Lost).count(),
+        watches
+            .iter()
+            .filter(|w| w.status() == LockStatus::Lost)
+            .count(),
         1,
         "only the stolen lease is lost"
     );

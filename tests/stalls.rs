@@ -299,7 +299,10 @@ fn a_stuck_key_in_a_batch_delays_only_itself<C: Server>(url: &str) {
         .filter(|&i| i != stuck && guards[i].check().is_err())
         .collect();
     assert!(blocker.end(), "the blocker ran out of time");
-    assert!(lost.is_empty(), "healthy leases lost beside a stuck one: {lost:?}");
+    assert!(
+        lost.is_empty(),
+        "healthy leases lost beside a stuck one: {lost:?}"
+    );
     // Two ttls are six intervals: a batch each (two at the window's edges), and the stuck
     // key's own attempts every quarter interval (on MySQL each waits a second).
     let most = 6 + 2 + 6 * 4 + 2;

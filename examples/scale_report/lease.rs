@@ -113,7 +113,10 @@ fn measure(a: &Args, n: usize) -> Row {
     let told = forced.elapsed();
     drop(conn);
     assert_eq!(
-        watches.iter().filter(|w| w.status() == LockStatus::Lost).count(),
+        watches
+            .iter()
+            .filter(|w| w.status() == LockStatus::Lost)
+            .count(),
         1
     );
     drop(guards);
@@ -217,8 +220,17 @@ pub(crate) fn report(a: &Args) -> String {
             r.freed.as_secs_f64()
         );
     }
-    if let (Some(small), Some(big)) = (rows.iter().find(|r| r.n == 1000), rows.iter().find(|r| r.n == 10_000)) {
-        let ratio = |a: f64, b: f64| if a > 0.0 { format!("{:.2}", b / a) } else { "–".into() };
+    if let (Some(small), Some(big)) = (
+        rows.iter().find(|r| r.n == 1000),
+        rows.iter().find(|r| r.n == 10_000),
+    ) {
+        let ratio = |a: f64, b: f64| {
+            if a > 0.0 {
+                format!("{:.2}", b / a)
+            } else {
+                "–".into()
+            }
+        };
         let _ = writeln!(
             s,
             "\nN = 10⁴ over N = 10³: renewal statements/s ×{}, threads ×{}, CPU ×{}, RSS ×{}.",

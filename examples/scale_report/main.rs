@@ -38,7 +38,12 @@ fn args() -> Args {
         match flag.as_str() {
             "--backend" => a.backend = value(),
             "--url" => a.url = value(),
-            "--n" => a.n = value().split(',').map(|n| n.parse().expect("--n")).collect(),
+            "--n" => {
+                a.n = value()
+                    .split(',')
+                    .map(|n| n.parse().expect("--n"))
+                    .collect()
+            }
             "--ttl" => a.ttl = Duration::from_secs(value().parse().expect("--ttl")),
             "--out" => a.out = Some(value()),
             "--part" => a.part = value(),

@@ -159,7 +159,10 @@ pub(crate) fn in_list(
     template: &'static str,
     n: usize,
 ) -> &'static str {
-    let i = BATCH_SIZES.iter().position(|&s| s == n).expect("a batch size");
+    let i = BATCH_SIZES
+        .iter()
+        .position(|&s| s == n)
+        .expect("a batch size");
     cache[i].get_or_init(|| {
         let list = vec!["?"; n].join(", ");
         template.replace("{}", &list)

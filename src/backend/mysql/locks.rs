@@ -7,12 +7,12 @@ use crate::backend::sealed::Locks;
 use crate::backend::shared;
 use crate::backend::shared::{exists, KeyHolder, One};
 use crate::backend::stmt::{in_list, pad, stmt, BATCH_SIZES};
-use diesel::Connection;
-use std::sync::OnceLock;
 use crate::backend::Acquired;
 use diesel::mysql::MysqlConnection;
 use diesel::sql_types::{BigInt, Nullable, Text};
+use diesel::Connection;
 use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
+use std::sync::OnceLock;
 
 // The texts of the statements the benches' raw floors run too (`diesel_lock::__bench_sql`);
 // the others are written where they run. The releases are in `shared.rs` (the same on
@@ -374,9 +374,10 @@ impl Locks for MysqlConnection {
         leases: &[(String, String)],
         ttl_us: i64,
     ) -> QueryResult<Vec<String>> {
-        const INIT: OnceLock<String> = OnceLock::new();
-        static LOCK: [OnceLock<String>; BATCH_SIZES.len()] = [INIT; BATCH_SIZES.len()];
-        static RENEW: [OnceLock<String>; BATCH_SIZES.len()] = [INIT; BATCH_SIZES.len()];
+        static LOCK: [OnceLock<String>; BATCH_SIZES.len()] =
+            [const { OnceLock::new() }; BATCH_SIZES.len()];
+        static RENEW: [OnceLock<String>; BATCH_SIZES.len()] =
+            [const { OnceLock::new() }; BATCH_SIZES.len()];
         // No UPDATE … RETURNING on MariaDB: the rows are locked first by a read that skips
         // those another session holds (a stuck key must not hold up the batch: an UPDATE
         // would wait on it), then exactly those are renewed. READ COMMITTED: no gap locks.

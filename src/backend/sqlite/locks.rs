@@ -7,11 +7,11 @@ use crate::backend::sealed::Locks;
 use crate::backend::shared;
 use crate::backend::shared::{exists, HolderId, One};
 use crate::backend::stmt::{in_list, pad, stmt, BATCH_SIZES};
-use std::sync::OnceLock;
 use crate::backend::Acquired;
 use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel::sqlite::SqliteConnection;
 use diesel::{OptionalExtension, QueryResult, RunQueryDsl};
+use std::sync::OnceLock;
 
 // The texts of the statements the benches' raw floors run too (`diesel_lock::__bench_sql`);
 // the others are written where they run. The releases are in `shared.rs` (the same on
@@ -165,8 +165,8 @@ impl Locks for SqliteConnection {
         leases: &[(String, String)],
         ttl_us: i64,
     ) -> QueryResult<Vec<String>> {
-        const INIT: OnceLock<String> = OnceLock::new();
-        static TEXTS: [OnceLock<String>; BATCH_SIZES.len()] = [INIT; BATCH_SIZES.len()];
+        static TEXTS: [OnceLock<String>; BATCH_SIZES.len()] =
+            [const { OnceLock::new() }; BATCH_SIZES.len()];
         // Holder ids are 128 random bits: the pair of lists matches exactly our leases.
         let leases = pad(leases.to_vec());
         let (keys, holders): (Vec<String>, Vec<String>) = leases.into_iter().unzip();

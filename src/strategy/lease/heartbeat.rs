@@ -63,9 +63,12 @@ impl std::fmt::Debug for Calls {
 enum Work {
     Renew(u64, String, String, Arc<Validity>),
     /// Leases renewed in one statement.
-    Batch(Vec<(u64, String, String, Arc<Validity>)>),
+    Batch(Vec<Due>),
     Call(Call),
 }
+
+/// A lease to renew: its entry's id, key, holder id and validity.
+type Due = (u64, String, String, Arc<Validity>);
 
 /// At most this many leases in one renewal statement.
 pub(crate) const MAX_BATCH: usize = 500;
@@ -412,11 +415,7 @@ impl<C: LockConnection> Worker<C> {
 
     /// Up to `MAX_BATCH` healthy leases to renew together, if one of them is due: the due
     /// ones first, then those due within a quarter interval.
-    fn batch(
-        &self,
-        st: &mut State,
-        now: Instant,
-    ) -> Option<Vec<(u64, String, String, Arc<Validity>)>> {
+    fn batch(&self, st: &mut State, now: Instant) -> Option<Vec<Due>> {
         let soon = now + self.interval / 4;
         let mut ready: Vec<(Instant, u64)> = st
             .entries
@@ -502,7 +501,7 @@ impl<C: LockConnection> Worker<C> {
     /// Renews `batch` in one statement. A lease it did not renew (lost, or its row locked
     /// by another session) is renewed on its own at once, which tells the two apart and
     /// holds up nothing but that lease.
-    fn renew_batch(&self, batch: Vec<(u64, String, String, Arc<Validity>)>) {
+    fn renew_batch(&self, batch: Vec<Due>) {
         let Some(renew_many) = self.renew_many else {
             return;
         };
@@ -524,8 +523,10 @@ impl<C: LockConnection> Worker<C> {
                 }
             }
         }
-        let pairs: Vec<(String, String)> =
-            live.iter().map(|(_, k, h, _)| (k.clone(), h.clone())).collect();
+        let pairs: Vec<(String, String)> = live
+            .iter()
+            .map(|(_, k, h, _)| (k.clone(), h.clone()))
+            .collect();
         let renewed = if pairs.is_empty() {
             Ok(Vec::new())
         } else {
@@ -538,7 +539,10 @@ impl<C: LockConnection> Worker<C> {
         let renewed: std::collections::HashSet<String> = match renewed {
             Ok(r) => r.into_iter().collect(),
             Err(e) => {
-                log::debug!("{} leases: batch renewal failed ({e}); renewing each alone", live.len());
+                log::debug!(
+                    "{} leases: batch renewal failed ({e}); renewing each alone",
+                    live.len()
+                );
                 Default::default()
             }
         };

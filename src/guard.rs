@@ -1,7 +1,7 @@
 //! `LockGuard`: what a held lock looks like to its user; releases in `release` or `Drop`.
 
 use crate::backend::LockConnection;
-use crate::hold::{ensure_watcher, HoldCell, Taken};
+use crate::hold::{HoldCell, Taken};
 use crate::locker::shared::Shared;
 use crate::loss::{LockStatus, Loss, LossWatch};
 use crate::sync::Unpoison;
@@ -38,7 +38,7 @@ pub struct LockGuard<C: LockConnection> {
     token: i64,
     acquired_at: DateTime<Utc>,
     /// What the strategy keeps to release and check the lock; `None` once released. Shared
-    /// with the loss watcher thread, if one was started.
+    /// with the `Locker`'s loss watcher once watched.
     hold: Arc<HoldCell>,
     /// Whether the lock is held, lost or released, for those waiting to be told.
     loss: Arc<Loss>,
@@ -240,14 +240,16 @@ impl<C: LockConnection> LockGuard<C> {
     ///   renews every interval, ttl/3 by default, so within one interval of a takeover or a
     ///   forced release), and at the lease's local deadline when it could not be renewed in
     ///   time (see [`check`](Self::check)); no database work of its own.
-    /// - `Row`, `ForUpdate`, `Advisory`: a watcher thread of the guard, started by the first
-    ///   call of this method (or of [`wait_lost`](Self::wait_lost),
+    /// - `Row`, `ForUpdate`, `Advisory`: the `Locker`'s watcher, which the guard joins with
+    ///   the first call of this method (or of [`wait_lost`](Self::wait_lost),
     ///   [`on_lost`](Self::on_lost)), asks the database once a second what
     ///   [`check`](Self::check) asks (for a session strategy, one query on the guard's own
     ///   connection, which fails at once when the server ended the session).
     ///
-    /// Every strategy starts that thread with the first such call (it runs the callbacks);
-    /// it ends with the lock.
+    /// One watcher thread serves all the watched guards of a `Locker` and runs the
+    /// callbacks, on a few helper threads: a callback that blocks holds up only itself, one
+    /// that panics is logged. A guard leaves it when released; the thread ends with the
+    /// `Locker` and its last guard.
     ///
     /// ```
     /// use diesel_lock::{admin, LockStatus};
@@ -269,7 +271,7 @@ impl<C: LockConnection> LockGuard<C> {
     /// # Ok(()) }
     /// ```
     pub fn loss_watch(&self) -> LossWatch {
-        ensure_watcher(&self.loss, &self.hold, &self.key);
+        self.shared.watcher.watch(&self.loss, &self.hold, &self.key);
         LossWatch::new(self.loss.clone())
     }
 
@@ -286,7 +288,7 @@ impl<C: LockConnection> LockGuard<C> {
     /// # Ok(()) }
     /// ```
     pub fn wait_lost(&self, timeout: Duration) -> bool {
-        ensure_watcher(&self.loss, &self.hold, &self.key);
+        self.shared.watcher.watch(&self.loss, &self.hold, &self.key);
         self.loss.wait_until(Instant::now().checked_add(timeout)) == LockStatus::Lost
     }
 
@@ -401,6 +403,7 @@ impl<C: LockConnection> LockGuard<C> {
         self.uncount_connection();
         self.loss
             .end_release(matches!(result, Err(Error::LockLost { .. })));
+        self.shared.watcher.unwatch(&self.loss);
         let failed = matches!(result, Err(ref e) if !matches!(e, Error::LockLost { .. }));
         self.shared.meter.guard_ended(self.made.elapsed(), failed);
         self.shared.queues.wake(&self.key);

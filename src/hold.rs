@@ -1,13 +1,12 @@
 //! What a guard keeps of its lock: the strategy's `Hold` (release it, ask whether it is still
-//! held) in a `HoldCell` the guard shares with its loss watcher, and that watcher thread.
+//! held) in a `HoldCell` the guard shares with its `Locker`'s loss watcher (`watcher.rs`).
 //! A leaf below the strategies and the guard: it knows `Loss`, and neither of them.
 
-use crate::loss::{LockStatus, Loss};
-use crate::sync::Unpoison;
+use crate::loss::Loss;
 use crate::Result;
 use chrono::{DateTime, Utc};
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// What a guard keeps of its lock: enough to release it and to ask whether it is still held.
 pub(crate) trait Hold: Send + Sync {
@@ -53,65 +52,6 @@ pub(crate) struct Taken {
     pub(crate) acquired_at: DateTime<Utc>,
 }
 
-/// What a guard keeps of its strategy's hold, shared with its watcher thread: `None` once
+/// What a guard keeps of its strategy's hold, shared with the `Locker`'s watcher: `None` once
 /// released. A probe reads it; a release takes it (waiting for a probe under way).
 pub(crate) type HoldCell = RwLock<Option<Box<dyn Hold>>>;
-
-/// Starts the guard's watcher thread unless it runs already: it probes the hold every
-/// `probe_every` (if the strategy needs probing: nothing tells it of a loss) and runs the
-/// callbacks once the lock is lost. It ends once the lock is lost or released.
-pub(crate) fn ensure_watcher(loss: &Arc<Loss>, cell: &Arc<HoldCell>, key: &str) {
-    if !loss.start_watching() {
-        return;
-    }
-    let every = cell
-        .read()
-        .unpoisoned()
-        .as_ref()
-        .and_then(|h| h.probe_every());
-    let (loss2, cell, k) = (loss.clone(), cell.clone(), key.to_owned());
-    let spawned = std::thread::Builder::new()
-        .name("dlock-loss-watch".into())
-        .spawn(move || watch(&loss2, &cell, &k, every));
-    if let Err(e) = spawned {
-        log::warn!(
-            "lock {key:?}: could not start the loss watcher ({e}); only check() will tell a loss"
-        );
-    }
-}
-
-fn watch(loss: &Loss, cell: &HoldCell, key: &str, every: Option<Duration>) {
-    loop {
-        match loss.wait_until(every.map(|e| Instant::now() + e)) {
-            LockStatus::Held => {}
-            LockStatus::Released => return,
-            LockStatus::Lost => {
-                log::debug!("lock {key:?}: lost; telling those who asked");
-                let callbacks = loss.take_callbacks();
-                for f in callbacks {
-                    f();
-                }
-                return;
-            }
-        }
-        let held = {
-            let hold = cell.read().unpoisoned();
-            let Some(hold) = hold.as_ref() else {
-                continue; // released: the next wait says so
-            };
-            // A probe of this guard's session made by another guard's watcher during the
-            // last half interval answers for this one too (shared sessions).
-            let since = every
-                .and_then(|e| Instant::now().checked_sub(e / 2))
-                .unwrap_or_else(Instant::now);
-            hold.probe(key, since)
-        };
-        match held {
-            Ok(true) => {}
-            Ok(false) => loss.mark_lost(),
-            // Not an answer: a row or session lock does not lapse while the database is out
-            // of reach (a session strategy's failing connection counts as lost in `held`).
-            Err(e) => log::debug!("lock {key:?}: the loss watcher could not ask ({e})"),
-        }
-    }
-}

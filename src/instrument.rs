@@ -126,3 +126,18 @@ impl Meter {
     #[inline]
     pub(crate) fn lost(&self) {}
 }
+
+/// Lease renewal statements sent by this process (batches count once): for the scale report
+/// (`diesel_lock::__renewal_statements`). Always counted: one relaxed add per statement.
+static RENEWAL_STATEMENTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+pub(crate) fn renewal_statement() {
+    RENEWAL_STATEMENTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// How many lease renewal statements this process has sent (a batch counts once), for
+/// reports that measure the cost of holding many leases. Not a stable API.
+#[doc(hidden)]
+pub fn renewal_statements() -> u64 {
+    RENEWAL_STATEMENTS.load(std::sync::atomic::Ordering::Relaxed)
+}

@@ -219,6 +219,7 @@ pub mod optimistic;
 mod random;
 mod strategy;
 mod sync;
+mod watcher;
 
 #[cfg(feature = "sqlite")]
 pub use backend::SqliteTuning;
@@ -238,3 +239,5 @@ pub use backend::bench_sql as __bench_sql;
 #[cfg(feature = "test-hooks")]
 #[doc(hidden)]
 pub use hooks as __test_hooks;
+#[doc(hidden)]
+pub use instrument::renewal_statements as __renewal_statements;

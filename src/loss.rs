@@ -7,10 +7,11 @@
 //! no row), a lease's local deadline (`strategy/validity.rs` keeps `until` here in step with
 //! its own, so a waiter wakes at that instant without anyone asking the database), a
 //! `check()` that found the lock gone, and, for the strategies that nothing tells
-//! (`Row`, `ForUpdate`, `Advisory`), the guard's watcher thread, which asks `Hold::held` once
-//! per `Hold::probe_every`. Marking never runs user code: the callbacks run on the watcher
-//! thread, outside every lock of the library, so a callback may call anything (even
-//! `check()`) without deadlocking.
+//! (`Row`, `ForUpdate`, `Advisory`), the `Locker`'s watcher (`watcher.rs`), which asks
+//! `Hold::held` once per `Hold::probe_every`. Marking never runs user code: a watched
+//! `Loss` sends itself to the watcher, which runs the callbacks on threads of its own,
+//! outside every lock of the library, so a callback may call anything (even `check()`)
+//! without deadlocking.
 //!
 //! A release first sets `releasing`, which makes every later mark a no-op (a renewal racing
 //! the release's own delete must not report a loss), then ends in `Released`, or in `Lost`
@@ -37,6 +38,11 @@ pub enum LockStatus {
 
 type Callback = Box<dyn FnOnce() + Send>;
 
+/// How a lock's loss reaches the `Locker`'s watcher (`watcher.rs`), which runs the
+/// callbacks: it must not block (a send on a channel), as it is called under the status's
+/// mutex.
+pub(crate) type Tell = Box<dyn Fn(Arc<Loss>) + Send>;
+
 struct State {
     status: LockStatus,
     /// A release is under way: nothing marks the lock lost any more except the release.
@@ -44,17 +50,19 @@ struct State {
     /// A lease's local deadline: past it, the lock is lost (see `validity.rs`).
     until: Option<Instant>,
     callbacks: Vec<Callback>,
-    /// The watcher thread was started.
-    watching: bool,
+    /// The `Locker`'s watcher watches it: told of the loss (once) through this.
+    tell: Option<Tell>,
     /// The labels of the losses counted (set by the guard once made).
     meter: Option<Meter>,
 }
 
 /// One guard's loss status, shared by the guard, its strategy (a lease's `Validity`), its
-/// watcher thread and every [`LossWatch`].
+/// `Locker`'s watcher and every [`LossWatch`].
 pub(crate) struct Loss {
     state: Mutex<State>,
     changed: Condvar,
+    /// Itself, for `tell`.
+    me: std::sync::Weak<Loss>,
 }
 
 impl std::fmt::Debug for Loss {
@@ -67,16 +75,17 @@ impl std::fmt::Debug for Loss {
 
 impl Loss {
     pub(crate) fn new() -> Arc<Self> {
-        Arc::new(Loss {
+        Arc::new_cyclic(|me| Loss {
             state: Mutex::new(State {
                 status: LockStatus::Held,
                 releasing: false,
                 until: None,
                 callbacks: Vec::new(),
-                watching: false,
+                tell: None,
                 meter: None,
             }),
             changed: Condvar::new(),
+            me: me.clone(),
         })
     }
 
@@ -92,13 +101,20 @@ impl Loss {
         st
     }
 
-    /// Held → lost: waiters woken, the loss counted.
+    /// Held → lost: waiters woken, the loss counted, the watcher told.
     fn lose(&self, st: &mut State) {
         st.status = LockStatus::Lost;
         if let Some(meter) = st.meter {
             meter.lost();
         }
         self.changed.notify_all();
+        self.tell(st);
+    }
+
+    fn tell(&self, st: &State) {
+        if let (Some(tell), Some(me)) = (&st.tell, self.me.upgrade()) {
+            tell(me);
+        }
     }
 
     /// The labels under which a loss is counted; a loss before (between the acquisition and
@@ -185,7 +201,7 @@ impl Loss {
         }
     }
 
-    /// Adds a callback for the watcher thread; runs it at once if the lock is lost already,
+    /// Adds a callback for the watcher; runs it at once if the lock is lost already,
     /// drops it if it was released.
     fn on_lost(&self, f: Callback) {
         let mut st = self.state();
@@ -204,10 +220,32 @@ impl Loss {
         std::mem::take(&mut self.state().callbacks)
     }
 
-    /// True the first time: the caller starts the watcher.
-    pub(crate) fn start_watching(&self) -> bool {
+    /// The first time (true): from now on a loss is told through `tell`, at once if the
+    /// lock is lost already.
+    pub(crate) fn start_watching(&self, tell: impl FnOnce() -> Tell) -> bool {
         let mut st = self.state();
-        !std::mem::replace(&mut st.watching, true)
+        if st.tell.is_some() {
+            return false;
+        }
+        st.tell = Some(tell());
+        if st.status == LockStatus::Lost {
+            self.tell(&st);
+        }
+        true
+    }
+
+    /// Whether the watcher watches it (`start_watching` was called).
+    pub(crate) fn watched(&self) -> bool {
+        self.state().tell.is_some()
+    }
+
+    /// When to look at it next for a lease's local deadline: `None` if it has none, or it is
+    /// no longer held, or a release is under way.
+    pub(crate) fn until(&self) -> Option<Instant> {
+        let st = self.state();
+        (st.status == LockStatus::Held && !st.releasing)
+            .then_some(st.until)
+            .flatten()
     }
 }
 

@@ -254,6 +254,64 @@ fn many_stuck_keys_do_not_starve_the_others<C: Server>(url: &str) {
     );
 }
 
+/// Renewals in batches (issue 25): one key's row locked by another session among 300
+/// leases of one `Locker`, renewed together. The batch skips the locked row (`SKIP LOCKED`)
+/// and renews the others at once; the stuck key is renewed alone, waiting on its own. So for
+/// two ttls no other lease is lost or taken, and the renewals stay batched. (The warning of
+/// an earlier attempt: a batch UPDATE that waited on the locked row let every lease of the
+/// batch expire beside it on MariaDB.)
+fn a_stuck_key_in_a_batch_delays_only_itself<C: Server>(url: &str) {
+    let pool = Pool::builder()
+        .max_size(4)
+        .min_idle(Some(0))
+        .build(ConnectionManager::<C>::new(url))
+        .unwrap();
+    let ttl = Duration::from_secs(3);
+    let a = Locker::builder(pool.clone())
+        .strategy(lease(ttl))
+        .build()
+        .unwrap();
+    a.migrate().unwrap();
+    let b = Locker::builder(pool.clone())
+        .strategy(lease(ttl))
+        .build()
+        .unwrap();
+    let keys: Vec<String> = (0..300)
+        .map(|i| unique_key(&format!("batch-stall-{i}")))
+        .collect();
+    let guards: Vec<_> = keys.iter().map(|k| a.lock(k).unwrap()).collect();
+    let stuck = 150;
+    let blocker = Blocker::start::<C>(url, &keys[stuck], Duration::from_secs(60));
+    let mut watcher = C::establish(url).unwrap();
+    // The stuck key's own renewal waits on the row: the batch has skipped it.
+    blocker.wait_for_waiters(&mut watcher, None);
+    let statements = diesel_lock::__renewal_statements();
+    let since = Instant::now();
+    // Two ttls with the key stuck: another Locker must not get any other key.
+    let taken = b.try_lock_for(&keys[10], ttl * 2).unwrap();
+    assert!(
+        taken.is_none(),
+        "another Locker took a healthy key {:?} after one of its batch got stuck",
+        since.elapsed()
+    );
+    let sent = diesel_lock::__renewal_statements() - statements;
+    let lost: Vec<usize> = (0..keys.len())
+        .filter(|&i| i != stuck && guards[i].check().is_err())
+        .collect();
+    assert!(blocker.end(), "the blocker ran out of time");
+    assert!(
+        lost.is_empty(),
+        "healthy leases lost beside a stuck one: {lost:?}"
+    );
+    // Two ttls are six intervals: a batch each (two at the window's edges), and the stuck
+    // key's own attempts every quarter interval (on MySQL each waits a second).
+    let most = 6 + 2 + 6 * 4 + 2;
+    assert!(
+        sent <= most,
+        "{sent} renewal statements in two ttls for 300 leases: not batched"
+    );
+}
+
 /// Before (PostgreSQL): `lock_info` read the rows `FOR UPDATE`, so inside a transaction it
 /// held up the holder's renewals and release until that transaction ended.
 fn lock_info_is_a_plain_read<C: Server>(pool: Pool<ConnectionManager<C>>, url: &str) {
@@ -361,6 +419,12 @@ mod pg {
     }
 
     #[test]
+    fn a_stuck_key_in_a_batch_delays_only_itself() {
+        let Some((_, url)) = setup() else { return };
+        super::a_stuck_key_in_a_batch_delays_only_itself::<diesel::PgConnection>(&url);
+    }
+
+    #[test]
     fn dropping_the_locker_does_not_wait_for_a_stuck_renewal() {
         let Some((_, url)) = setup() else { return };
         super::dropping_the_locker_does_not_wait_for_a_stuck_renewal::<diesel::PgConnection>(&url);
@@ -392,6 +456,12 @@ mod mysql {
     fn many_stuck_keys_do_not_starve_the_others() {
         let Some((_, url)) = setup() else { return };
         super::many_stuck_keys_do_not_starve_the_others::<diesel::MysqlConnection>(&url);
+    }
+
+    #[test]
+    fn a_stuck_key_in_a_batch_delays_only_itself() {
+        let Some((_, url)) = setup() else { return };
+        super::a_stuck_key_in_a_batch_delays_only_itself::<diesel::MysqlConnection>(&url);
     }
 
     #[test]

@@ -1,20 +1,99 @@
-//! The scale report (issue 25): how the cost of holding locks grows with how many one
-//! process holds. This file is the minimal driver of the `Advisory` part
-//! (`advisory.rs`); the lead merges it with the lease / watcher parts.
+//! The scale report (issue 25): what it costs one process to hold many locks, and how the
+//! cost grows with their number. A thin dispatcher; each part is a module of its own
+//! (`lease.rs`: `Lease` locks with a loss watch on each guard; `advisory.rs`: `Advisory`
+//! locks on the shared sessions, PostgreSQL and MariaDB at once, `--part advisory`).
 //!
-//! `cargo run --release --all-features --example scale_report [-- --out FILE]` with
-//! `DLOCK_TEST_PG_URL` and/or `DLOCK_TEST_MYSQL_URL` set.
+//! ```text
+//! cargo run --release --all-features --example scale_report -- \
+//!     --backend pg --url postgres://… --n 10,1000,10000 [--ttl 30] [--out docs/scale.md]
+//! ```
+//! `--backend` is `sqlite` (`--url` a file path), `pg` or `mysql`. The markdown table goes to
+//! stdout, or is appended to `--out`.
 
 mod advisory;
+mod lease;
+
+use std::time::Duration;
+
+/// The command line, parsed by hand (no dependency for four flags).
+pub(crate) struct Args {
+    pub(crate) backend: String,
+    pub(crate) url: String,
+    pub(crate) n: Vec<usize>,
+    pub(crate) ttl: Duration,
+    pub(crate) out: Option<String>,
+    pub(crate) part: String,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        backend: "sqlite".into(),
+        url: String::new(),
+        n: vec![10, 1000, 10_000],
+        ttl: Duration::from_secs(30),
+        out: None,
+        part: "lease".into(),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
+        match flag.as_str() {
+            "--backend" => a.backend = value(),
+            "--url" => a.url = value(),
+            "--n" => {
+                a.n = value()
+                    .split(',')
+                    .map(|n| n.parse().expect("--n"))
+                    .collect()
+            }
+            "--ttl" => a.ttl = Duration::from_secs(value().parse().expect("--ttl")),
+            "--out" => a.out = Some(value()),
+            "--part" => a.part = value(),
+            other => panic!("unknown flag {other}"),
+        }
+    }
+    if a.url.is_empty() {
+        a.url = match a.backend.as_str() {
+            "sqlite" => std::env::temp_dir()
+                .join("dlock-scale.db")
+                .to_string_lossy()
+                .into_owned(),
+            "pg" => std::env::var("DLOCK_TEST_PG_URL").expect("--url or DLOCK_TEST_PG_URL"),
+            "mysql" => {
+                std::env::var("DLOCK_TEST_MYSQL_URL").expect("--url or DLOCK_TEST_MYSQL_URL")
+            }
+            other => panic!("unknown backend {other}"),
+        };
+    }
+    a
+}
 
 fn main() {
+    // A child that holds leases until it is killed (the SIGKILL measurement).
+    if let Ok(spec) = std::env::var("DLOCK_SCALE_CHILD") {
+        return lease::child(&spec);
+    }
     advisory::child_if_asked();
-    let pg = std::env::var("DLOCK_TEST_PG_URL").ok();
-    let mysql = std::env::var("DLOCK_TEST_MYSQL_URL").ok();
-    let m = advisory::report(pg.as_deref(), mysql.as_deref());
-    print!("{m}");
-    let a: Vec<String> = std::env::args().collect();
-    if let Some(i) = a.iter().position(|x| x == "--out") {
-        std::fs::write(&a[i + 1], &m).unwrap();
+    let a = args();
+    let report = match a.part.as_str() {
+        "lease" => lease::report(&a),
+        // The Advisory part takes its URLs from DLOCK_TEST_PG_URL / DLOCK_TEST_MYSQL_URL.
+        "advisory" => advisory::report(
+            std::env::var("DLOCK_TEST_PG_URL").ok().as_deref(),
+            std::env::var("DLOCK_TEST_MYSQL_URL").ok().as_deref(),
+        ),
+        other => panic!("unknown part {other}"),
+    };
+    match &a.out {
+        Some(path) => {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .unwrap();
+            f.write_all(report.as_bytes()).unwrap();
+        }
+        None => print!("{report}"),
     }
 }

@@ -350,6 +350,17 @@ pub(crate) mod sealed {
             ttl_us: i64,
             bound: std::time::Duration,
         ) -> QueryResult<bool>;
+        /// Renews many leases (`leases`: keys and their holder ids, at most 500) in one
+        /// statement, each as `lease_renew` would, except that a lease whose row another
+        /// session has locked is skipped, never waited for (PostgreSQL, MySQL: `FOR UPDATE
+        /// SKIP LOCKED`; SQLite has one writer, waited for as long as its `busy_timeout`).
+        /// Returns the holder ids renewed; the caller renews the others one by one, which
+        /// tells a lost lease from a stuck one.
+        fn lease_renew_many(
+            &mut self,
+            leases: &[(String, String)],
+            ttl_us: i64,
+        ) -> QueryResult<Vec<String>>;
         /// Clears the lease if `holder` still holds it; false if it did not. If a live place
         /// of the key's line is waiting, the key goes to the first one instead, in the same
         /// statement or transaction (a grant: see `Lines`).

@@ -64,6 +64,22 @@ pub(crate) const CREATE_HEADER: &str =
 pub(crate) const SCHEMA_CURRENT: &str =
     "SELECT version FROM __diesel_schema_migrations WHERE version = ?";
 
+/// A holder id (a batch renewal's renewed leases).
+#[derive(diesel::QueryableByName)]
+pub(crate) struct HolderId {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub(crate) holder_id: String,
+}
+
+/// A row with a key and a holder id (a batch renewal's locked rows).
+#[derive(diesel::QueryableByName)]
+pub(crate) struct KeyHolder {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub(crate) lock_key: String,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub(crate) holder_id: String,
+}
+
 /// A one-column answer (`… AS one`): a count, a flag, or only whether there is a row.
 #[derive(diesel::QueryableByName)]
 pub(crate) struct One {

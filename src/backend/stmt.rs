@@ -91,6 +91,93 @@ where
     }
 }
 
+/// Values of SQL type `ST` bound one after the other, one per `?`: a list whose length
+/// varies, in a text made for that length once (`in_list`).
+#[derive(Debug, Clone)]
+pub(crate) struct Many<ST, V> {
+    values: Vec<V>,
+    _st: PhantomData<ST>,
+}
+
+impl<B> Stmt<B> {
+    /// Binds each of `values` to the next `?`, in order.
+    pub(crate) fn bind_many<ST, V>(self, values: Vec<V>) -> Stmt<(B, Many<ST, V>)> {
+        Stmt {
+            sql: self.sql,
+            binds: (
+                self.binds,
+                Many {
+                    values,
+                    _st: PhantomData,
+                },
+            ),
+        }
+    }
+}
+
+impl<DB, B, ST, V> WalkBinds<DB> for (B, Many<ST, V>)
+where
+    DB: Backend + HasSqlType<ST>,
+    B: WalkBinds<DB>,
+    V: ToSql<ST, DB>,
+{
+    fn walk<'b>(
+        &'b self,
+        parts: &mut Split<'static, char>,
+        out: &mut AstPass<'_, 'b, DB>,
+    ) -> QueryResult<()> {
+        self.0.walk(parts, out)?;
+        for value in &self.1.values {
+            out.push_bind_param::<ST, V>(value)?;
+            let next = parts.next().ok_or_else(|| {
+                diesel::result::Error::QueryBuilderError(
+                    "more bound values than placeholders".into(),
+                )
+            })?;
+            out.push_sql(next);
+        }
+        Ok(())
+    }
+}
+
+/// The sizes a renewal batch is padded to (repeating its last lease), so that each batch
+/// statement has a few texts, each prepared once per connection.
+pub(crate) const BATCH_SIZES: [usize; 4] = [8, 64, 256, 500];
+
+/// The smallest of `BATCH_SIZES` that holds `n` (at most the last).
+pub(crate) fn batch_size(n: usize) -> usize {
+    BATCH_SIZES
+        .into_iter()
+        .find(|&s| s >= n)
+        .unwrap_or(BATCH_SIZES[BATCH_SIZES.len() - 1])
+}
+
+/// `template` with each `{}` replaced by `n` placeholders `?, ?, …`, made once per size and
+/// kept for the life of the process (a handful of texts).
+pub(crate) fn in_list(
+    cache: &'static [std::sync::OnceLock<String>; BATCH_SIZES.len()],
+    template: &'static str,
+    n: usize,
+) -> &'static str {
+    let i = BATCH_SIZES
+        .iter()
+        .position(|&s| s == n)
+        .expect("a batch size");
+    cache[i].get_or_init(|| {
+        let list = vec!["?"; n].join(", ");
+        template.replace("{}", &list)
+    })
+}
+
+/// Pads `v` to `batch_size(v.len())` by repeating its last value (a repeated value changes
+/// nothing in an `IN` list).
+pub(crate) fn pad<T: Clone>(mut v: Vec<T>) -> Vec<T> {
+    if let Some(last) = v.last().cloned() {
+        v.resize(batch_size(v.len()), last);
+    }
+    v
+}
+
 impl<DB: Backend, B: WalkBinds<DB>> QueryFragment<DB> for Stmt<B> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
         let mut parts = self.sql.split('?');

@@ -430,6 +430,7 @@ impl<C: LockConnection> LockerBuilder<C> {
             meter: crate::instrument::Meter::new(self.strategy.name(), backend.name()),
             nests: self.reentrant.then(Arc::default),
             guards_with_connections: AtomicUsize::new(0),
+            watcher: crate::watcher::Watcher::default(),
         });
         // Row and Lease waiters on PostgreSQL hear their turn come on a connection of the
         // `Locker`'s own: at `listen_url`, or by default at the URL it was built from.

@@ -483,6 +483,13 @@ impl<C: LockConnection> Locker<C> {
         Ok(guard.map(|g| g.map_taken(|taken| nests.first(key, taken))))
     }
 
+    /// How many guards of this `Locker` its loss watcher watches now (tests and reports;
+    /// not a stable API).
+    #[doc(hidden)]
+    pub fn __watched(&self) -> usize {
+        self.inner.shared.watcher.watched()
+    }
+
     /// Deletes the rows of this `Locker`'s strategy that only take up space, and returns how
     /// many it deleted. It is safe beside live locks of every configuration: it deletes
     /// nothing a holder could still count on, and tokens keep growing across it.

@@ -19,4 +19,7 @@ pub(crate) struct Shared {
     /// How many of this `Locker`'s guards keep a pooled connection (the session
     /// strategies'), for the error of a pool they have emptied.
     pub(crate) guards_with_connections: AtomicUsize,
+    /// The loss watcher of all the guards (`watcher.rs`): one thread, started with the
+    /// first watch, ended with this.
+    pub(crate) watcher: crate::watcher::Watcher,
 }

@@ -21,7 +21,7 @@ holders::holder_row!(Datetime, NaiveDateTime, |t| t.and_utc());
 /// For the next transaction only: READ COMMITTED, so that locking reads lock only the rows
 /// they match (no gap locks between neighbouring keys) and plain reads see the newest
 /// committed rows.
-fn read_committed(c: &mut MysqlConnection) -> QueryResult<()> {
+pub(super) fn read_committed(c: &mut MysqlConnection) -> QueryResult<()> {
     stmt("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
         .execute(c)
         .map(drop)

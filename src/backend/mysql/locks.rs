@@ -5,12 +5,14 @@
 use super::with_lock_wait_timeout;
 use crate::backend::sealed::Locks;
 use crate::backend::shared;
-use crate::backend::shared::{exists, One};
-use crate::backend::stmt::stmt;
+use crate::backend::shared::{exists, KeyHolder, One};
+use crate::backend::stmt::{in_list, pad, stmt, BATCH_SIZES};
 use crate::backend::Acquired;
 use diesel::mysql::MysqlConnection;
 use diesel::sql_types::{BigInt, Nullable, Text};
-use diesel::{Connection, OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
+use diesel::Connection;
+use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
+use std::sync::OnceLock;
 
 // The texts of the statements the benches' raw floors run too (`diesel_lock::__bench_sql`);
 // the others are written where they run. The releases are in `shared.rs` (the same on
@@ -491,6 +493,53 @@ impl Locks for MysqlConnection {
             .bind::<Text, _>(holder)
             .execute(c)
             .map(|n| n == 1)
+        })
+    }
+
+    fn lease_renew_many(
+        &mut self,
+        leases: &[(String, String)],
+        ttl_us: i64,
+    ) -> QueryResult<Vec<String>> {
+        static LOCK: [OnceLock<String>; BATCH_SIZES.len()] =
+            [const { OnceLock::new() }; BATCH_SIZES.len()];
+        static RENEW: [OnceLock<String>; BATCH_SIZES.len()] =
+            [const { OnceLock::new() }; BATCH_SIZES.len()];
+        // No UPDATE … RETURNING on MariaDB: the rows are locked first by a read that skips
+        // those another session holds (a stuck key must not hold up the batch: an UPDATE
+        // would wait on it), then exactly those are renewed. READ COMMITTED: no gap locks.
+        // Holder ids are 128 random bits: the pair of lists matches exactly our leases.
+        super::holders::read_committed(self)?;
+        self.transaction(|c| {
+            let (keys, holders): (Vec<String>, Vec<String>) =
+                pad(leases.to_vec()).into_iter().unzip();
+            let lock = in_list(
+                &LOCK,
+                "SELECT lock_key, holder_id FROM dlock_leases \
+                 WHERE lock_key IN ({}) AND holder_id IN ({}) \
+                   AND expires_at > UTC_TIMESTAMP(6) \
+                 FOR UPDATE SKIP LOCKED",
+                keys.len(),
+            );
+            let locked = stmt(lock)
+                .bind_many::<Text, _>(keys)
+                .bind_many::<Text, _>(holders)
+                .load::<KeyHolder>(c)?;
+            if locked.is_empty() {
+                return Ok(Vec::new());
+            }
+            let keys = pad(locked.iter().map(|r| r.lock_key.clone()).collect());
+            let renew = in_list(
+                &RENEW,
+                "UPDATE dlock_leases SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+                 WHERE lock_key IN ({})",
+                keys.len(),
+            );
+            stmt(renew)
+                .bind::<BigInt, _>(ttl_us)
+                .bind_many::<Text, _>(keys)
+                .execute(c)?;
+            Ok(locked.into_iter().map(|r| r.holder_id).collect())
         })
     }
 

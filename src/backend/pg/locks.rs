@@ -5,11 +5,11 @@
 use super::{lock_timeout_ms, AcquiredRow};
 use crate::backend::sealed::Locks;
 use crate::backend::shared;
-use crate::backend::shared::{exists, One};
+use crate::backend::shared::{exists, HolderId, One};
 use crate::backend::stmt::stmt;
 use crate::backend::{Acquired, NO_PLACE};
 use diesel::pg::PgConnection;
-use diesel::sql_types::{BigInt, Nullable, Text};
+use diesel::sql_types::{Array, BigInt, Nullable, Text};
 use diesel::{OptionalExtension, QueryResult, RunQueryDsl};
 
 // The texts of the statements the benches' raw floors run too (`diesel_lock::__bench_sql`);
@@ -348,6 +348,30 @@ impl Locks for PgConnection {
         .bind::<Text, _>(lock_timeout_ms(bound))
         .execute(self)
         .map(|n| n == 1)
+    }
+
+    fn lease_renew_many(
+        &mut self,
+        leases: &[(String, String)],
+        ttl_us: i64,
+    ) -> QueryResult<Vec<String>> {
+        // The rows are locked first, skipping those another session holds (a stuck key
+        // must not hold up the batch); only the rows locked are renewed.
+        let (keys, holders): (Vec<&str>, Vec<&str>) =
+            leases.iter().map(|(k, h)| (k.as_str(), h.as_str())).unzip();
+        stmt(
+            "UPDATE dlock_leases SET expires_at = now() + ? * interval '1 microsecond' \
+             WHERE lock_key IN (SELECT lock_key FROM dlock_leases \
+                                WHERE lock_key = ANY(?) AND holder_id = ANY(?) \
+                                  AND expires_at > now() \
+                                FOR UPDATE SKIP LOCKED) \
+             RETURNING holder_id",
+        )
+        .bind::<BigInt, _>(ttl_us)
+        .bind::<Array<Text>, _>(keys)
+        .bind::<Array<Text>, _>(holders)
+        .load::<HolderId>(self)
+        .map(|rows| rows.into_iter().map(|r| r.holder_id).collect())
     }
 
     fn lease_release(&mut self, key: &str, holder: &str) -> QueryResult<bool> {

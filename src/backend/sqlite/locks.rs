@@ -5,12 +5,13 @@
 use super::{seconds, AcquiredRow};
 use crate::backend::sealed::Locks;
 use crate::backend::shared;
-use crate::backend::shared::{exists, One};
-use crate::backend::stmt::stmt;
+use crate::backend::shared::{exists, HolderId, One};
+use crate::backend::stmt::{in_list, pad, stmt, BATCH_SIZES};
 use crate::backend::Acquired;
 use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel::sqlite::SqliteConnection;
 use diesel::{OptionalExtension, QueryResult, RunQueryDsl};
+use std::sync::OnceLock;
 
 // The texts of the statements the benches' raw floors run too (`diesel_lock::__bench_sql`);
 // the others are written where they run. The releases are in `shared.rs` (the same on
@@ -312,6 +313,32 @@ impl Locks for SqliteConnection {
         .bind::<Text, _>(holder)
         .execute(self)
         .map(|n| n == 1)
+    }
+
+    fn lease_renew_many(
+        &mut self,
+        leases: &[(String, String)],
+        ttl_us: i64,
+    ) -> QueryResult<Vec<String>> {
+        static TEXTS: [OnceLock<String>; BATCH_SIZES.len()] =
+            [const { OnceLock::new() }; BATCH_SIZES.len()];
+        // Holder ids are 128 random bits: the pair of lists matches exactly our leases.
+        let leases = pad(leases.to_vec());
+        let (keys, holders): (Vec<String>, Vec<String>) = leases.into_iter().unzip();
+        let sql = in_list(
+            &TEXTS,
+            "UPDATE dlock_leases SET expires_at = strftime('%Y-%m-%d %H:%M:%f', 'now', ?) \
+             WHERE lock_key IN ({}) AND holder_id IN ({}) \
+               AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
+             RETURNING holder_id",
+            keys.len(),
+        );
+        stmt(sql)
+            .bind::<Text, _>(seconds('+', ttl_us))
+            .bind_many::<Text, _>(keys)
+            .bind_many::<Text, _>(holders)
+            .load::<HolderId>(self)
+            .map(|rows| rows.into_iter().map(|r| r.holder_id).collect())
     }
 
     fn lease_held(&mut self, key: &str, holder: &str) -> QueryResult<bool> {

@@ -62,8 +62,16 @@ impl std::fmt::Debug for Calls {
 /// What a heartbeat thread does next.
 enum Work {
     Renew(u64, String, String, Arc<Validity>),
+    /// Leases renewed in one statement.
+    Batch(Vec<Due>),
     Call(Call),
 }
+
+/// A lease to renew: its entry's id, key, holder id and validity.
+type Due = (u64, String, String, Arc<Validity>);
+
+/// At most this many leases in one renewal statement.
+pub(crate) const MAX_BATCH: usize = 500;
 
 impl State {
     fn idle(&self) -> usize {
@@ -103,6 +111,19 @@ impl Shared {
 /// for shared leases and permits (`strategy/holders.rs`).
 pub(crate) type Renew<C> = fn(&mut C, &str, &str, i64, Duration) -> diesel::QueryResult<bool>;
 
+/// The statement that renews many leases at once, skipping those whose rows another session
+/// has locked (`Locks::lease_renew_many`): the holder ids renewed.
+pub(crate) type RenewMany<C> =
+    fn(&mut C, &[(String, String)], i64) -> diesel::QueryResult<Vec<String>>;
+
+fn renew_leases<C: LockConnection>(
+    c: &mut C,
+    leases: &[(String, String)],
+    ttl_us: i64,
+) -> diesel::QueryResult<Vec<String>> {
+    c.sql().lease_renew_many(leases, ttl_us)
+}
+
 fn renew_lease<C: LockConnection>(
     c: &mut C,
     key: &str,
@@ -117,6 +138,8 @@ fn renew_lease<C: LockConnection>(
 pub(crate) struct Heartbeat<C: LockConnection> {
     shared: Arc<Shared>,
     renew: Renew<C>,
+    /// Renews healthy leases in batches, if the rows have such a statement.
+    renew_many: Option<RenewMany<C>>,
     pool: r2d2::Pool<ConnectionManager<C>>,
     interval: Duration,
     ttl: Duration,
@@ -177,7 +200,9 @@ impl<C: LockConnection> Heartbeat<C> {
         interval: Duration,
         ttl: Duration,
     ) -> Self {
-        Self::with_renewal(pool, interval, ttl, renew_lease::<C>)
+        let mut beat = Self::with_renewal(pool, interval, ttl, renew_lease::<C>);
+        beat.renew_many = Some(renew_leases::<C>);
+        beat
     }
 
     /// A heartbeat whose renewals run `renew`.
@@ -189,6 +214,7 @@ impl<C: LockConnection> Heartbeat<C> {
     ) -> Self {
         Heartbeat {
             renew,
+            renew_many: None,
             shared: Arc::default(),
             max_threads: pool.max_size().max(1) as usize,
             pool,
@@ -266,6 +292,7 @@ impl<C: LockConnection> Heartbeat<C> {
     fn worker(&self) -> Worker<C> {
         Worker {
             renew: self.renew,
+            renew_many: self.renew_many,
             shared: self.shared.clone(),
             pool: self.pool.clone(),
             interval: self.interval,
@@ -303,6 +330,7 @@ impl<C: LockConnection> Drop for Heartbeat<C> {
 /// What one heartbeat thread needs.
 struct Worker<C: LockConnection> {
     renew: Renew<C>,
+    renew_many: Option<RenewMany<C>>,
     shared: Arc<Shared>,
     pool: r2d2::Pool<ConnectionManager<C>>,
     interval: Duration,
@@ -354,7 +382,13 @@ impl<C: LockConnection> Worker<C> {
                 st.threads.remove(&me);
                 return None;
             }
-            // Due renewals of healthy leases first, then failing ones; else the earliest.
+            // Due renewals of healthy leases first, in batches if the rows have a batch
+            // statement (with them every healthy lease due within a quarter interval, so
+            // that leases taken at different times come to be renewed together), then
+            // failing ones one by one; else wait for the earliest.
+            if let Some(batch) = self.renew_many.and_then(|_| self.batch(&mut st, now)) {
+                return Some(self.take(st, Work::Batch(batch)));
+            }
             let next = st
                 .entries
                 .iter_mut()
@@ -379,6 +413,33 @@ impl<C: LockConnection> Worker<C> {
         }
     }
 
+    /// Up to `MAX_BATCH` healthy leases to renew together, if one of them is due: the due
+    /// ones first, then those due within a quarter interval.
+    fn batch(&self, st: &mut State, now: Instant) -> Option<Vec<Due>> {
+        let soon = now + self.interval / 4;
+        let mut ready: Vec<(Instant, u64)> = st
+            .entries
+            .iter()
+            .filter(|(_, e)| !e.renewing && !e.failing && e.due <= soon)
+            .map(|(&id, e)| (e.due, id))
+            .collect();
+        if !ready.iter().any(|&(due, _)| due <= now) {
+            return None;
+        }
+        ready.sort_unstable();
+        ready.truncate(MAX_BATCH);
+        let batch = ready
+            .into_iter()
+            .filter_map(|(_, id)| {
+                let e = st.entries.get_mut(&id)?;
+                e.due = now + self.interval;
+                e.renewing = true;
+                Some((id, e.key.clone(), e.holder.clone(), e.lease.clone()))
+            })
+            .collect();
+        Some(batch)
+    }
+
     /// This thread takes `work`: busy now, and one more thread is started if none is left
     /// idle, for the other keys, should this work stall.
     fn take(&self, mut st: MutexGuard<'_, State>, work: Work) -> Work {
@@ -395,6 +456,7 @@ impl<C: LockConnection> Worker<C> {
     fn clone_worker(&self) -> Worker<C> {
         Worker {
             renew: self.renew,
+            renew_many: self.renew_many,
             shared: self.shared.clone(),
             pool: self.pool.clone(),
             interval: self.interval,
@@ -409,17 +471,24 @@ impl<C: LockConnection> Worker<C> {
             let renewed = match work {
                 Work::Renew(id, key, holder, lease) => {
                     self.renew(id, &key, &holder, &lease);
-                    Some(id)
+                    vec![id]
+                }
+                Work::Batch(batch) => {
+                    // Clears `renewing` itself.
+                    self.renew_batch(batch);
+                    Vec::new()
                 }
                 Work::Call(call) => {
                     call();
-                    None
+                    Vec::new()
                 }
             };
             let mut st = self.shared.lock();
             st.busy.remove(&me);
-            if let Some(entry) = renewed.and_then(|id| st.entries.get_mut(&id)) {
-                entry.renewing = false;
+            for id in renewed {
+                if let Some(entry) = st.entries.get_mut(&id) {
+                    entry.renewing = false;
+                }
             }
             if st.shutdown {
                 // Drop did not wait for this thread: it detaches by dropping the handle.
@@ -427,6 +496,78 @@ impl<C: LockConnection> Worker<C> {
                 return;
             }
         }
+    }
+
+    /// Renews `batch` in one statement. A lease it did not renew (lost, or its row locked
+    /// by another session) is renewed on its own at once, which tells the two apart and
+    /// holds up nothing but that lease.
+    fn renew_batch(&self, batch: Vec<Due>) {
+        let Some(renew_many) = self.renew_many else {
+            return;
+        };
+        let ttl_us = crate::strategy::micros(self.ttl).unwrap_or(i64::MAX);
+        let sent = Instant::now();
+        let mut left = self.interval;
+        let mut live = Vec::with_capacity(batch.len());
+        for (id, key, holder, lease) in batch {
+            match lease.deadline() {
+                Some(d) => {
+                    left = left.min(d.saturating_duration_since(sent));
+                    live.push((id, key, holder, lease));
+                }
+                None => {
+                    self.shared.lock().entries.remove(&id);
+                    log::warn!(
+                        "lock {key:?}: not renewed before its local deadline; the lock is lost"
+                    );
+                }
+            }
+        }
+        let pairs: Vec<(String, String)> = live
+            .iter()
+            .map(|(_, k, h, _)| (k.clone(), h.clone()))
+            .collect();
+        let renewed = if pairs.is_empty() {
+            Ok(Vec::new())
+        } else {
+            crate::instrument::renewal_statement();
+            self.pool
+                .get_timeout(left.max(Duration::from_millis(1)))
+                .map_err(crate::Error::from)
+                .and_then(|mut c| renew_many(&mut *c, &pairs, ttl_us).map_err(Into::into))
+        };
+        let renewed: std::collections::HashSet<String> = match renewed {
+            Ok(r) => r.into_iter().collect(),
+            Err(e) => {
+                log::debug!(
+                    "{} leases: batch renewal failed ({e}); renewing each alone",
+                    live.len()
+                );
+                Default::default()
+            }
+        };
+        let mut st = self.shared.lock();
+        let now = Instant::now();
+        for (id, key, holder, lease) in live {
+            if renewed.contains(&holder) {
+                if lease.renewed(sent) {
+                    log::trace!("lock {key:?}: lease renewed");
+                    if let Some(entry) = st.entries.get_mut(&id) {
+                        entry.renewing = false;
+                    }
+                } else {
+                    st.entries.remove(&id);
+                    log::warn!("lock {key:?}: the lease was renewed only after its local deadline; the lock counts as lost");
+                }
+            } else if let Some(entry) = st.entries.get_mut(&id) {
+                // On its own, next (after the healthy renewals due).
+                entry.renewing = false;
+                entry.failing = true;
+                entry.due = now;
+            }
+        }
+        drop(st);
+        self.shared.wake.notify_all();
     }
 
     fn renew(&self, id: u64, key: &str, holder: &str, lease: &Validity) {
@@ -452,6 +593,7 @@ impl<C: LockConnection> Worker<C> {
             .map_err(crate::Error::from)
             .and_then(|mut c| {
                 // At most a quarter interval behind another session's row lock.
+                crate::instrument::renewal_statement();
                 (self.renew)(&mut *c, key, holder, ttl_us, interval / 4).map_err(Into::into)
             });
         match renewed {

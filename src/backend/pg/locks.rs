@@ -8,6 +8,7 @@ use crate::backend::shared;
 use crate::backend::shared::{exists, One};
 use crate::backend::stmt::stmt;
 use crate::backend::{Acquired, NO_PLACE};
+use crate::key::floor_bucket;
 use diesel::pg::PgConnection;
 use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel::{OptionalExtension, QueryResult, RunQueryDsl};
@@ -18,13 +19,13 @@ use diesel::{OptionalExtension, QueryResult, RunQueryDsl};
 /// The CTEs of `ROW_ACQUIRE` and `ROW_ACQUIRE_IN_LINE` (which add the final SELECT).
 macro_rules! row_acquire {
     () => {
-        concat!("WITH t AS ( \
-           INSERT INTO dlock_tokens AS t (lock_key, token) \
-           SELECT ?, ", pg_epoch!(), " + 1 \
-           WHERE NOT EXISTS (SELECT 1 FROM dlock_rows WHERE lock_key = ?) \
+        concat!("WITH ", pg_floor!("NOT EXISTS (SELECT 1 FROM dlock_rows WHERE lock_key = ?) \
              AND NOT EXISTS (SELECT 1 FROM dlock_waiters \
-                             WHERE lock_key = ? AND id < ? AND expires_at > now()) \
-           ON CONFLICT (lock_key) DO UPDATE SET token = GREATEST(t.token + 1, ", pg_epoch!(), " + 1) \
+                             WHERE lock_key = ? AND id < ? AND expires_at > now())"), ", \
+         t AS ( \
+           INSERT INTO dlock_tokens AS t (lock_key, token) \
+           SELECT ?, ", pg_first_token!("0"), " FROM f \
+           ON CONFLICT (lock_key) DO UPDATE SET token = ", pg_next_token!("t.token"), " \
            RETURNING token), \
          i AS ( \
            INSERT INTO dlock_rows (lock_key, owner, holder, token, acquired_at, stale_at) \
@@ -39,7 +40,8 @@ macro_rules! row_acquire {
 /// The token counter's row lock serialises every transaction that can insert the key's
 /// row, so tokens are handed out in the order the rows are inserted and a later holder
 /// always has a larger token (an id from a sequence would not: nextval runs before the
-/// unique check, so a slow inserter can win with an older id). The counter never goes
+/// unique check, so a slow inserter can win with an older id). A key without a counter row
+/// (never used, or purged) starts above the token floor (`pg_floor!`). The counter never goes
 /// below the server's epoch (`pg_epoch!`), so tokens keep increasing across a promotion. While the row is visibly
 /// held, or a live place of the key's line is ahead of the caller's (`lines.rs`), the
 /// counter is not touched at all. A waiter's acquisition removes its own place
@@ -78,20 +80,16 @@ macro_rules! lease_acquire {
                           WHERE lock_key = ? AND id < ? AND expires_at > now()) AS turn), \
      u AS ( \
        UPDATE dlock_leases SET owner = ?, holder_id = ?, \
-         token = GREATEST(token + 1, ", pg_epoch!(), " + 1), \
+         token = ", pg_next_token!("token"), ", \
          acquired_at = clock_timestamp(), expires_at = clock_timestamp() + ? * interval '1 microsecond' \
        WHERE lock_key = ? AND (holder_id IS NULL OR expires_at <= now()) \
          AND (shared_until IS NULL OR shared_until <= now()) AND (SELECT turn FROM l) \
-       RETURNING token, acquired_at), \
-     t AS ( \
-       INSERT INTO dlock_tokens AS t (lock_key, token) \
-       SELECT ?, ", pg_epoch!(), " + 1 WHERE NOT EXISTS (SELECT 1 FROM dlock_leases WHERE lock_key = ?) \
-         AND (SELECT turn FROM l) \
-       ON CONFLICT (lock_key) DO UPDATE SET token = GREATEST(t.token + 1, ", pg_epoch!(), " + 1) \
-       RETURNING token), \
+       RETURNING token, acquired_at), ",
+     pg_floor!("NOT EXISTS (SELECT 1 FROM dlock_leases WHERE lock_key = ?) AND (SELECT turn FROM l)"), ", \
      i AS ( \
        INSERT INTO dlock_leases (lock_key, owner, holder_id, token, acquired_at, expires_at) \
-       SELECT ?, ?, ?, t.token, clock_timestamp(), clock_timestamp() + ? * interval '1 microsecond' FROM t \
+       SELECT ?, ?, ?, ", pg_first_token!("COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0)"), ", \
+              clock_timestamp(), clock_timestamp() + ? * interval '1 microsecond' FROM f \
        ON CONFLICT (lock_key) DO NOTHING  \
        RETURNING token, acquired_at) ")
     };
@@ -101,11 +99,11 @@ macro_rules! lease_acquire {
 ///
 /// One statement. If its snapshot shows the key's row, `u` takes it over when free or
 /// expired: an UPDATE re-checks the row's newest version after any wait, so the token it
-/// bumps is the latest. If the snapshot shows no row, `t` bumps the key's counter in
-/// dlock_tokens (an upsert also acts on the newest version, and locks it) and `i` inserts
-/// the row with that token. A row deleted by `purge` after the snapshot makes `u` find
-/// nothing and `t` not run: the attempt fails and is retried with a fresh snapshot, never
-/// with a token read before the purge saved the row's last one. Neither runs while a live
+/// bumps is the latest. If the snapshot shows no row, `i` inserts it with a first token
+/// above the token floor (`pg_floor!`, whose lock makes the value the newest) and above a
+/// counter a `Row` lock or an older version's purge left in dlock_tokens. A row deleted by
+/// `purge` after the snapshot makes `u` find nothing and `i` not run: the attempt fails and
+/// is retried with a fresh snapshot. Neither runs while a live
 /// place of the key's line is ahead of the caller's (`lines.rs`); a waiter's acquisition
 /// removes its own place (`LEASE_ACQUIRE_IN_LINE`). The new times are clock_timestamp(), not now() (the
 /// statement's start): `u` may wait for another transaction's update of the row, `t` for
@@ -153,10 +151,11 @@ impl Locks for PgConnection {
     ) -> QueryResult<Option<Acquired>> {
         let q = |text| {
             stmt(text)
-                .bind::<Text, _>(key)
+                .bind::<BigInt, _>(floor_bucket(key))
                 .bind::<Text, _>(key)
                 .bind::<Text, _>(key)
                 .bind::<BigInt, _>(place)
+                .bind::<Text, _>(key)
                 .bind::<Text, _>(key)
                 .bind::<Text, _>(owner)
                 .bind::<Text, _>(holder)
@@ -210,11 +209,12 @@ impl Locks for PgConnection {
                 .bind::<Text, _>(holder)
                 .bind::<BigInt, _>(ttl_us)
                 .bind::<Text, _>(key)
-                .bind::<Text, _>(key)
+                .bind::<BigInt, _>(floor_bucket(key))
                 .bind::<Text, _>(key)
                 .bind::<Text, _>(key)
                 .bind::<Text, _>(owner)
                 .bind::<Text, _>(holder)
+                .bind::<Text, _>(key)
                 .bind::<BigInt, _>(ttl_us)
         };
         if place == NO_PLACE {

@@ -185,10 +185,9 @@ pub(crate) mod sealed {
     pub enum PurgeTable {
         /// `dlock_tokens`: the counters of `Row` keys (and of leases, saved by older versions).
         Counters,
-        /// `dlock_leases`.
+        /// `dlock_leases`, and with each lease row the key's kind (`dlock_shared_keys`, its
+        /// readers' and permits' number) if it has one.
         Leases,
-        /// `dlock_shared_keys`: the kinds of keys with readers or permits.
-        Headers,
     }
 
     /// What a server offers the session strategies beyond their common SQL, asked once
@@ -428,6 +427,15 @@ pub(crate) mod sealed {
         /// Deletes every `Row` lock past its own `stale_at` (never one without); the number
         /// deleted. Their tokens live on in `dlock_tokens`.
         fn purge_stale_rows(&mut self) -> QueryResult<usize>;
+        /// Before a purge's steps, on the connection that runs them all: MySQL takes a
+        /// named lock so that purges run one at a time (`mysql/admin.rs`); nothing elsewhere.
+        fn purge_begin(&mut self) -> QueryResult<()> {
+            Ok(())
+        }
+        /// After a purge's steps, whatever they did: undoes `purge_begin`.
+        fn purge_end(&mut self) -> QueryResult<()> {
+            Ok(())
+        }
         /// Purge, step one: the highest token of every counter (`dlock_tokens`) and lease
         /// row (`dlock_leases`) there is, 0 if none: a plain read.
         fn purge_highest(&mut self) -> QueryResult<i64>;
@@ -445,8 +453,9 @@ pub(crate) mod sealed {
         /// waits for or counts on, and whose token is at most `highest` (the floor raised
         /// already): `Counters`, counters of keys without a `Row` row; `Leases`, lease rows
         /// free or expired for at least `idle_us`, with no live reader or permit for as long
-        /// and no live place in the key's line; `Headers`, the kind of a key that has no lease
-        /// row, no holder row, no permit slots and no `ForUpdate` row. The number deleted.
+        /// and no live place in the key's line, each with its key's kind (locked after the
+        /// lease row, as every acquisition of a reader or permit locks them). The number
+        /// deleted.
         fn purge_batch(
             &mut self,
             table: PurgeTable,

@@ -90,6 +90,31 @@ impl Admin for MysqlConnection {
         stmt("DELETE FROM dlock_rows WHERE stale_at <= UTC_TIMESTAMP(6)").execute(self)
     }
 
+    fn purge_begin(&mut self) -> QueryResult<()> {
+        // One purge at a time: a raise of the floor waits for the acquisitions that read it
+        // (shared locks), and one of those may wait for a counter or lease row that another
+        // purge's batch has locked, while that batch waits for an acquisition queued behind
+        // the raise: a deadlock whose victim could be the acquisition. Within one purge the
+        // raise and the batches never overlap. Session-scoped: a purger that dies frees it.
+        stmt("SELECT CAST(GET_LOCK('dlock_purge', 3600) AS SIGNED) AS one")
+            .get_result::<One>(self)
+            .and_then(|r| {
+                if r.one == 1 {
+                    Ok(())
+                } else {
+                    Err(diesel::result::Error::QueryBuilderError(
+                        "another purge ran for an hour; not purging".into(),
+                    ))
+                }
+            })
+    }
+
+    fn purge_end(&mut self) -> QueryResult<()> {
+        stmt("DO RELEASE_LOCK('dlock_purge')")
+            .execute(self)
+            .map(drop)
+    }
+
     fn purge_highest(&mut self) -> QueryResult<i64> {
         stmt(
             "SELECT GREATEST((SELECT COALESCE(MAX(token), 0) FROM dlock_tokens), \
@@ -113,7 +138,6 @@ impl Admin for MysqlConnection {
         let text = match table {
             PurgeTable::Counters => shared::boundary!("dlock_tokens"),
             PurgeTable::Leases => shared::boundary!("dlock_leases"),
-            PurgeTable::Headers => shared::boundary!("dlock_shared_keys"),
         };
         stmt(text)
             .bind::<Text, _>(after)
@@ -151,38 +175,34 @@ impl Admin for MysqlConnection {
             )
             .bind::<BigInt, _>(highest)
             .execute(self),
+            // A multi-table DELETE: the key's kind goes with its lease row, the lease row
+            // locked first (a LEFT JOIN reads it first), as every reader's and permit's
+            // acquisition locks them (`holders.rs`), and only where no session strategy's
+            // permit slots or row use it too. (MariaDB's subqueries here take shared locks
+            // even at READ COMMITTED: each one locks rows of the key only after its lease row,
+            // which is the order of every statement that writes them.)
             PurgeTable::Leases => range(
-                "DELETE FROM dlock_leases \
-                 WHERE lock_key > ? AND (? IS NULL OR lock_key <= ?) AND token <= ? \
-                   AND ((holder_id IS NULL \
-                         AND acquired_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND) \
-                        OR expires_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND) \
-                   AND (shared_until IS NULL \
-                        OR shared_until <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND) \
+                "DELETE l, k FROM dlock_leases l \
+                 LEFT JOIN dlock_shared_keys k ON k.lock_key = l.lock_key AND k.intent IS NULL \
+                   AND NOT EXISTS (SELECT 1 FROM dlock_permit_slots p WHERE p.lock_key = l.lock_key) \
+                   AND NOT EXISTS (SELECT 1 FROM dlock_for_update u WHERE u.lock_key = l.lock_key) \
+                 WHERE l.lock_key > ? AND (? IS NULL OR l.lock_key <= ?) AND l.token <= ? \
+                   AND ((l.holder_id IS NULL \
+                         AND l.acquired_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND) \
+                        OR l.expires_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND) \
+                   AND (l.shared_until IS NULL \
+                        OR l.shared_until <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND) \
                    AND NOT EXISTS (SELECT 1 FROM dlock_waiters w \
-                                   WHERE w.lock_key = dlock_leases.lock_key \
+                                   WHERE w.lock_key = l.lock_key \
                                      AND w.expires_at > UTC_TIMESTAMP(6)) \
                    AND NOT EXISTS (SELECT 1 FROM dlock_shared_leases s \
-                                   WHERE s.lock_key = dlock_leases.lock_key \
+                                   WHERE s.lock_key = l.lock_key \
                                      AND s.expires_at > UTC_TIMESTAMP(6))",
             )
             .bind::<BigInt, _>(highest)
             .bind::<BigInt, _>(idle_us)
             .bind::<BigInt, _>(idle_us)
             .bind::<BigInt, _>(idle_us)
-            .execute(self),
-            PurgeTable::Headers => range(
-                "DELETE FROM dlock_shared_keys \
-                 WHERE lock_key > ? AND (? IS NULL OR lock_key <= ?) AND intent IS NULL \
-                   AND NOT EXISTS (SELECT 1 FROM dlock_leases l \
-                                   WHERE l.lock_key = dlock_shared_keys.lock_key) \
-                   AND NOT EXISTS (SELECT 1 FROM dlock_shared_leases s \
-                                   WHERE s.lock_key = dlock_shared_keys.lock_key) \
-                   AND NOT EXISTS (SELECT 1 FROM dlock_permit_slots p \
-                                   WHERE p.lock_key = dlock_shared_keys.lock_key) \
-                   AND NOT EXISTS (SELECT 1 FROM dlock_for_update u \
-                                   WHERE u.lock_key = dlock_shared_keys.lock_key)",
-            )
             .execute(self),
         }
     }

@@ -91,7 +91,6 @@ impl Admin for PgConnection {
         let text = match table {
             PurgeTable::Counters => shared::boundary!("dlock_tokens"),
             PurgeTable::Leases => shared::boundary!("dlock_leases"),
-            PurgeTable::Headers => shared::boundary!("dlock_shared_keys"),
         };
         stmt(text)
             .bind::<Text, _>(after)
@@ -109,8 +108,11 @@ impl Admin for PgConnection {
         highest: i64,
         idle_us: i64,
     ) -> QueryResult<usize> {
-        // Each DELETE re-checks a row that an acquisition changed meanwhile on its newest
-        // version (a taken lease, a bumped counter above `highest`) and spares it.
+        // Each batch deletes only rows it could lock at once (SKIP LOCKED): a purge never
+        // waits for an acquisition, so none can end up waiting for a purge in a cycle (an
+        // acquisition holds its floor bucket's lock while it waits for its counter, and a
+        // raise of the floor waits for that lock). The locking subquery re-checks each row on
+        // its newest version (a lease taken meanwhile, a counter bumped above `highest`).
         let range = |text| {
             stmt(text)
                 .bind::<Text, _>(after)
@@ -119,37 +121,44 @@ impl Admin for PgConnection {
         };
         match table {
             PurgeTable::Counters => range(
-                "DELETE FROM dlock_tokens t \
-                 WHERE lock_key > ? AND (?::text IS NULL OR lock_key <= ?) AND token <= ? \
-                   AND NOT EXISTS (SELECT 1 FROM dlock_rows r WHERE r.lock_key = t.lock_key)",
+                "DELETE FROM dlock_tokens WHERE lock_key IN ( \
+                   SELECT lock_key FROM dlock_tokens t \
+                   WHERE lock_key > ? AND (?::text IS NULL OR lock_key <= ?) AND token <= ? \
+                     AND NOT EXISTS (SELECT 1 FROM dlock_rows r WHERE r.lock_key = t.lock_key) \
+                   FOR UPDATE SKIP LOCKED)",
             )
             .bind::<BigInt, _>(highest)
             .execute(self),
+            // The key's kind goes with its lease row: locked after it, as every reader's and
+            // permit's acquisition locks them (`holders.rs`), and only where no session
+            // strategy's permit slots or row use it too.
             PurgeTable::Leases => range(
-                "DELETE FROM dlock_leases l \
-                 WHERE lock_key > ? AND (?::text IS NULL OR lock_key <= ?) AND token <= ? \
-                   AND ((holder_id IS NULL AND acquired_at <= now() - ? * interval '1 microsecond') \
-                        OR expires_at <= now() - ? * interval '1 microsecond') \
-                   AND (shared_until IS NULL OR shared_until <= now() - ? * interval '1 microsecond') \
-                   AND NOT EXISTS (SELECT 1 FROM dlock_waiters w \
-                                   WHERE w.lock_key = l.lock_key AND w.expires_at > now()) \
-                   AND NOT EXISTS (SELECT 1 FROM dlock_shared_leases s \
-                                   WHERE s.lock_key = l.lock_key AND s.expires_at > now())",
+                "WITH d AS (DELETE FROM dlock_leases WHERE lock_key IN ( \
+                   SELECT lock_key FROM dlock_leases l \
+                   WHERE lock_key > ? AND (?::text IS NULL OR lock_key <= ?) AND token <= ? \
+                     AND ((holder_id IS NULL AND acquired_at <= now() - ? * interval '1 microsecond') \
+                          OR expires_at <= now() - ? * interval '1 microsecond') \
+                     AND (shared_until IS NULL OR shared_until <= now() - ? * interval '1 microsecond') \
+                     AND NOT EXISTS (SELECT 1 FROM dlock_waiters w \
+                                     WHERE w.lock_key = l.lock_key AND w.expires_at > now()) \
+                     AND NOT EXISTS (SELECT 1 FROM dlock_shared_leases s \
+                                     WHERE s.lock_key = l.lock_key AND s.expires_at > now()) \
+                   FOR UPDATE SKIP LOCKED) RETURNING lock_key), \
+                 h AS (DELETE FROM dlock_shared_keys k USING d \
+                       WHERE k.lock_key = d.lock_key AND k.intent IS NULL \
+                         AND NOT EXISTS (SELECT 1 FROM dlock_permit_slots p \
+                                         WHERE p.lock_key = k.lock_key) \
+                         AND NOT EXISTS (SELECT 1 FROM dlock_for_update u \
+                                         WHERE u.lock_key = k.lock_key) \
+                       RETURNING 1) \
+                 SELECT (SELECT count(*) FROM d) + (SELECT count(*) FROM h) AS one",
             )
             .bind::<BigInt, _>(highest)
             .bind::<BigInt, _>(idle_us)
             .bind::<BigInt, _>(idle_us)
             .bind::<BigInt, _>(idle_us)
-            .execute(self),
-            PurgeTable::Headers => range(
-                "DELETE FROM dlock_shared_keys k \
-                 WHERE lock_key > ? AND (?::text IS NULL OR lock_key <= ?) AND intent IS NULL \
-                   AND NOT EXISTS (SELECT 1 FROM dlock_leases l WHERE l.lock_key = k.lock_key) \
-                   AND NOT EXISTS (SELECT 1 FROM dlock_shared_leases s WHERE s.lock_key = k.lock_key) \
-                   AND NOT EXISTS (SELECT 1 FROM dlock_permit_slots p WHERE p.lock_key = k.lock_key) \
-                   AND NOT EXISTS (SELECT 1 FROM dlock_for_update u WHERE u.lock_key = k.lock_key)",
-            )
-            .execute(self),
+            .get_result::<One>(self)
+            .map(|r| r.one as usize),
         }
     }
 }

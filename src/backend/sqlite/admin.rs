@@ -15,6 +15,25 @@ use diesel::{QueryResult, RunQueryDsl};
 
 shared::held_row!(Timestamp, NaiveDateTime, |t| t.and_utc());
 
+/// The lease rows a purge's batch deletes: binds the range (after, upto twice), the highest
+/// token and the idle time three times.
+macro_rules! purgeable_leases {
+    () => {
+        "WHERE lock_key > ? AND (? IS NULL OR lock_key <= ?) AND token <= ? \
+                   AND ((holder_id IS NULL \
+                         AND acquired_at <= strftime('%Y-%m-%d %H:%M:%f', 'now', ?)) \
+                        OR expires_at <= strftime('%Y-%m-%d %H:%M:%f', 'now', ?)) \
+                   AND (shared_until IS NULL \
+                        OR shared_until <= strftime('%Y-%m-%d %H:%M:%f', 'now', ?)) \
+                   AND NOT EXISTS (SELECT 1 FROM dlock_waiters w \
+                                   WHERE w.lock_key = dlock_leases.lock_key \
+                                     AND w.expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')) \
+                   AND NOT EXISTS (SELECT 1 FROM dlock_shared_leases s \
+                                   WHERE s.lock_key = dlock_leases.lock_key \
+                                     AND s.expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now'))"
+    };
+}
+
 impl Admin for SqliteConnection {
     shared::statements!(version_read, version_bump, version_create);
 
@@ -98,7 +117,6 @@ impl Admin for SqliteConnection {
         let text = match table {
             PurgeTable::Counters => shared::boundary!("dlock_tokens"),
             PurgeTable::Leases => shared::boundary!("dlock_leases"),
-            PurgeTable::Headers => shared::boundary!("dlock_shared_keys"),
         };
         stmt(text)
             .bind::<Text, _>(after)
@@ -133,36 +151,31 @@ impl Admin for SqliteConnection {
             )
             .bind::<BigInt, _>(highest)
             .execute(self),
-            PurgeTable::Leases => range(
-                "DELETE FROM dlock_leases \
-                 WHERE lock_key > ? AND (? IS NULL OR lock_key <= ?) AND token <= ? \
-                   AND ((holder_id IS NULL \
-                         AND acquired_at <= strftime('%Y-%m-%d %H:%M:%f', 'now', ?)) \
-                        OR expires_at <= strftime('%Y-%m-%d %H:%M:%f', 'now', ?)) \
-                   AND (shared_until IS NULL \
-                        OR shared_until <= strftime('%Y-%m-%d %H:%M:%f', 'now', ?)) \
-                   AND NOT EXISTS (SELECT 1 FROM dlock_waiters w \
-                                   WHERE w.lock_key = dlock_leases.lock_key \
-                                     AND w.expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')) \
-                   AND NOT EXISTS (SELECT 1 FROM dlock_shared_leases s \
-                                   WHERE s.lock_key = dlock_leases.lock_key \
-                                     AND s.expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now'))",
-            )
-            .bind::<BigInt, _>(highest)
-            .bind::<Text, _>(seconds('-', idle_us))
-            .bind::<Text, _>(seconds('-', idle_us))
-            .bind::<Text, _>(seconds('-', idle_us))
-            .execute(self),
+            // The key's kind goes with its lease row (SQLite has no permit slots or
+            // ForUpdate rows), in one transaction under the single write lock.
+            PurgeTable::Leases => self.immediate_transaction(|c| {
+                let leases = |text| {
+                    stmt(text)
+                        .bind::<Text, _>(after)
+                        .bind::<Nullable<Text>, _>(upto)
+                        .bind::<Nullable<Text>, _>(upto)
+                        .bind::<BigInt, _>(highest)
+                        .bind::<Text, _>(seconds('-', idle_us))
+                        .bind::<Text, _>(seconds('-', idle_us))
+                        .bind::<Text, _>(seconds('-', idle_us))
+                };
+                let kinds = leases(concat!(
+                    "DELETE FROM dlock_shared_keys WHERE intent IS NULL AND lock_key IN \
+                     (SELECT lock_key FROM dlock_leases ",
+                    purgeable_leases!(),
+                    ")"
+                ))
+                .execute(c)?;
+                let rows =
+                    leases(concat!("DELETE FROM dlock_leases ", purgeable_leases!())).execute(c)?;
+                Ok(kinds + rows)
+            }),
             // SQLite has neither ForUpdate rows nor permit slots.
-            PurgeTable::Headers => range(
-                "DELETE FROM dlock_shared_keys \
-                 WHERE lock_key > ? AND (? IS NULL OR lock_key <= ?) AND intent IS NULL \
-                   AND NOT EXISTS (SELECT 1 FROM dlock_leases l \
-                                   WHERE l.lock_key = dlock_shared_keys.lock_key) \
-                   AND NOT EXISTS (SELECT 1 FROM dlock_shared_leases s \
-                                   WHERE s.lock_key = dlock_shared_keys.lock_key)",
-            )
-            .execute(self),
         }
     }
 }

@@ -147,11 +147,7 @@ impl<C: LockConnection> RawLock<C> for LeaseLock<C> {
         // raised first).
         let keys = super::purge::released_keys(
             &self.pool,
-            &[
-                PurgeTable::Leases,
-                PurgeTable::Counters,
-                PurgeTable::Headers,
-            ],
+            &[PurgeTable::Leases, PurgeTable::Counters],
             idle_us,
         )?;
         Ok(keys + holders)

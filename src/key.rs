@@ -53,6 +53,13 @@ pub fn key_hash(key: &str) -> i64 {
     i64::from_be_bytes(first)
 }
 
+/// The row of `dlock_token_floor` (migration 15) that a key's first token is drawn above: 64
+/// buckets chosen by `key_hash`, so that first acquisitions of different keys rarely lock the
+/// same floor row (`backend/{pg,mysql,sqlite}/locks.rs`).
+pub(crate) fn floor_bucket(key: &str) -> i64 {
+    key_hash(key) & 63
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -145,6 +145,9 @@ fn rows<C: LockConnection + SimpleConnection>(h: &Harness<C>, backend: Backend) 
     let key = unique_key("purge-row-plain");
     let g = plain.lock(&key).unwrap();
     age(h, backend, "dlock_rows", &key, Expiry::Keep);
+    // The first purge may delete the counters of keys nobody holds (the stale key's above);
+    // then nothing is left to delete: not the held row, nor its key's counter.
+    plain.purge(Duration::ZERO).unwrap();
     assert_eq!(plain.purge(Duration::ZERO).unwrap(), 0);
     g.check().unwrap();
 }

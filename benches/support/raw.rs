@@ -123,10 +123,11 @@ pub mod pg {
     pub fn row_acquire(c: &mut PgConnection, key: &str) -> i64 {
         // A newcomer (no place in the key's line), as the library's first attempt binds it.
         sql(lib::ROW_ACQUIRE)
-            .bind::<Text, _>(key)
+            .bind::<BigInt, _>(diesel_lock::key_hash(key) & 63)
             .bind::<Text, _>(key)
             .bind::<Text, _>(key)
             .bind::<BigInt, _>(i64::MAX)
+            .bind::<Text, _>(key)
             .bind::<Text, _>(key)
             .bind::<Text, _>(OWNER)
             .bind::<Text, _>(HOLDER)
@@ -168,11 +169,12 @@ pub mod pg {
             .bind::<Text, _>(HOLDER)
             .bind::<BigInt, _>(TTL.as_micros() as i64)
             .bind::<Text, _>(key)
-            .bind::<Text, _>(key)
+            .bind::<BigInt, _>(diesel_lock::key_hash(key) & 63)
             .bind::<Text, _>(key)
             .bind::<Text, _>(key)
             .bind::<Text, _>(OWNER)
             .bind::<Text, _>(HOLDER)
+            .bind::<Text, _>(key)
             .bind::<BigInt, _>(TTL.as_micros() as i64)
             .get_result::<Acquired>(c)
             .expect("lease acquire");
@@ -552,6 +554,7 @@ pub mod mysql {
                     let mut c = pool.get().unwrap();
                     sql(lib::ROW_BUMP)
                         .bind::<Text, _>(&k)
+                        .bind::<BigInt, _>(diesel_lock::key_hash(&k) & 63)
                         .execute(&mut c)
                         .unwrap();
                     let n = sql(lib::ROW_INSERT)
@@ -593,6 +596,7 @@ pub mod mysql {
                         .bind::<Text, _>(HOLDER)
                         .bind::<Text, _>(&k)
                         .bind::<BigInt, _>(TTL.as_micros() as i64)
+                        .bind::<BigInt, _>(diesel_lock::key_hash(&k) & 63)
                         .execute(&mut c)
                         .unwrap();
                     sql(lib::LEASE_READ_BACK)
@@ -752,6 +756,7 @@ pub mod sqlite {
                         .bind::<Text, _>(OWNER)
                         .bind::<Text, _>(HOLDER)
                         .bind::<Text, _>(&k)
+                        .bind::<BigInt, _>(diesel_lock::key_hash(&k) & 63)
                         // No stale_after: a NULL modifier, as the library binds it.
                         .bind::<diesel::sql_types::Nullable<Text>, _>(None::<String>)
                         .bind::<Text, _>(&k)
@@ -774,6 +779,7 @@ pub mod sqlite {
                         .bind::<Text, _>(OWNER)
                         .bind::<Text, _>(HOLDER)
                         .bind::<Text, _>(&k)
+                        .bind::<BigInt, _>(diesel_lock::key_hash(&k) & 63)
                         .bind::<Text, _>(&ttl)
                         .bind::<Text, _>(&k)
                         .bind::<BigInt, _>(i64::MAX)

@@ -114,12 +114,16 @@ impl<T> LockConnection for T where T: sealed::Sealed + diesel::r2d2::R2D2Connect
     allow(unused_imports)
 )]
 pub(crate) use sealed::{
-    Acquired, Dialect, Drawn, Flavor, ForUpdateLocked, SessionLocks, Wait, XactLocked,
+    Acquired, Dialect, Drawn, Flavor, ForUpdateLocked, PurgeTable, SessionLocks, Wait, XactLocked,
 };
 
 /// The `place` of an acquisition by a caller that has no place in the key's line (a
 /// newcomer): it must wait behind every live place.
 pub(crate) const NO_PLACE: i64 = i64::MAX;
+
+/// Keys per purge batch: each batch is one short transaction, so that an acquisition meeting
+/// a purge waits for at most one batch.
+pub(crate) const PURGE_BATCH: i64 = 1000;
 
 /// How the crate reaches the statements of a connection: `conn.sql()`.
 pub(crate) trait Sql {
@@ -174,6 +178,16 @@ pub(crate) mod sealed {
         pub id: i64,
         pub token: i64,
         pub acquired_at: DateTime<Utc>,
+    }
+
+    /// The tables a purge deletes released keys' rows from, in batches of `PURGE_BATCH` keys.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum PurgeTable {
+        /// `dlock_tokens`: the counters of `Row` keys (and of leases, saved by older versions).
+        Counters,
+        /// `dlock_leases`, and with each lease row the key's kind (`dlock_shared_keys`, its
+        /// readers' and permits' number) if it has one.
+        Leases,
     }
 
     /// What a server offers the session strategies beyond their common SQL, asked once
@@ -467,16 +481,43 @@ pub(crate) mod sealed {
         /// Deletes every `Row` lock past its own `stale_at` (never one without); the number
         /// deleted. Their tokens live on in `dlock_tokens`.
         fn purge_stale_rows(&mut self) -> QueryResult<usize>;
-        /// Purge, step one (committed before step two): marks the lease rows free or expired
-        /// for at least `idle_us` (`holder = ''`, expired at once: any acquisition may take
-        /// such a row over, as it would an expired lease, so a purge never makes a free key
-        /// look held, however long its second step takes or if it never comes) and saves
-        /// their tokens in `dlock_tokens`, where a new lease row takes its first token from.
-        /// The number marked.
-        fn purge_mark_leases(&mut self, idle_us: i64) -> QueryResult<usize>;
-        /// Purge, step two: deletes the marked lease rows whose token is saved, and only
-        /// those still marked (a row taken over meanwhile has a holder and a higher token).
-        fn purge_delete_leases(&mut self) -> QueryResult<usize>;
+        /// Before a purge's steps, on the connection that runs them all: MySQL takes a
+        /// named lock so that purges run one at a time (`mysql/admin.rs`); nothing elsewhere.
+        fn purge_begin(&mut self) -> QueryResult<()> {
+            Ok(())
+        }
+        /// After a purge's steps, whatever they did: undoes `purge_begin`.
+        fn purge_end(&mut self) -> QueryResult<()> {
+            Ok(())
+        }
+        /// Purge, step one: the highest token of every counter (`dlock_tokens`) and lease
+        /// row (`dlock_leases`) there is, 0 if none: a plain read.
+        fn purge_highest(&mut self) -> QueryResult<i64>;
+        /// Purge, step two, committed before any delete: raises every bucket of the token
+        /// floor (`dlock_token_floor`) to at least `to`. A key without a counter row takes
+        /// its first token above its bucket's floor, so a key whose rows a purge deletes
+        /// carries on above every token it had.
+        fn floor_raise(&mut self, to: i64) -> QueryResult<()>;
+        /// Purge, in batches: the `PURGE_BATCH`-th key of `table` after `after` in the
+        /// table's key order, or `None` if fewer follow (the last batch runs to the end).
+        fn purge_boundary(&mut self, table: PurgeTable, after: &str)
+            -> QueryResult<Option<String>>;
+        /// Purge, step three, one batch (its own transaction): deletes the rows of `table`
+        /// with keys after `after` and up to `upto` (to the end: `None`) that nobody holds,
+        /// waits for or counts on, and whose token is at most `highest` (the floor raised
+        /// already): `Counters`, counters of keys without a `Row` row; `Leases`, lease rows
+        /// free or expired for at least `idle_us`, with no live reader or permit for as long
+        /// and no live place in the key's line, each with its key's kind (locked after the
+        /// lease row, as every acquisition of a reader or permit locks them). The number
+        /// deleted.
+        fn purge_batch(
+            &mut self,
+            table: PurgeTable,
+            after: &str,
+            upto: Option<&str>,
+            highest: i64,
+            idle_us: i64,
+        ) -> QueryResult<usize>;
     }
 
     /// The statements of the session strategies, on the backends that have them

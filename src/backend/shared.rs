@@ -80,6 +80,26 @@ pub(crate) struct KeyHolder {
     pub(crate) holder_id: String,
 }
 
+/// `Admin::purge_boundary`'s text for a table: the key the bound offset places after the key
+/// bound first, in the table's key order.
+macro_rules! boundary {
+    ($table:literal) => {
+        concat!(
+            "SELECT lock_key FROM ",
+            $table,
+            " WHERE lock_key > ? ORDER BY lock_key LIMIT 1 OFFSET ?"
+        )
+    };
+}
+pub(crate) use boundary;
+
+/// A key read back (`SELECT lock_key …`): where a purge's batch ends.
+#[derive(diesel::QueryableByName)]
+pub(crate) struct Key {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    pub(crate) lock_key: String,
+}
+
 /// A one-column answer (`… AS one`): a count, a flag, or only whether there is a row.
 #[derive(diesel::QueryableByName)]
 pub(crate) struct One {

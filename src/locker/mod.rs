@@ -494,17 +494,22 @@ impl<C: LockConnection> Locker<C> {
     /// many it deleted. It is safe beside live locks of every configuration: it deletes
     /// nothing a holder could still count on, and tokens keep growing across it.
     ///
-    /// - `Lease`: lease rows free, or expired, for at least `idle` (their tokens are saved
-    ///   first, and a new lease of the key continues from them), and the rows of readers,
-    ///   writers and permits expired for at least `idle`.
+    /// - `Lease`: lease rows free, or expired, for at least `idle`, with no live reader,
+    ///   permit or waiter (and the key's kind, its number of permits, with them), and the rows
+    ///   of readers, writers and permits expired for at least `idle`.
     /// - `Row`: rows past their *own* `stale_after` (never a row inserted without one);
     ///   `idle` is not used.
+    /// - `Row` and `Lease`: the token counters of keys nobody holds.
     /// - `ForUpdate`, `Advisory`, `AdvisoryXact`: nothing.
     /// - every strategy with a line of waiters: places whose waiter died.
     ///
-    /// Acquisitions stay O(log n) in the number of rows, so purging is about disk space, not
-    /// speed; it scans the table: run it now and then, not on every lock. How it stays safe
-    /// beside acquisitions (two committed steps, snapshots) is in ARCHITECTURE.md.
+    /// So after a purge the lock tables hold rows for the keys held (and waited for) only,
+    /// however many keys were ever used. Tokens keep increasing per key: the purge first
+    /// raises a token floor above every counter it deletes (and commits that), and a key
+    /// without a counter starts above the floor. It deletes in batches of 1,000 keys, each a
+    /// short transaction, so an acquisition meeting it waits one batch at most; it scans the
+    /// tables: run it now and then (`dlock purge` from cron), not on every lock. How it stays
+    /// safe beside acquisitions is in ARCHITECTURE.md.
     ///
     /// # Errors
     /// [`Error::Pool`](crate::Error::Pool) without a connection,

@@ -23,6 +23,7 @@ mod advisory;
 mod advisory_xact;
 mod for_update;
 mod lease;
+mod purge;
 mod row;
 pub(crate) mod session;
 mod session_permits;

@@ -2,13 +2,15 @@
 
 use crate::backend::sealed::Admin;
 use crate::backend::shared;
+use crate::backend::shared::{Key, One};
 use crate::backend::stmt::stmt;
-use crate::backend::{force_release_in, Held};
+use crate::backend::{force_release_in, Held, PurgeTable, PURGE_BATCH};
 use crate::lock_info::LockInfo;
 use chrono::NaiveDateTime;
 use diesel::mysql::MysqlConnection;
-use diesel::sql_types::{BigInt, Datetime, Text};
+use diesel::sql_types::{BigInt, Datetime, Nullable, Text};
 use diesel::Connection;
+use diesel::OptionalExtension;
 use diesel::{QueryResult, RunQueryDsl};
 
 shared::held_row!(Datetime, NaiveDateTime, |t| t.and_utc());
@@ -88,45 +90,120 @@ impl Admin for MysqlConnection {
         stmt("DELETE FROM dlock_rows WHERE stale_at <= UTC_TIMESTAMP(6)").execute(self)
     }
 
-    fn purge_mark_leases(&mut self, idle_us: i64) -> QueryResult<usize> {
-        stmt("SET TRANSACTION ISOLATION LEVEL READ COMMITTED").execute(self)?;
-        // The rows marked here carry one instant (`@dlock_mark`): only their tokens are saved.
-        // A marked row whose key a reader took since has a token above the saved one and a
-        // live `shared_until`; the delete spares it either way.
-        self.transaction(|c| {
-            stmt("SET @dlock_mark = UTC_TIMESTAMP(6)").execute(c)?;
-            let marked = stmt(
-                "UPDATE dlock_leases SET holder_id = '', expires_at = @dlock_mark \
-                 WHERE ((holder_id IS NULL \
-                         AND acquired_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND) \
-                        OR expires_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND) \
-                   AND (shared_until IS NULL \
-                        OR shared_until <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND)",
-            )
-            .bind::<BigInt, _>(idle_us)
-            .bind::<BigInt, _>(idle_us)
-            .bind::<BigInt, _>(idle_us)
-            .execute(c)?;
-            if marked > 0 {
-                stmt(
-                    "INSERT INTO dlock_tokens (lock_key, token) \
-                     SELECT lock_key, token FROM dlock_leases \
-                     WHERE holder_id = '' AND expires_at = @dlock_mark \
-                     ON DUPLICATE KEY UPDATE token = GREATEST(dlock_tokens.token, VALUES(token))",
-                )
-                .execute(c)?;
-            }
-            Ok(marked)
-        })
+    fn purge_begin(&mut self) -> QueryResult<()> {
+        // One purge at a time: a raise of the floor waits for the acquisitions that read it
+        // (shared locks), and one of those may wait for a counter or lease row that another
+        // purge's batch has locked, while that batch waits for an acquisition queued behind
+        // the raise: a deadlock whose victim could be the acquisition. Within one purge the
+        // raise and the batches never overlap. Session-scoped: a purger that dies frees it.
+        stmt("SELECT CAST(GET_LOCK('dlock_purge', 3600) AS SIGNED) AS one")
+            .get_result::<One>(self)
+            .and_then(|r| {
+                if r.one == 1 {
+                    Ok(())
+                } else {
+                    Err(diesel::result::Error::QueryBuilderError(
+                        "another purge ran for an hour; not purging".into(),
+                    ))
+                }
+            })
     }
 
-    fn purge_delete_leases(&mut self) -> QueryResult<usize> {
-        stmt("SET TRANSACTION ISOLATION LEVEL READ COMMITTED").execute(self)?;
+    fn purge_end(&mut self) -> QueryResult<()> {
+        stmt("DO RELEASE_LOCK('dlock_purge')")
+            .execute(self)
+            .map(drop)
+    }
+
+    fn purge_highest(&mut self) -> QueryResult<i64> {
         stmt(
-            "DELETE l FROM dlock_leases l JOIN dlock_tokens t ON t.lock_key = l.lock_key \
-             WHERE l.holder_id = '' AND l.token <= t.token \
-               AND (l.shared_until IS NULL OR l.shared_until <= UTC_TIMESTAMP(6))",
+            "SELECT GREATEST((SELECT COALESCE(MAX(token), 0) FROM dlock_tokens), \
+                             (SELECT COALESCE(MAX(token), 0) FROM dlock_leases)) AS one",
         )
-        .execute(self)
+        .get_result::<One>(self)
+        .map(|r| r.one)
+    }
+
+    fn floor_raise(&mut self, to: i64) -> QueryResult<()> {
+        // Waits for the shared locks of acquisitions reading the floor (`mysql_floor_read!`),
+        // which wait for it; it touches no other table, so no cycle.
+        stmt("UPDATE dlock_token_floor SET floor_token = ? WHERE floor_token < ?")
+            .bind::<BigInt, _>(to)
+            .bind::<BigInt, _>(to)
+            .execute(self)
+            .map(drop)
+    }
+
+    fn purge_boundary(&mut self, table: PurgeTable, after: &str) -> QueryResult<Option<String>> {
+        let text = match table {
+            PurgeTable::Counters => shared::boundary!("dlock_tokens"),
+            PurgeTable::Leases => shared::boundary!("dlock_leases"),
+        };
+        stmt(text)
+            .bind::<Text, _>(after)
+            .bind::<BigInt, _>(PURGE_BATCH - 1)
+            .get_result::<Key>(self)
+            .optional()
+            .map(|k| k.map(|k| k.lock_key))
+    }
+
+    fn purge_batch(
+        &mut self,
+        table: PurgeTable,
+        after: &str,
+        upto: Option<&str>,
+        highest: i64,
+        idle_us: i64,
+    ) -> QueryResult<usize> {
+        // READ COMMITTED for this batch's transaction: the subqueries are consistent reads
+        // (no shared locks on the rows and gaps of the tables they read, which acquisitions
+        // insert into), and the DELETE locks only the rows it deletes, each re-checked on
+        // its newest version (a lease taken meanwhile, a counter bumped above `highest`).
+        stmt("SET TRANSACTION ISOLATION LEVEL READ COMMITTED").execute(self)?;
+        let range = |text| {
+            stmt(text)
+                .bind::<Text, _>(after)
+                .bind::<Nullable<Text>, _>(upto)
+                .bind::<Nullable<Text>, _>(upto)
+        };
+        match table {
+            PurgeTable::Counters => range(
+                "DELETE FROM dlock_tokens \
+                 WHERE lock_key > ? AND (? IS NULL OR lock_key <= ?) AND token <= ? \
+                   AND NOT EXISTS (SELECT 1 FROM dlock_rows r \
+                                   WHERE r.lock_key = dlock_tokens.lock_key)",
+            )
+            .bind::<BigInt, _>(highest)
+            .execute(self),
+            // A multi-table DELETE: the key's kind goes with its lease row, the lease row
+            // locked first (a LEFT JOIN reads it first), as every reader's and permit's
+            // acquisition locks them (`holders.rs`), and only where no session strategy's
+            // permit slots or row use it too. (MariaDB's subqueries here take shared locks
+            // even at READ COMMITTED: each one locks rows of the key only after its lease row,
+            // which is the order of every statement that writes them.)
+            PurgeTable::Leases => range(
+                "DELETE l, k FROM dlock_leases l \
+                 LEFT JOIN dlock_shared_keys k ON k.lock_key = l.lock_key AND k.intent IS NULL \
+                   AND NOT EXISTS (SELECT 1 FROM dlock_permit_slots p WHERE p.lock_key = l.lock_key) \
+                   AND NOT EXISTS (SELECT 1 FROM dlock_for_update u WHERE u.lock_key = l.lock_key) \
+                 WHERE l.lock_key > ? AND (? IS NULL OR l.lock_key <= ?) AND l.token <= ? \
+                   AND ((l.holder_id IS NULL \
+                         AND l.acquired_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND) \
+                        OR l.expires_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND) \
+                   AND (l.shared_until IS NULL \
+                        OR l.shared_until <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND) \
+                   AND NOT EXISTS (SELECT 1 FROM dlock_waiters w \
+                                   WHERE w.lock_key = l.lock_key \
+                                     AND w.expires_at > UTC_TIMESTAMP(6)) \
+                   AND NOT EXISTS (SELECT 1 FROM dlock_shared_leases s \
+                                   WHERE s.lock_key = l.lock_key \
+                                     AND s.expires_at > UTC_TIMESTAMP(6))",
+            )
+            .bind::<BigInt, _>(highest)
+            .bind::<BigInt, _>(idle_us)
+            .bind::<BigInt, _>(idle_us)
+            .bind::<BigInt, _>(idle_us)
+            .execute(self),
+        }
     }
 }

@@ -37,15 +37,19 @@ struct Counts {
 
 impl HolderSteps for MysqlConnection {
     fn create_lease(&mut self, key: &str) -> QueryResult<()> {
-        // The subquery of an INSERT … SELECT is a locking read: it sees the counter a purge
-        // saved even if that committed after this statement began.
-        stmt(
+        // The row's counter starts at the token floor (a locking read: `mysql_floor_read!`),
+        // or at a counter a `Row` lock or an older version's purge left (the subquery of an
+        // INSERT … SELECT is a locking read too at REPEATABLE READ).
+        stmt(concat!(
             "INSERT IGNORE INTO dlock_leases (lock_key, token, acquired_at) \
-             SELECT ?, COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0), \
-                    UTC_TIMESTAMP(6)",
-        )
+             SELECT ?, GREATEST(f.floor_token, \
+                                COALESCE((SELECT t.token FROM dlock_tokens t WHERE t.lock_key = ?), 0)), \
+                    UTC_TIMESTAMP(6) ",
+            mysql_floor_read!()
+        ))
         .bind::<Text, _>(key)
         .bind::<Text, _>(key)
+        .bind::<BigInt, _>(crate::key::floor_bucket(key))
         .execute(self)
         .map(drop)
     }

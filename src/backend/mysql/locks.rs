@@ -8,6 +8,7 @@ use crate::backend::shared;
 use crate::backend::shared::{exists, KeyHolder, One};
 use crate::backend::stmt::{in_list, pad, stmt, BATCH_SIZES};
 use crate::backend::Acquired;
+use crate::key::floor_bucket;
 use diesel::mysql::MysqlConnection;
 use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel::Connection;
@@ -19,7 +20,8 @@ use std::sync::OnceLock;
 // SQLite).
 
 /// `row_acquire`, first: the key's counter goes up (never below the clock floor,
-/// `mysql_floor!`), and the new value is left in this session's `LAST_INSERT_ID()`.
+/// `mysql_floor!`; a key without a counter row starts above the token floor,
+/// `mysql_floor_read!`), and the new value is left in this session's `LAST_INSERT_ID()`.
 ///
 /// No trigger draws the token (creating one needs SUPER on a server with a binary log).
 /// Instead the counter is bumped before the INSERT, and the INSERT (`ROW_INSERT`) inserts
@@ -27,9 +29,12 @@ use std::sync::OnceLock;
 /// commits: another acquirer's bump waits for it, so every later holder's bump, and token,
 /// comes after this row's. Of acquirers racing for a free key, the last to bump wins.
 pub const ROW_BUMP: &str = concat!(
-    "INSERT INTO dlock_tokens (lock_key, token) VALUES (?, LAST_INSERT_ID(",
+    "INSERT INTO dlock_tokens (lock_key, token) \
+     SELECT ?, LAST_INSERT_ID(GREATEST(f.floor_token + 1, ",
     mysql_floor!(),
-    ")) ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(GREATEST(token + 1, ",
+    ")) ",
+    mysql_floor_read!(),
+    " ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(GREATEST(dlock_tokens.token + 1, ",
     mysql_floor!(),
     "))"
 );
@@ -89,20 +94,35 @@ macro_rules! lease_free {
 /// and reads its newest committed version, so a reader committed after the statement began
 /// is seen; a key with shared holders always has its row, so the INSERT never runs beside
 /// them.
-/// The token never goes below the server's clock floor (`mysql_floor!`).
+/// The token never goes below the server's clock floor (`mysql_floor!`); a new row (a key
+/// never used, or purged) starts above the token floor (`mysql_floor_read!`) and above a
+/// counter a `Row` lock or an older version's purge left in dlock_tokens.
 pub const LEASE_UPSERT: &str = concat!(
     "INSERT INTO dlock_leases (lock_key, owner, holder_id, token, acquired_at, expires_at) \
-     VALUES (?, ?, ?, GREATEST(COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0) + 1, ",
+     SELECT ?, ?, ?, GREATEST(GREATEST(f.floor_token, \
+                                       COALESCE((SELECT t.token FROM dlock_tokens t \
+                                                 WHERE t.lock_key = ?), 0)) + 1, ",
     mysql_floor!(),
-    "), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
-     ON DUPLICATE KEY UPDATE \
-       token = IF(", lease_free!(), ", GREATEST(token + 1, ",
+    "), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND ",
+    mysql_floor_read!(),
+    " ON DUPLICATE KEY UPDATE \
+       token = IF(",
+    lease_free!(),
+    ", GREATEST(token + 1, ",
     mysql_floor!(),
     "), token), \
-       owner = IF(", lease_free!(), ", VALUES(owner), owner), \
-       holder_id = IF(", lease_free!(), ", VALUES(holder_id), holder_id), \
-       acquired_at = IF(", lease_free!(), ", VALUES(acquired_at), acquired_at), \
-       expires_at = IF(", lease_free!(), ", VALUES(expires_at), expires_at)"
+       owner = IF(",
+    lease_free!(),
+    ", VALUES(owner), owner), \
+       holder_id = IF(",
+    lease_free!(),
+    ", VALUES(holder_id), holder_id), \
+       acquired_at = IF(",
+    lease_free!(),
+    ", VALUES(acquired_at), acquired_at), \
+       expires_at = IF(",
+    lease_free!(),
+    ", VALUES(expires_at), expires_at)"
 );
 
 /// `lease_acquire`, after the upsert: the token and time, if the lease is ours.
@@ -176,6 +196,20 @@ fn give_back(
             e
         }
     })
+}
+
+/// How many times `row_acquire` bumps a counter again that a purge deleted between its bump
+/// and its insert (each time a purge must have won that race).
+const PURGE_RETRIES: usize = 100;
+
+/// Whether the key's counter row is there (a consistent read).
+fn counter_there(conn: &mut MysqlConnection, key: &str) -> QueryResult<bool> {
+    exists(
+        stmt("SELECT CAST(1 AS SIGNED) AS one FROM dlock_tokens WHERE lock_key = ?")
+            .bind::<Text, _>(key)
+            .get_result::<One>(conn)
+            .optional(),
+    )
 }
 
 #[derive(QueryableByName)]
@@ -344,26 +378,40 @@ impl Locks for MysqlConnection {
         {
             return Ok(None);
         }
-        stmt(ROW_BUMP).bind::<Text, _>(key).execute(self)?;
-        let mut stamped = false;
-        let inserted = match stmt(ROW_INSERT)
-            .bind::<Text, _>(key)
-            .bind::<Text, _>(owner)
-            .bind::<Text, _>(holder)
-            .bind::<Nullable<BigInt>, _>(stale_us)
-            .bind::<Text, _>(key)
-            .execute(self)
-        {
-            Err(e) if refused_for_the_old_trigger(&e) => {
-                stamped = true;
-                stmt(ROW_INSERT_STAMPED)
-                    .bind::<Text, _>(key)
-                    .bind::<Text, _>(owner)
-                    .bind::<Text, _>(holder)
-                    .bind::<Nullable<BigInt>, _>(stale_us)
-                    .execute(self)?
+        // A purge may delete the counter between the bump and the insert (the key is free,
+        // and the purge raised the floor above the bump first): the insert then finds no
+        // counter at this bump, and the bump is made again, from the floor.
+        let mut bumps = 0;
+        let (inserted, stamped) = loop {
+            stmt(ROW_BUMP)
+                .bind::<Text, _>(key)
+                .bind::<BigInt, _>(floor_bucket(key))
+                .execute(self)?;
+            let mut stamped = false;
+            let inserted = match stmt(ROW_INSERT)
+                .bind::<Text, _>(key)
+                .bind::<Text, _>(owner)
+                .bind::<Text, _>(holder)
+                .bind::<Nullable<BigInt>, _>(stale_us)
+                .bind::<Text, _>(key)
+                .execute(self)
+            {
+                Err(e) if refused_for_the_old_trigger(&e) => {
+                    stamped = true;
+                    stmt(ROW_INSERT_STAMPED)
+                        .bind::<Text, _>(key)
+                        .bind::<Text, _>(owner)
+                        .bind::<Text, _>(holder)
+                        .bind::<Nullable<BigInt>, _>(stale_us)
+                        .execute(self)?
+                }
+                other => other?,
+            };
+            bumps += 1;
+            if inserted == 1 || bumps >= PURGE_RETRIES || counter_there(self, key)? {
+                break (inserted, stamped);
             }
-            other => other?,
+            log::debug!("lock {key:?}: its counter was purged between bump and insert; again");
         };
         if inserted != 1 {
             return Ok(None);
@@ -453,6 +501,7 @@ impl Locks for MysqlConnection {
             .bind::<Text, _>(holder)
             .bind::<Text, _>(key)
             .bind::<BigInt, _>(ttl_us)
+            .bind::<BigInt, _>(floor_bucket(key))
             .execute(self)?;
         let Some(lease) = stmt(LEASE_READ_BACK)
             .bind::<BigInt, _>(place)

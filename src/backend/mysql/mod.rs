@@ -21,6 +21,19 @@ macro_rules! mysql_floor {
     };
 }
 
+/// The token floor's read (migration 15), the one place where MySQL's `Row` and `Lease`
+/// counters meet it: `FROM` this, a key's first token is above `f.floor_token`. The key's
+/// bucket is bound. A locking read (LOCK IN SHARE MODE: MariaDB and MySQL 8 alike) returns
+/// the newest committed floor at any isolation level, and a purge's raise (an UPDATE) waits
+/// for it and it for the raise: a purge commits its raise before it deletes any counter
+/// (`admin.rs`), so the floor read here is at least every token of a key whose counter row
+/// was gone when this statement inserted its own.
+macro_rules! mysql_floor_read {
+    () => {
+        "FROM dlock_token_floor f WHERE f.bucket = ? LOCK IN SHARE MODE"
+    };
+}
+
 mod admin;
 mod fence;
 mod for_share;

@@ -2,13 +2,16 @@
 
 use crate::backend::sealed::Admin;
 use crate::backend::shared;
+use crate::backend::shared::{Key, One};
 use crate::backend::stmt::stmt;
 use crate::backend::{force_release_in, Held};
+use crate::backend::{PurgeTable, PURGE_BATCH};
 use crate::lock_info::LockInfo;
 use chrono::{DateTime, Utc};
 use diesel::pg::PgConnection;
-use diesel::sql_types::{BigInt, Text, Timestamptz};
+use diesel::sql_types::{BigInt, Nullable, Text, Timestamptz};
 use diesel::Connection;
+use diesel::OptionalExtension;
 use diesel::{QueryResult, RunQueryDsl};
 
 shared::held_row!(Timestamptz, DateTime<Utc>, |t| t);
@@ -66,30 +69,96 @@ impl Admin for PgConnection {
         stmt("DELETE FROM dlock_rows WHERE stale_at <= now()").execute(self)
     }
 
-    fn purge_mark_leases(&mut self, idle_us: i64) -> QueryResult<usize> {
-        // A free row keeps the time of its last acquisition; an expired one its expiry. A
-        // row whose readers or permits were live since is not idle (`shared_until`).
+    fn purge_highest(&mut self) -> QueryResult<i64> {
         stmt(
-            "WITH m AS ( \
-               UPDATE dlock_leases SET holder_id = '', expires_at = now() \
-               WHERE ((holder_id IS NULL AND acquired_at <= now() - ? * interval '1 microsecond') \
-                      OR expires_at <= now() - ? * interval '1 microsecond') \
-                 AND (shared_until IS NULL OR shared_until <= now() - ? * interval '1 microsecond') \
-               RETURNING lock_key, token) \
-             INSERT INTO dlock_tokens AS t (lock_key, token) SELECT lock_key, token FROM m \
-             ON CONFLICT (lock_key) DO UPDATE SET token = GREATEST(t.token, EXCLUDED.token)",
+            "SELECT GREATEST((SELECT COALESCE(max(token), 0) FROM dlock_tokens), \
+                             (SELECT COALESCE(max(token), 0) FROM dlock_leases)) AS one",
         )
-        .bind::<BigInt, _>(idle_us)
-        .bind::<BigInt, _>(idle_us)
-        .bind::<BigInt, _>(idle_us)
-        .execute(self)
+        .get_result::<One>(self)
+        .map(|r| r.one)
     }
 
-    fn purge_delete_leases(&mut self) -> QueryResult<usize> {
-        stmt(
-            "DELETE FROM dlock_leases l USING dlock_tokens t \
-             WHERE l.holder_id = '' AND t.lock_key = l.lock_key AND l.token <= t.token",
-        )
-        .execute(self)
+    fn floor_raise(&mut self, to: i64) -> QueryResult<()> {
+        // Waits for the FOR SHARE of first acquisitions (`pg_floor!`), which wait for it.
+        stmt("UPDATE dlock_token_floor SET floor_token = ? WHERE floor_token < ?")
+            .bind::<BigInt, _>(to)
+            .bind::<BigInt, _>(to)
+            .execute(self)
+            .map(drop)
+    }
+
+    fn purge_boundary(&mut self, table: PurgeTable, after: &str) -> QueryResult<Option<String>> {
+        let text = match table {
+            PurgeTable::Counters => shared::boundary!("dlock_tokens"),
+            PurgeTable::Leases => shared::boundary!("dlock_leases"),
+        };
+        stmt(text)
+            .bind::<Text, _>(after)
+            .bind::<BigInt, _>(PURGE_BATCH - 1)
+            .get_result::<Key>(self)
+            .optional()
+            .map(|k| k.map(|k| k.lock_key))
+    }
+
+    fn purge_batch(
+        &mut self,
+        table: PurgeTable,
+        after: &str,
+        upto: Option<&str>,
+        highest: i64,
+        idle_us: i64,
+    ) -> QueryResult<usize> {
+        // Each batch deletes only rows it could lock at once (SKIP LOCKED): a purge never
+        // waits for an acquisition, so none can end up waiting for a purge in a cycle (an
+        // acquisition holds its floor bucket's lock while it waits for its counter, and a
+        // raise of the floor waits for that lock). The locking subquery re-checks each row on
+        // its newest version (a lease taken meanwhile, a counter bumped above `highest`).
+        let range = |text| {
+            stmt(text)
+                .bind::<Text, _>(after)
+                .bind::<Nullable<Text>, _>(upto)
+                .bind::<Nullable<Text>, _>(upto)
+        };
+        match table {
+            PurgeTable::Counters => range(
+                "DELETE FROM dlock_tokens WHERE lock_key IN ( \
+                   SELECT lock_key FROM dlock_tokens t \
+                   WHERE lock_key > ? AND (?::text IS NULL OR lock_key <= ?) AND token <= ? \
+                     AND NOT EXISTS (SELECT 1 FROM dlock_rows r WHERE r.lock_key = t.lock_key) \
+                   FOR UPDATE SKIP LOCKED)",
+            )
+            .bind::<BigInt, _>(highest)
+            .execute(self),
+            // The key's kind goes with its lease row: locked after it, as every reader's and
+            // permit's acquisition locks them (`holders.rs`), and only where no session
+            // strategy's permit slots or row use it too.
+            PurgeTable::Leases => range(
+                "WITH d AS (DELETE FROM dlock_leases WHERE lock_key IN ( \
+                   SELECT lock_key FROM dlock_leases l \
+                   WHERE lock_key > ? AND (?::text IS NULL OR lock_key <= ?) AND token <= ? \
+                     AND ((holder_id IS NULL AND acquired_at <= now() - ? * interval '1 microsecond') \
+                          OR expires_at <= now() - ? * interval '1 microsecond') \
+                     AND (shared_until IS NULL OR shared_until <= now() - ? * interval '1 microsecond') \
+                     AND NOT EXISTS (SELECT 1 FROM dlock_waiters w \
+                                     WHERE w.lock_key = l.lock_key AND w.expires_at > now()) \
+                     AND NOT EXISTS (SELECT 1 FROM dlock_shared_leases s \
+                                     WHERE s.lock_key = l.lock_key AND s.expires_at > now()) \
+                   FOR UPDATE SKIP LOCKED) RETURNING lock_key), \
+                 h AS (DELETE FROM dlock_shared_keys k USING d \
+                       WHERE k.lock_key = d.lock_key AND k.intent IS NULL \
+                         AND NOT EXISTS (SELECT 1 FROM dlock_permit_slots p \
+                                         WHERE p.lock_key = k.lock_key) \
+                         AND NOT EXISTS (SELECT 1 FROM dlock_for_update u \
+                                         WHERE u.lock_key = k.lock_key) \
+                       RETURNING 1) \
+                 SELECT (SELECT count(*) FROM d) + (SELECT count(*) FROM h) AS one",
+            )
+            .bind::<BigInt, _>(highest)
+            .bind::<BigInt, _>(idle_us)
+            .bind::<BigInt, _>(idle_us)
+            .bind::<BigInt, _>(idle_us)
+            .get_result::<One>(self)
+            .map(|r| r.one as usize),
+        }
     }
 }

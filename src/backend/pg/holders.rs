@@ -42,15 +42,19 @@ impl HolderSteps for PgConnection {
     crate::backend::shared::statements!(create_header);
 
     fn create_lease(&mut self, key: &str) -> QueryResult<()> {
-        // The counter a purge saved is read through an upsert of dlock_tokens, which acts on
-        // its newest version (a plain read could miss a purge committed mid-statement).
-        stmt(
-            "WITH t AS (INSERT INTO dlock_tokens AS t (lock_key, token) VALUES (?, 0) \
-                        ON CONFLICT (lock_key) DO UPDATE SET token = t.token RETURNING token) \
-             INSERT INTO dlock_leases (lock_key, token, acquired_at) \
-             SELECT ?, t.token, statement_timestamp() FROM t \
-             ON CONFLICT (lock_key) DO NOTHING",
-        )
+        // The row's counter starts at the token floor (read locked, so the newest: see
+        // `pg_floor!`), or at a counter a `Row` lock or an older version's purge left.
+        stmt(concat!(
+            "WITH ",
+            pg_floor!("NOT EXISTS (SELECT 1 FROM dlock_leases WHERE lock_key = ?)"),
+            " INSERT INTO dlock_leases (lock_key, token, acquired_at) \
+             SELECT ?, GREATEST(f.floor_token, \
+                               COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0)), \
+                    statement_timestamp() FROM f \
+             ON CONFLICT (lock_key) DO NOTHING"
+        ))
+        .bind::<BigInt, _>(crate::key::floor_bucket(key))
+        .bind::<Text, _>(key)
         .bind::<Text, _>(key)
         .bind::<Text, _>(key)
         .execute(self)

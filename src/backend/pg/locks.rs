@@ -8,21 +8,13 @@ use crate::backend::shared;
 use crate::backend::shared::{exists, HolderId, One};
 use crate::backend::stmt::stmt;
 use crate::backend::{Acquired, NO_PLACE};
+use crate::key::floor_bucket;
 use diesel::pg::PgConnection;
 use diesel::sql_types::{Array, BigInt, Nullable, Text};
 use diesel::{OptionalExtension, QueryResult, RunQueryDsl};
 
 // The texts of the statements the benches' raw floors run too (`diesel_lock::__bench_sql`);
 // the others are written where they run.
-
-/// The key's next token, drawn from its own counter (`$col`: `dlock_tokens.token` for a
-/// row, `dlock_leases.token` for a lease), never below the server's epoch: written once for
-/// the acquisitions' upserts and the grants.
-macro_rules! next_token {
-    ($col:literal) => {
-        concat!("GREATEST(", $col, " + 1, ", pg_epoch!(), " + 1)")
-    };
-}
 
 /// The first live place of a key's line not granted yet, locked (`FOR UPDATE`: a waiter
 /// leaving at that moment either deleted it first, and the next place is taken, or waits
@@ -43,13 +35,13 @@ macro_rules! first_place {
 /// The CTEs of `ROW_ACQUIRE` and `ROW_ACQUIRE_IN_LINE` (which add the final SELECT).
 macro_rules! row_acquire {
     () => {
-        concat!("WITH t AS ( \
-           INSERT INTO dlock_tokens AS t (lock_key, token) \
-           SELECT ?, ", pg_epoch!(), " + 1 \
-           WHERE NOT EXISTS (SELECT 1 FROM dlock_rows WHERE lock_key = ?) \
+        concat!("WITH ", pg_floor!("NOT EXISTS (SELECT 1 FROM dlock_rows WHERE lock_key = ?) \
              AND NOT EXISTS (SELECT 1 FROM dlock_waiters \
-                             WHERE lock_key = ? AND id < ? AND expires_at > now()) \
-           ON CONFLICT (lock_key) DO UPDATE SET token = ", next_token!("t.token"), " \
+                             WHERE lock_key = ? AND id < ? AND expires_at > now())"), ", \
+         t AS ( \
+           INSERT INTO dlock_tokens AS t (lock_key, token) \
+           SELECT ?, ", pg_first_token!("0"), " FROM f \
+           ON CONFLICT (lock_key) DO UPDATE SET token = ", pg_next_token!("t.token"), " \
            RETURNING token), \
          i AS ( \
            INSERT INTO dlock_rows (lock_key, owner, holder, token, acquired_at, stale_at) \
@@ -64,7 +56,8 @@ macro_rules! row_acquire {
 /// The token counter's row lock serialises every transaction that can insert the key's
 /// row, so tokens are handed out in the order the rows are inserted and a later holder
 /// always has a larger token (an id from a sequence would not: nextval runs before the
-/// unique check, so a slow inserter can win with an older id). The counter never goes
+/// unique check, so a slow inserter can win with an older id). A key without a counter row
+/// (never used, or purged) starts above the token floor (`pg_floor!`). The counter never goes
 /// below the server's epoch (`pg_epoch!`), so tokens keep increasing across a promotion. While the row is visibly
 /// held, or a live place of the key's line is ahead of the caller's (`lines.rs`), the
 /// counter is not touched at all. A waiter's acquisition removes its own place
@@ -91,7 +84,7 @@ const ROW_ACQUIRE_IN_LINE: &str = concat!(
 pub const ROW_RELEASE: &str = concat!(
     "WITH r AS (SELECT lock_key FROM dlock_rows WHERE id = ? AND COALESCE(holder, '') = ?), \
      w AS MATERIALIZED (", first_place!("(SELECT lock_key FROM r)"), "), \
-     t AS (UPDATE dlock_tokens SET token = ", next_token!("dlock_tokens.token"), " \
+     t AS (UPDATE dlock_tokens SET token = ", pg_next_token!("dlock_tokens.token"), " \
            FROM w WHERE dlock_tokens.lock_key = (SELECT lock_key FROM r) RETURNING dlock_tokens.token), \
      g AS (UPDATE dlock_rows SET owner = w.owner, holder = w.holder, token = t.token, \
              acquired_at = clock_timestamp(), stale_at = w.expires_at \
@@ -123,20 +116,16 @@ macro_rules! lease_acquire {
                           WHERE lock_key = ? AND id < ? AND expires_at > now()) AS turn), \
      u AS ( \
        UPDATE dlock_leases SET owner = ?, holder_id = ?, \
-         token = ", next_token!("token"), ", \
+         token = ", pg_next_token!("token"), ", \
          acquired_at = clock_timestamp(), expires_at = clock_timestamp() + ? * interval '1 microsecond' \
        WHERE lock_key = ? AND (holder_id IS NULL OR expires_at <= now()) \
          AND (shared_until IS NULL OR shared_until <= now()) AND (SELECT turn FROM l) \
-       RETURNING token, acquired_at), \
-     t AS ( \
-       INSERT INTO dlock_tokens AS t (lock_key, token) \
-       SELECT ?, ", pg_epoch!(), " + 1 WHERE NOT EXISTS (SELECT 1 FROM dlock_leases WHERE lock_key = ?) \
-         AND (SELECT turn FROM l) \
-       ON CONFLICT (lock_key) DO UPDATE SET token = ", next_token!("t.token"), " \
-       RETURNING token), \
+       RETURNING token, acquired_at), ",
+     pg_floor!("NOT EXISTS (SELECT 1 FROM dlock_leases WHERE lock_key = ?) AND (SELECT turn FROM l)"), ", \
      i AS ( \
        INSERT INTO dlock_leases (lock_key, owner, holder_id, token, acquired_at, expires_at) \
-       SELECT ?, ?, ?, t.token, clock_timestamp(), clock_timestamp() + ? * interval '1 microsecond' FROM t \
+       SELECT ?, ?, ?, ", pg_first_token!("COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0)"), ", \
+              clock_timestamp(), clock_timestamp() + ? * interval '1 microsecond' FROM f \
        ON CONFLICT (lock_key) DO NOTHING  \
        RETURNING token, acquired_at) ")
     };
@@ -146,11 +135,11 @@ macro_rules! lease_acquire {
 ///
 /// One statement. If its snapshot shows the key's row, `u` takes it over when free or
 /// expired: an UPDATE re-checks the row's newest version after any wait, so the token it
-/// bumps is the latest. If the snapshot shows no row, `t` bumps the key's counter in
-/// dlock_tokens (an upsert also acts on the newest version, and locks it) and `i` inserts
-/// the row with that token. A row deleted by `purge` after the snapshot makes `u` find
-/// nothing and `t` not run: the attempt fails and is retried with a fresh snapshot, never
-/// with a token read before the purge saved the row's last one. Neither runs while a live
+/// bumps is the latest. If the snapshot shows no row, `i` inserts it with a first token
+/// above the token floor (`pg_floor!`, whose lock makes the value the newest) and above a
+/// counter a `Row` lock or an older version's purge left in dlock_tokens. A row deleted by
+/// `purge` after the snapshot makes `u` find nothing and `i` not run: the attempt fails and
+/// is retried with a fresh snapshot. Neither runs while a live
 /// place of the key's line is ahead of the caller's (`lines.rs`); a waiter's acquisition
 /// removes its own place (`LEASE_ACQUIRE_IN_LINE`). The new times are clock_timestamp(), not now() (the
 /// statement's start): `u` may wait for another transaction's update of the row, `t` for
@@ -181,7 +170,7 @@ const LEASE_ACQUIRE_IN_LINE: &str = concat!(
 pub const LEASE_RELEASE: &str = concat!(
     "WITH w AS MATERIALIZED (", first_place!("?"), "), \
      u AS (UPDATE dlock_leases l SET owner = COALESCE(w.owner, l.owner), holder_id = w.holder, \
-             token = CASE WHEN w.id IS NULL THEN l.token ELSE ", next_token!("l.token"), " END, \
+             token = CASE WHEN w.id IS NULL THEN l.token ELSE ", pg_next_token!("l.token"), " END, \
              acquired_at = CASE WHEN w.id IS NULL THEN l.acquired_at ELSE clock_timestamp() END, \
              expires_at = w.expires_at \
            FROM (SELECT 1) o LEFT JOIN w ON true \
@@ -215,10 +204,11 @@ impl Locks for PgConnection {
     ) -> QueryResult<Option<Acquired>> {
         let q = |text| {
             stmt(text)
-                .bind::<Text, _>(key)
+                .bind::<BigInt, _>(floor_bucket(key))
                 .bind::<Text, _>(key)
                 .bind::<Text, _>(key)
                 .bind::<BigInt, _>(place)
+                .bind::<Text, _>(key)
                 .bind::<Text, _>(key)
                 .bind::<Text, _>(owner)
                 .bind::<Text, _>(holder)
@@ -310,11 +300,12 @@ impl Locks for PgConnection {
                 .bind::<Text, _>(holder)
                 .bind::<BigInt, _>(ttl_us)
                 .bind::<Text, _>(key)
-                .bind::<Text, _>(key)
+                .bind::<BigInt, _>(floor_bucket(key))
                 .bind::<Text, _>(key)
                 .bind::<Text, _>(key)
                 .bind::<Text, _>(owner)
                 .bind::<Text, _>(holder)
+                .bind::<Text, _>(key)
                 .bind::<BigInt, _>(ttl_us)
         };
         if place == NO_PLACE {

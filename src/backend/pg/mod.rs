@@ -21,6 +21,49 @@ macro_rules! pg_epoch {
     };
 }
 
+/// The next token of a key whose counter (`$last`, an SQL expression: the last token handed
+/// out) is there: one more, never below the epoch. With `pg_first_token!` and the floor's
+/// CTE (`pg_floor!`), the one place where PostgreSQL's `Row` and `Lease` tokens are computed.
+macro_rules! pg_next_token {
+    ($last:literal) => {
+        concat!("GREATEST(", $last, " + 1, ", pg_epoch!(), " + 1)")
+    };
+}
+
+/// The first token of a key that has no counter row: above the floor (`f.floor_token`, read by
+/// the CTE `pg_floor!` makes) and above `$saved` (an SQL expression: a counter kept for the
+/// key elsewhere, or 0), never below the epoch.
+macro_rules! pg_first_token {
+    ($saved:literal) => {
+        concat!(
+            "GREATEST(f.floor_token, ",
+            $saved,
+            ", ",
+            pg_epoch!(),
+            ") + 1"
+        )
+    };
+}
+
+/// The CTE `f`: the floor of the key's bucket (bound first), locked FOR SHARE, when `$cond`
+/// (SQL, after the bucket) holds. A purge raises the floor (an UPDATE, which waits for this
+/// lock and which this lock waits for) and commits that before it deletes any counter
+/// (`admin.rs`), so the value read here, the newest whatever the statement's snapshot, is at
+/// least every token of a key whose counter row was gone when this statement inserted its
+/// own: either that purge's raise committed before this lock was granted, or its deletes
+/// come after this statement commits. A snapshot read of the floor would not do: an
+/// `INSERT … ON CONFLICT` that finds the conflicting row deleted meanwhile inserts values
+/// computed from the old snapshot.
+macro_rules! pg_floor {
+    ($cond:literal) => {
+        concat!(
+            "f AS (SELECT floor_token FROM dlock_token_floor WHERE bucket = ? AND ",
+            $cond,
+            " FOR SHARE)"
+        )
+    };
+}
+
 mod admin;
 mod fence;
 mod for_share;

@@ -3,20 +3,35 @@
 use super::seconds;
 use crate::backend::sealed::Admin;
 use crate::backend::shared;
+use crate::backend::shared::{Key, One};
 use crate::backend::stmt::stmt;
-use crate::backend::{force_release_in, Held};
+use crate::backend::{force_release_in, Held, PurgeTable, PURGE_BATCH};
 use crate::lock_info::LockInfo;
 use chrono::NaiveDateTime;
-use diesel::sql_types::{Text, Timestamp};
+use diesel::sql_types::{BigInt, Nullable, Text, Timestamp};
 use diesel::sqlite::SqliteConnection;
+use diesel::OptionalExtension;
 use diesel::{QueryResult, RunQueryDsl};
 
 shared::held_row!(Timestamp, NaiveDateTime, |t| t.and_utc());
 
-#[derive(diesel::QueryableByName)]
-struct Now {
-    #[diesel(sql_type = Text)]
-    now: String,
+/// The lease rows a purge's batch deletes: binds the range (after, upto twice), the highest
+/// token and the idle time three times.
+macro_rules! purgeable_leases {
+    () => {
+        "WHERE lock_key > ? AND (? IS NULL OR lock_key <= ?) AND token <= ? \
+                   AND ((holder_id IS NULL \
+                         AND acquired_at <= strftime('%Y-%m-%d %H:%M:%f', 'now', ?)) \
+                        OR expires_at <= strftime('%Y-%m-%d %H:%M:%f', 'now', ?)) \
+                   AND (shared_until IS NULL \
+                        OR shared_until <= strftime('%Y-%m-%d %H:%M:%f', 'now', ?)) \
+                   AND NOT EXISTS (SELECT 1 FROM dlock_waiters w \
+                                   WHERE w.lock_key = dlock_leases.lock_key \
+                                     AND w.expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')) \
+                   AND NOT EXISTS (SELECT 1 FROM dlock_shared_leases s \
+                                   WHERE s.lock_key = dlock_leases.lock_key \
+                                     AND s.expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now'))"
+    };
 }
 
 impl Admin for SqliteConnection {
@@ -81,50 +96,86 @@ impl Admin for SqliteConnection {
             .execute(self)
     }
 
-    fn purge_mark_leases(&mut self, idle_us: i64) -> QueryResult<usize> {
-        // The rows marked here carry one instant (`mark`): only their tokens are saved. A
-        // marked row whose key a reader took since has a token above the saved one and a live
-        // `shared_until`; the delete spares it either way.
-        self.immediate_transaction(|c| {
-            let mark = stmt("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now') AS now")
-                .get_result::<Now>(c)?
-                .now;
-            let marked = stmt(
-                "UPDATE dlock_leases SET holder_id = '', expires_at = ? \
-                 WHERE ((holder_id IS NULL \
-                         AND acquired_at <= strftime('%Y-%m-%d %H:%M:%f', 'now', ?)) \
-                        OR expires_at <= strftime('%Y-%m-%d %H:%M:%f', 'now', ?)) \
-                   AND (shared_until IS NULL \
-                        OR shared_until <= strftime('%Y-%m-%d %H:%M:%f', 'now', ?))",
-            )
-            .bind::<Text, _>(&mark)
-            .bind::<Text, _>(seconds('-', idle_us))
-            .bind::<Text, _>(seconds('-', idle_us))
-            .bind::<Text, _>(seconds('-', idle_us))
-            .execute(c)?;
-            if marked > 0 {
-                // `WHERE true` tells SQLite's parser that ON CONFLICT is the upsert clause.
-                stmt(
-                    "INSERT INTO dlock_tokens (lock_key, token) \
-                     SELECT lock_key, token FROM dlock_leases \
-                     WHERE holder_id = '' AND expires_at = ? AND true \
-                     ON CONFLICT (lock_key) DO UPDATE SET token = max(token, excluded.token)",
-                )
-                .bind::<Text, _>(&mark)
-                .execute(c)?;
-            }
-            Ok(marked)
-        })
+    fn purge_highest(&mut self) -> QueryResult<i64> {
+        stmt(
+            "SELECT max((SELECT COALESCE(max(token), 0) FROM dlock_tokens), \
+                        (SELECT COALESCE(max(token), 0) FROM dlock_leases)) AS one",
+        )
+        .get_result::<One>(self)
+        .map(|r| r.one)
     }
 
-    fn purge_delete_leases(&mut self) -> QueryResult<usize> {
-        stmt(
-            "DELETE FROM dlock_leases WHERE holder_id = '' \
-             AND token <= (SELECT t.token FROM dlock_tokens t \
-                           WHERE t.lock_key = dlock_leases.lock_key) \
-             AND (shared_until IS NULL \
-                  OR shared_until <= strftime('%Y-%m-%d %H:%M:%f', 'now'))",
-        )
-        .execute(self)
+    fn floor_raise(&mut self, to: i64) -> QueryResult<()> {
+        stmt("UPDATE dlock_token_floor SET floor_token = ? WHERE floor_token < ?")
+            .bind::<BigInt, _>(to)
+            .bind::<BigInt, _>(to)
+            .execute(self)
+            .map(drop)
+    }
+
+    fn purge_boundary(&mut self, table: PurgeTable, after: &str) -> QueryResult<Option<String>> {
+        let text = match table {
+            PurgeTable::Counters => shared::boundary!("dlock_tokens"),
+            PurgeTable::Leases => shared::boundary!("dlock_leases"),
+        };
+        stmt(text)
+            .bind::<Text, _>(after)
+            .bind::<BigInt, _>(PURGE_BATCH - 1)
+            .get_result::<Key>(self)
+            .optional()
+            .map(|k| k.map(|k| k.lock_key))
+    }
+
+    fn purge_batch(
+        &mut self,
+        table: PurgeTable,
+        after: &str,
+        upto: Option<&str>,
+        highest: i64,
+        idle_us: i64,
+    ) -> QueryResult<usize> {
+        // One batch holds the single write lock briefly: acquisitions wait for it at most
+        // one batch long (busy_timeout covers far more).
+        let range = |text| {
+            stmt(text)
+                .bind::<Text, _>(after)
+                .bind::<Nullable<Text>, _>(upto)
+                .bind::<Nullable<Text>, _>(upto)
+        };
+        match table {
+            PurgeTable::Counters => range(
+                "DELETE FROM dlock_tokens \
+                 WHERE lock_key > ? AND (? IS NULL OR lock_key <= ?) AND token <= ? \
+                   AND NOT EXISTS (SELECT 1 FROM dlock_rows r \
+                                   WHERE r.lock_key = dlock_tokens.lock_key)",
+            )
+            .bind::<BigInt, _>(highest)
+            .execute(self),
+            // The key's kind goes with its lease row (SQLite has no permit slots or
+            // ForUpdate rows), in one transaction under the single write lock.
+            PurgeTable::Leases => self.immediate_transaction(|c| {
+                let leases = |text| {
+                    stmt(text)
+                        .bind::<Text, _>(after)
+                        .bind::<Nullable<Text>, _>(upto)
+                        .bind::<Nullable<Text>, _>(upto)
+                        .bind::<BigInt, _>(highest)
+                        .bind::<Text, _>(seconds('-', idle_us))
+                        .bind::<Text, _>(seconds('-', idle_us))
+                        .bind::<Text, _>(seconds('-', idle_us))
+                };
+                let kinds = leases(concat!(
+                    "DELETE FROM dlock_shared_keys WHERE intent IS NULL AND lock_key IN \
+                     (SELECT lock_key FROM dlock_leases ",
+                    purgeable_leases!(),
+                    ")"
+                ))
+                .execute(c)?;
+                let rows =
+                    leases(concat!("DELETE FROM dlock_leases ", purgeable_leases!())).execute(c)?;
+                Ok(kinds + rows)
+            }),
+            // SQLite has neither ForUpdate rows nor permit slots.
+        }
     }
 }

@@ -29,12 +29,15 @@ impl HolderSteps for SqliteConnection {
     fn create_lease(&mut self, key: &str) -> QueryResult<()> {
         stmt(
             "INSERT INTO dlock_leases (lock_key, token, acquired_at) \
-             SELECT ?, COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0), \
+             SELECT ?, max(COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0), \
+                           COALESCE((SELECT floor_token FROM dlock_token_floor \
+                                     WHERE bucket = ?), 0)), \
                     strftime('%Y-%m-%d %H:%M:%f', 'now') \
              WHERE true ON CONFLICT (lock_key) DO NOTHING",
         )
         .bind::<Text, _>(key)
         .bind::<Text, _>(key)
+        .bind::<BigInt, _>(crate::key::floor_bucket(key))
         .execute(self)
         .map(drop)
     }

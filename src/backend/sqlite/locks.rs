@@ -8,6 +8,7 @@ use crate::backend::shared;
 use crate::backend::shared::{exists, HolderId, One};
 use crate::backend::stmt::{in_list, pad, stmt, BATCH_SIZES};
 use crate::backend::Acquired;
+use crate::key::floor_bucket;
 use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel::sqlite::SqliteConnection;
 use diesel::{OptionalExtension, QueryResult, RunQueryDsl};
@@ -17,24 +18,44 @@ use std::sync::OnceLock;
 // the others are written where they run. The releases are in `shared.rs` (the same on
 // MySQL).
 
+/// The next token of a key without a row of its own strategy, as SQL: one more than its
+/// counter (`$last`, an SQL expression, NULL without a counter row) and than the token floor
+/// of its bucket (bound), above which a key never used or purged starts. The one place where SQLite's `Row` and `Lease` tokens are computed.
+/// Every write statement takes SQLite's single write lock before it reads, so a purge's
+/// raise of the floor and its deletes come wholly before or wholly after it.
+macro_rules! sqlite_next_token {
+    ($last:literal) => {
+        concat!(
+            "max(COALESCE(",
+            $last,
+            ", 0), COALESCE((SELECT floor_token FROM dlock_token_floor WHERE bucket = ?), 0)) + 1"
+        )
+    };
+}
+
 /// `row_acquire`. Reading the counter and inserting happen under SQLite's single write lock,
 /// and the AFTER INSERT trigger stores the new token back into dlock_tokens.
-pub const ROW_ACQUIRE: &str =
+pub const ROW_ACQUIRE: &str = concat!(
     "INSERT INTO dlock_rows (lock_key, owner, holder, token, acquired_at, stale_at) \
-     SELECT ?, ?, ?, COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0) + 1, \
+     SELECT ?, ?, ?, ",
+    sqlite_next_token!("(SELECT token FROM dlock_tokens WHERE lock_key = ?)"),
+    ", \
              strftime('%Y-%m-%d %H:%M:%f', 'now'), \
              strftime('%Y-%m-%d %H:%M:%f', 'now', ?) \
      WHERE NOT EXISTS (SELECT 1 FROM dlock_waiters WHERE lock_key = ? AND id < ? \
                        AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')) \
      ON CONFLICT (lock_key) DO NOTHING \
-     RETURNING id, token, acquired_at";
+     RETURNING id, token, acquired_at"
+);
 
 /// `lease_acquire`. A row with live readers or permits (`shared_until`, raised by each of
 /// them under the same single write lock: `holders.rs`) is not taken; a key with shared
 /// holders always has its row, so the INSERT never runs beside them.
-pub const LEASE_ACQUIRE: &str =
+pub const LEASE_ACQUIRE: &str = concat!(
     "INSERT INTO dlock_leases (lock_key, owner, holder_id, token, acquired_at, expires_at) \
-     SELECT ?, ?, ?, COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0) + 1, \
+     SELECT ?, ?, ?, ",
+    sqlite_next_token!("(SELECT token FROM dlock_tokens WHERE lock_key = ?)"),
+    ", \
              strftime('%Y-%m-%d %H:%M:%f', 'now'), \
              strftime('%Y-%m-%d %H:%M:%f', 'now', ?) \
      WHERE NOT EXISTS (SELECT 1 FROM dlock_waiters WHERE lock_key = ? AND id < ? \
@@ -47,7 +68,8 @@ pub const LEASE_ACQUIRE: &str =
             OR dlock_leases.expires_at <= excluded.acquired_at) \
        AND (dlock_leases.shared_until IS NULL \
             OR dlock_leases.shared_until <= excluded.acquired_at) \
-     RETURNING 0 AS id, token, acquired_at";
+     RETURNING 0 AS id, token, acquired_at"
+);
 
 /// `row_release` when nobody waits: the DELETE by id and holder id, if no live place of the
 /// key's line waits for a grant (else the hand-over runs).
@@ -236,6 +258,7 @@ impl Locks for SqliteConnection {
                 .bind::<Text, _>(owner)
                 .bind::<Text, _>(holder)
                 .bind::<Text, _>(key)
+                .bind::<BigInt, _>(floor_bucket(key))
                 // A NULL modifier makes strftime NULL: a row that never goes stale.
                 .bind::<Nullable<Text>, _>(stale_us.map(|us| seconds('+', us)))
                 .bind::<Text, _>(key)
@@ -286,6 +309,7 @@ impl Locks for SqliteConnection {
                 .bind::<Text, _>(owner)
                 .bind::<Text, _>(holder)
                 .bind::<Text, _>(key)
+                .bind::<BigInt, _>(floor_bucket(key))
                 .bind::<Text, _>(seconds('+', ttl_us))
                 .bind::<Text, _>(key)
                 .bind::<BigInt, _>(place)

@@ -105,6 +105,21 @@ pub(crate) enum Command {
     },
     /// Create or upgrade the lock tables (dlock run does it on first use).
     Migrate,
+    /// Delete the rows of keys nobody holds, and say how many went.
+    ///
+    /// Every key ever locked keeps rows until a purge: its lease, its token counter, its
+    /// kind (readers or permits of N). A purge deletes them once the key is free (a lease
+    /// free or expired for at least --older-than, no reader, permit or waiter left), and
+    /// also row locks past their own --stale-after, expired readers and permits, and places
+    /// of waiters that died. Safe beside running locks: it deletes nothing a holder or
+    /// waiter counts on, and a key's tokens keep increasing across it. Locks of for-update
+    /// and advisory runs live in the server and leave nothing to purge.
+    Purge {
+        /// Only leases free or expired (and readers and permits expired) for at least this
+        /// long, e.g. 1h (default: 0s, every free one).
+        #[arg(long, value_parser = parse_duration, default_value = "0s", value_name = "DURATION")]
+        older_than: Duration,
+    },
 }
 
 #[derive(Debug, Args)]

@@ -12,7 +12,7 @@
 //! - `job`: the command's process (its process group, guardian, parent-death signal,
 //!   descriptors, reaping);
 //! - `list`: `dlock list` and `dlock status`;
-//! - `release`: `dlock release` and `dlock migrate`.
+//! - `release`: `dlock release`, `dlock migrate` and `dlock purge`.
 
 mod args;
 mod database;
@@ -27,7 +27,7 @@ use clap::Parser;
 use database::Database;
 use job::inherited_fds;
 use list::{list, status};
-use release::{migrate, release};
+use release::{migrate, purge, release};
 use run::run;
 use std::io::{self, Write};
 use std::process::ExitCode;
@@ -75,6 +75,7 @@ fn main_code() -> u8 {
         Command::Status { key } => status(&db, &key),
         Command::Release { force, key } => release(&db, &key, force),
         Command::Migrate => migrate(&db),
+        Command::Purge { older_than } => purge(&db, older_than),
     }))
     .unwrap_or_else(|_| {
         Err(Failure::new(

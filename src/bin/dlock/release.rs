@@ -1,10 +1,12 @@
-//! `dlock release --force`, which removes a stuck lock and says what it removed, and
-//! `dlock migrate`, which creates or upgrades the lock tables.
+//! `dlock release --force`, which removes a stuck lock and says what it removed,
+//! `dlock migrate`, which creates or upgrades the lock tables, and `dlock purge`, which
+//! deletes the rows of keys nobody holds.
 
 use crate::args::{Failure, EXIT_USAGE};
 use crate::database::Database;
 use crate::list::{describe_holder, output};
-use diesel_lock::{admin, Error, Locker};
+use diesel_lock::{admin, Error, Locker, Strategy};
+use std::time::Duration;
 
 pub(crate) fn release(db: &Database, key: &str, force: bool) -> Result<u8, Failure> {
     if !force {
@@ -39,6 +41,32 @@ pub(crate) fn migrate(db: &Database) -> Result<u8, Failure> {
     output(&format!(
         "the lock tables are up to date ({})\n",
         locker.backend().name()
+    ))?;
+    Ok(0)
+}
+
+/// `dlock purge`: the purges of `Lease` (leases free or expired for `older_than`, expired
+/// readers and permits, kinds and counters of keys nobody holds) and of `Row` (rows past
+/// their own `stale_after`), which is what `dlock run` leaves behind; no lock tables yet
+/// means nothing to delete.
+pub(crate) fn purge(db: &Database, older_than: Duration) -> Result<u8, Failure> {
+    let pool = db.connect()?;
+    let mut deleted = 0;
+    for strategy in [
+        Strategy::Lease {
+            ttl: Duration::from_secs(30),
+        },
+        Strategy::Row { stale_after: None },
+    ] {
+        let locker = Locker::builder(pool.clone()).strategy(strategy).build()?;
+        deleted += match locker.purge(older_than) {
+            Err(Error::MissingTable(_)) => 0,
+            other => other?,
+        };
+    }
+    output(&format!(
+        "deleted {deleted} row{} of keys nobody holds\n",
+        if deleted == 1 { "" } else { "s" }
     ))?;
     Ok(0)
 }

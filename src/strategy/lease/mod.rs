@@ -9,7 +9,7 @@ use super::{check_duration, contention_is_busy, micros, with_conn, with_pooled};
 use super::{Conn, Taken};
 use super::{Hold, Mode, ModeLock, Pool, RawLock, Setup};
 use crate::backend::holders::HolderMode;
-use crate::backend::{LockConnection, Sql, Wait};
+use crate::backend::{LockConnection, PurgeTable, Sql, Wait};
 use crate::backoff::Backoff;
 use crate::{Error, Result};
 use diesel::QueryResult;
@@ -171,14 +171,20 @@ impl<C: LockConnection> RawLock<C> for LeaseLock<C> {
         // databases' date arithmetic would overflow).
         let idle_us = micros(idle.min(super::MAX_DURATION)).unwrap_or(i64::MAX);
         // Each step is one statement or transaction; a deadlock victim's was rolled back and
-        // is run again.
-        with_conn(&self.pool, |c| c.sql().purge_mark_leases(idle_us))?;
-        let leases = with_conn(&self.pool, |c| c.sql().purge_delete_leases())?;
-        // The shared leases and permits of the same `Locker` (`strategy/holders.rs`).
+        // is run again. The shared leases and permits of the same `Locker`
+        // (`strategy/holders.rs`) first, so that a key whose holders all expired long ago
+        // loses its lease row in the same purge.
         let holders = with_conn(&self.pool, |c| c.sql().holders_purge(idle_us))?;
         // Places of dead waiters (ignored by everyone once lapsed; not counted as locks).
         with_conn(&self.pool, |c| c.sql().purge_lapsed_places())?;
-        Ok(leases + holders)
+        // The lease rows, the counters and the kinds of keys nobody holds (the token floor is
+        // raised first).
+        let keys = super::purge::released_keys(
+            &self.pool,
+            &[PurgeTable::Leases, PurgeTable::Counters],
+            idle_us,
+        )?;
+        Ok(keys + holders)
     }
 }
 

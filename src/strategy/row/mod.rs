@@ -2,7 +2,7 @@
 
 use super::{check_duration, contention_is_busy, micros, with_conn, Hold, Pool, RawLock, Setup};
 use super::{Conn, Taken};
-use crate::backend::{Acquired, LockConnection, Sql, Wait};
+use crate::backend::{Acquired, LockConnection, PurgeTable, Sql, Wait};
 use crate::sync::Unpoison;
 use crate::Result;
 use std::sync::Mutex;
@@ -113,7 +113,9 @@ impl<C: LockConnection> RawLock<C> for RowLock<C> {
         let rows = with_conn(&self.pool, |c| c.sql().purge_stale_rows())?;
         // Places of dead waiters (ignored by everyone once lapsed; not counted as locks).
         with_conn(&self.pool, |c| c.sql().purge_lapsed_places())?;
-        Ok(rows)
+        // The counters of keys nobody holds (the token floor is raised first).
+        let counters = super::purge::released_keys(&self.pool, &[PurgeTable::Counters], 0)?;
+        Ok(rows + counters)
     }
 }
 

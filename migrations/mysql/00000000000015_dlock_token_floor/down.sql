@@ -1,0 +1,1 @@
+DROP TABLE IF EXISTS dlock_token_floor;

@@ -350,13 +350,20 @@ pub(crate) mod sealed {
     /// place with a lower number exists, and a waiter's acquisition removes its place.
     pub trait Lines {
         /// Takes a place at the end of `key`'s line, alive for `ttl_us`; returns its number.
+        /// `shared`: the place of a reader or a semaphore permit, which others of its kind
+        /// may be let in past (`line_ahead`); otherwise an exclusive waiter's.
         fn line_join(
             &mut self,
             key: &str,
             owner: &str,
             channel: Option<&str>,
             ttl_us: i64,
+            shared: bool,
         ) -> QueryResult<i64>;
+        /// The live places of `key` ahead of place `place` (every live place for
+        /// [`NO_PLACE`](super::NO_PLACE)): how many, and how many of them are exclusive
+        /// waiters'. A read only; inside the caller's transaction if one is open.
+        fn line_ahead(&mut self, key: &str, place: i64) -> QueryResult<LineAhead>;
         /// Keeps place `id` alive for `ttl_us` more and counts the live places ahead of it;
         /// `None` if the place is gone or lapsed (others have been let past it meanwhile:
         /// its waiter joins again, at the end, rather than jump back ahead of them).
@@ -373,6 +380,17 @@ pub(crate) mod sealed {
         fn line_stats(&mut self, key: Option<&str>) -> QueryResult<Vec<LineStat>>;
         /// Removes lapsed places; how many.
         fn purge_lapsed_places(&mut self) -> QueryResult<usize>;
+    }
+
+    /// The places ahead of one, as `Lines::line_ahead` counts them.
+    #[derive(Debug, Clone, Copy, diesel::QueryableByName)]
+    pub struct LineAhead {
+        /// Every live place ahead.
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        pub ahead: i64,
+        /// The exclusive waiters' among them.
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        pub exclusive: i64,
     }
 
     /// One key's line, as `Lines::line_stats` reads it.

@@ -43,7 +43,8 @@ pub(super) struct Place<'a, C: LockConnection> {
 }
 
 impl<'a, C: LockConnection> Place<'a, C> {
-    /// Takes a place at the end of `key`'s line on `conn`.
+    /// Takes a place at the end of `key`'s line on `conn`; `shared` for a reader's or a
+    /// permit's (`Lines::line_join`).
     pub(super) fn join(
         conn: &mut C,
         pool: &'a Pool<C>,
@@ -51,10 +52,11 @@ impl<'a, C: LockConnection> Place<'a, C> {
         owner: &str,
         channel: Option<&str>,
         ttl: Duration,
+        shared: bool,
     ) -> crate::Result<Place<'a, C>> {
         let ttl_us = crate::strategy::micros(ttl).unwrap_or(i64::MAX);
         let renewed = Instant::now();
-        let id = conn.sql().line_join(key, owner, channel, ttl_us)?;
+        let id = conn.sql().line_join(key, owner, channel, ttl_us, shared)?;
         log::trace!("lock {key:?}: waiting in line, place {id}");
         Ok(Place {
             pool,

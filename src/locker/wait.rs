@@ -268,8 +268,10 @@ impl<C: LockConnection> Locker<C> {
                 }
             }
         }
+        // A reader or a permit may be let in past places ahead of its own (other readers;
+        // as many as there are free permits): its acquisition decides, not the count.
         let joined = match place.as_ref() {
-            Some(p) if !p.first() => return Ok(None),
+            Some(p) if !p.first() && raw.exclusive() => return Ok(None),
             Some(p) => {
                 conn.place = p.id;
                 true
@@ -283,7 +285,7 @@ impl<C: LockConnection> Locker<C> {
         if taken.is_some() || joined || matches!(deadline, Deadline::Once) {
             if taken.is_some() {
                 if let Some(p) = place.take() {
-                    p.used();
+                    Self::took_with(raw, p);
                 }
             }
             return Ok(taken);
@@ -298,15 +300,26 @@ impl<C: LockConnection> Locker<C> {
             &self.inner.shared.owner,
             self.channel(),
             place_ttl(self.inner.max_backoff),
+            !raw.exclusive(),
         )?;
         conn.place = p.id;
         let taken = raw.try_acquire(conn, key, true, Wait::No)?;
         if taken.is_some() {
-            p.used();
+            Self::took_with(raw, p);
         } else {
             *place = Some(p);
         }
         Ok(taken)
+    }
+
+    /// An acquisition made with place `p`: removed by the acquisition itself, or given up
+    /// now (`RawLock::removes_place`; dropping it leaves the line).
+    fn took_with(raw: &dyn RawLock<C>, p: Place<'_, C>) {
+        if raw.removes_place() {
+            p.used();
+        } else {
+            drop(p);
+        }
     }
 
     /// Whether a failed attempt of a wait lost the database, and the wait should go on: a

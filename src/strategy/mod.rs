@@ -415,6 +415,15 @@ pub(crate) trait RawLock<C: LockConnection>: Send + Sync + 'static {
     fn lines(&self) -> bool {
         false
     }
+
+    /// For a lock that `lines`: whether its acquisition removes the waiter's place itself
+    /// (in the acquiring statement or transaction: `Row`, `Lease`, `Lease` readers and
+    /// permits). False for the session strategies' permits, whose acquisition is a session
+    /// lock held on: the waiting code gives the place up right after, from another pooled
+    /// connection.
+    fn removes_place(&self) -> bool {
+        true
+    }
 }
 
 /// The kinds of lock beside a strategy's own exclusive one (`Locker::read`, `write`,

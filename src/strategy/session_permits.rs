@@ -5,7 +5,8 @@
 //! free one locked `FOR UPDATE SKIP LOCKED` in the guard's transaction. `Advisory`: one
 //! advisory lock per slot (PostgreSQL `pg_try_advisory_lock` on the hash of the key and the
 //! slot's number), tried in turn. Neither waits on the server: with every slot taken, the
-//! waiting code pauses and tries again. The number of permits is kept with the key as a
+//! waiter takes a place in the key's line (`locker/line.rs`) and tries again when it is
+//! first there (a newcomer tries only while nobody waits): first come, first served. The number of permits is kept with the key as a
 //! `Lease` semaphore's (`dlock_shared_keys`); each permit's token comes from the strategy's
 //! global source.
 //!
@@ -207,6 +208,14 @@ impl<C: LockConnection> RawLock<C> for SlotLock<C> {
             return Err(no_shared_mode(key));
         }
         self.setup(&mut **conn, key)?;
+        // First come, first served: only the first live place of the key's line tries the
+        // slots, and a newcomer (`NO_PLACE`) only while nobody waits. (A check just before
+        // the try: a place joined after it is not seen, so a newcomer's attempt racing a
+        // waiter's joining may still win; the waiter then tries again at once behind it.)
+        let place = conn.place;
+        if conn.sql().line_ahead(key, place)?.ahead > 0 {
+            return Ok(None);
+        }
         match self.core.kind {
             SlotKind::ForUpdate(flavor) => self.for_update(conn, key, flavor),
             SlotKind::Advisory => self.advisory(conn, key),
@@ -214,6 +223,18 @@ impl<C: LockConnection> RawLock<C> for SlotLock<C> {
     }
 
     fn exclusive(&self) -> bool {
+        false
+    }
+
+    /// Permit waiters poll the slots (no wait in the server's queue): they line up in the
+    /// key's line, first come, first served.
+    fn lines(&self) -> bool {
+        true
+    }
+
+    /// The slot is a session lock, held on after the attempt (inside the guard's
+    /// transaction on `ForUpdate`): the place is given up from another connection.
+    fn removes_place(&self) -> bool {
         false
     }
 }

@@ -1,10 +1,10 @@
 //! PostgreSQL's statements of the line of waiters (`dlock_waiters`).
 
-use crate::backend::sealed::{LineStat, Lines};
+use crate::backend::sealed::{LineAhead, LineStat, Lines};
 use crate::backend::shared::Mine;
 use crate::backend::stmt::stmt;
 use diesel::pg::PgConnection;
-use diesel::sql_types::{BigInt, Nullable, Text};
+use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 
 #[derive(QueryableByName)]
@@ -20,14 +20,15 @@ impl Lines for PgConnection {
         owner: &str,
         channel: Option<&str>,
         ttl_us: i64,
+        shared: bool,
     ) -> QueryResult<i64> {
         // The key's lapsed places go in the same statement (a dead waiter's place would
         // otherwise stay until a purge; it is ignored meanwhile, as every statement here
         // asks for live places only).
         stmt(
             "WITH gone AS (DELETE FROM dlock_waiters WHERE lock_key = ? AND expires_at <= now()) \
-             INSERT INTO dlock_waiters (lock_key, owner, channel, since, expires_at) \
-             VALUES (?, ?, ?, clock_timestamp(), clock_timestamp() + ? * interval '1 microsecond') \
+             INSERT INTO dlock_waiters (lock_key, owner, channel, since, expires_at, shared) \
+             VALUES (?, ?, ?, clock_timestamp(), clock_timestamp() + ? * interval '1 microsecond', ?) \
              RETURNING id",
         )
         .bind::<Text, _>(key)
@@ -35,8 +36,20 @@ impl Lines for PgConnection {
         .bind::<Text, _>(owner)
         .bind::<Nullable<Text>, _>(channel)
         .bind::<BigInt, _>(ttl_us)
+        .bind::<Integer, _>(i32::from(shared))
         .get_result::<Id>(self)
         .map(|r| r.id)
+    }
+
+    fn line_ahead(&mut self, key: &str, place: i64) -> QueryResult<LineAhead> {
+        stmt(
+            "SELECT count(*) AS ahead, count(*) FILTER (WHERE shared = 0) AS exclusive \
+             FROM dlock_waiters \
+             WHERE lock_key = ? AND id < ? AND expires_at > statement_timestamp()",
+        )
+        .bind::<Text, _>(key)
+        .bind::<BigInt, _>(place)
+        .get_result(self)
     }
 
     fn line_renew(&mut self, key: &str, id: i64, ttl_us: i64) -> QueryResult<Option<i64>> {

@@ -185,6 +185,19 @@ fn main() {
     let mut table = String::new();
     writeln!(
         table,
+        "## Readers and permits waiting across processes\n\n\
+         Produced by `cargo run --release --all-features --example fair_kinds -- --out \
+         docs/fair_kinds.md`; the configuration a user gets from `Locker::connect(url)`. \
+         Permits: {PERMIT_PROCS} processes × {ROUNDS} rounds of `permit(key, {PERMITS})`; readers: \
+         {READERS} processes × {ROUNDS} rounds of `read(key)` beside one of `write(key)`; each \
+         holds {} ms, releases and asks again at once. \"Retook\" counts acquisitions made \
+         within 10 ms of the same process's release while a process that conflicts with it \
+         had asked before that release and got the key later.\n",
+        HOLD.as_millis()
+    )
+    .unwrap();
+    writeln!(
+        table,
         "| backend × strategy | kind | acquisitions | retook ahead of an earlier waiter (≤ 10 ms) | longest wait | first come, first served |"
     )
     .unwrap();

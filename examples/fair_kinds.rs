@@ -118,7 +118,10 @@ fn run(url: &str, s: &str, kinds: &[&str]) -> Vec<Take> {
         for _ in 0..ROUNDS {
             let mut line = String::new();
             std::io::BufRead::read_line(r, &mut line).unwrap();
-            let v: Vec<i64> = line.split_whitespace().map(|x| x.parse().unwrap()).collect();
+            let v: Vec<i64> = line
+                .split_whitespace()
+                .map(|x| x.parse().unwrap())
+                .collect();
             takes.push(Take {
                 proc,
                 asked: v[0],

@@ -177,10 +177,7 @@ fn add_lines<C: LockConnection>(
         lines => lines?,
     };
     for line in lines {
-        for info in infos
-            .iter_mut()
-            .filter(|i| i.key == line.lock_key)
-        {
+        for info in infos.iter_mut().filter(|i| i.key == line.lock_key) {
             info.waiting = u32::try_from(line.waiting).unwrap_or(u32::MAX);
             info.longest_wait = Some(std::time::Duration::from_micros(
                 u64::try_from(line.longest_us).unwrap_or(0),

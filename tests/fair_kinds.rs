@@ -193,7 +193,11 @@ fn permits_served_in_order(backend: &str, s: &str) {
     for k in &mut kids {
         assert!(k.wait().unwrap().success());
     }
-    assert_eq!(acquisitions(&file), ["0", "1", "2", "3", "4"], "{backend} {s}");
+    assert_eq!(
+        acquisitions(&file),
+        ["0", "1", "2", "3", "4"],
+        "{backend} {s}"
+    );
     assert_eq!(places(&admin, backend, &key), 0, "a place left behind");
     b.release().unwrap();
 }
@@ -219,7 +223,11 @@ fn newcomers_do_not_take_a_waiters_permit(backend: &str, s: &str) {
         .try_permit_for(&key, PERMITS, Duration::from_millis(300))
         .unwrap()
         .is_none());
-    assert_eq!(places(&admin, backend, &key), 0, "a timed-out waiter's place");
+    assert_eq!(
+        places(&admin, backend, &key),
+        0,
+        "a timed-out waiter's place"
+    );
 
     let slow = Locker::builder(admin.clone())
         .strategy(strategy(s))

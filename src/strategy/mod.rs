@@ -418,9 +418,9 @@ pub(crate) trait RawLock<C: LockConnection>: Send + Sync + 'static {
 
     /// For a lock that `lines`: whether its acquisition removes the waiter's place itself
     /// (in the acquiring statement or transaction: `Row`, `Lease`, `Lease` readers and
-    /// permits). False for the session strategies' permits, whose acquisition is a session
-    /// lock held on: the waiting code gives the place up right after, from another pooled
-    /// connection.
+    /// permits, `Advisory` permits). False for `ForUpdate` permits, whose acquisition is
+    /// held in an open transaction: the waiting code gives the place up right after, from
+    /// another pooled connection.
     fn removes_place(&self) -> bool {
         true
     }

@@ -166,6 +166,15 @@ impl<C: LockConnection> SlotLock<C> {
             let slot = slot_key(key, i);
             match conn.session_sql()?.advisory_lock(&slot, Wait::No) {
                 Ok(Some(a)) => {
+                    // The waiter's place goes at once, on this session (its locks are
+                    // session locks, outside any transaction). Should that fail, the place
+                    // lapses at its expiry.
+                    let place = conn.place;
+                    if place != crate::backend::NO_PLACE {
+                        if let Err(e) = conn.sql().line_leave(key, place) {
+                            log::debug!("lock {key:?}: giving up place {place} in line failed ({e}); it lapses");
+                        }
+                    }
                     return Ok(Some(Taken {
                         hold: Box::new(AdvisorySlotHold {
                             session: Session::new(conn.take()),
@@ -173,7 +182,7 @@ impl<C: LockConnection> SlotLock<C> {
                         }),
                         token: a.token,
                         acquired_at: a.acquired_at,
-                    }))
+                    }));
                 }
                 Ok(None) => {}
                 Err(e) => {
@@ -232,10 +241,12 @@ impl<C: LockConnection> RawLock<C> for SlotLock<C> {
         true
     }
 
-    /// The slot is a session lock, held on after the attempt (inside the guard's
-    /// transaction on `ForUpdate`): the place is given up from another connection.
+    /// `Advisory`: the attempt gives the place up on its own session once it has a slot.
+    /// `ForUpdate`: the slot is held inside the guard's transaction, so the place is given
+    /// up from another pooled connection (with every connection of the pool held, it
+    /// lapses at its expiry instead).
     fn removes_place(&self) -> bool {
-        false
+        matches!(self.core.kind, SlotKind::Advisory)
     }
 }
 

@@ -302,12 +302,15 @@ fn main() {
     );
     // The long soak (examples/soak.rs) takes many minutes: its last report is kept in its own
     // file and carried over into this one.
-    // So are the loss-notification latencies (examples/loss_latency.rs).
+    // So are the loss-notification latencies (examples/loss_latency.rs), the waiting across
+    // processes (examples/wait_report.rs) and that of readers and permits
+    // (examples/fair_kinds.rs).
     for carried in [
         "docs/soak.md",
         "docs/loss.md",
         "docs/waiting.md",
         "docs/scale.md",
+        "docs/fair_kinds.md",
     ] {
         if let Ok(text) = std::fs::read_to_string(carried) {
             md.push('\n');

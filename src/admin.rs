@@ -161,7 +161,8 @@ pub fn force_release<C: LockConnection>(conn: &mut C, key: &str) -> Result<Vec<L
 
 /// The live holders of shared leases and permits; none on tables older than the migration
 /// that made them (the other locks are still listed there).
-/// Fills in how many wait for each exclusive `Row` or `Lease` lock, and for how long.
+/// Fills in how many wait for each `Row` or `Lease` lock (the exclusive lock, and each
+/// reader or permit holding a key whose readers, writers or permits wait), and for how long.
 fn add_lines<C: LockConnection>(
     conn: &mut C,
     key: Option<&str>,
@@ -176,10 +177,7 @@ fn add_lines<C: LockConnection>(
         lines => lines?,
     };
     for line in lines {
-        for info in infos
-            .iter_mut()
-            .filter(|i| i.key == line.lock_key && i.mode == crate::LockMode::Exclusive)
-        {
+        for info in infos.iter_mut().filter(|i| i.key == line.lock_key) {
             info.waiting = u32::try_from(line.waiting).unwrap_or(u32::MAX);
             info.longest_wait = Some(std::time::Duration::from_micros(
                 u64::try_from(line.longest_us).unwrap_or(0),

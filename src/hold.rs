@@ -6,7 +6,7 @@ use crate::loss::Loss;
 use crate::Result;
 use chrono::{DateTime, Utc};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// What a guard keeps of its lock: enough to release it and to ask whether it is still held.
 pub(crate) trait Hold: Send + Sync {

@@ -140,8 +140,9 @@ pub struct LockInfo {
     pub mode: LockMode,
     /// A semaphore's number of permits (for `"permit"`), else `None`.
     pub permits: Option<u32>,
-    /// `Row` and `Lease` exclusive locks: how many wait for the key in its line (live
-    /// places in `dlock_waiters`); 0 for the other modes.
+    /// `Row` and `Lease` locks (exclusive, readers and permits): how many wait for the key
+    /// in its line (live places in `dlock_waiters`: its exclusive waiters, readers and
+    /// permits); 0 for the other strategies.
     pub waiting: u32,
     /// How long the longest of them has waited (database clock), if any wait.
     pub longest_wait: Option<Duration>,

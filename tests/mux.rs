@@ -334,6 +334,86 @@ fn ten_thousand_on_a_pool_of_eight<C: TestDb + Advisories>(h: &Harness<C>) {
     assert_eq!(in_use(&pool), 0);
 }
 
+/// The first try after the shared session was ended from the server (before anything of
+/// this `Locker` noticed) takes its key on another session: no error where nothing was held
+/// (found by the adversary of the shared sessions).
+fn a_try_after_a_kill_finds_another_session<C: TestDb + Advisories>(h: &Harness<C>) {
+    let pool = common::pool::<C>(&h.url, 2);
+    let l = advisory(&pool);
+    let keys: Vec<String> = (0..5).map(|i| unique_key(&format!("tk{i}"))).collect();
+    let guards: Vec<LockGuard<C>> = keys.iter().map(|k| l.lock(k).unwrap()).collect();
+    let mut conn = h.pool.get().unwrap();
+    let id = conn.holder(&keys[0]).unwrap();
+    conn.kill_session(id);
+    wait_until("the killed session's locks gone", || {
+        conn.holder(&keys[0]).is_none()
+    });
+    for round in 0..3 {
+        let g = l
+            .try_lock(&unique_key(&format!("after{round}")))
+            .unwrap_or_else(|e| panic!("round {round}: {e}"))
+            .expect("free key");
+        g.check().unwrap();
+        g.release().unwrap();
+    }
+    for g in guards {
+        assert!(matches!(g.release(), Err(Error::LockLost { .. })));
+    }
+}
+
+/// A wait whose `Locker`'s pool is full (every connection in another wait) waits for a
+/// connection until its deadline, as before the shared sessions: no pool error after the
+/// second a new shared session may take to open (found by the adversary).
+fn a_wait_on_a_full_pool_waits_for_a_connection<C: TestDb + Advisories>(h: &Harness<C>) {
+    let pool = common::pool::<C>(&h.url, 2);
+    let l = advisory(&pool);
+    let other = advisory(&h.pool);
+    let busy: Vec<String> = (0..2).map(|i| unique_key(&format!("busy{i}"))).collect();
+    let mut held: Vec<_> = busy.iter().map(|k| other.lock(k).unwrap()).collect();
+    let waiters: Vec<_> = busy
+        .iter()
+        .map(|k| {
+            let (l, k) = (l.clone(), k.clone());
+            std::thread::spawn(move || {
+                l.try_lock_for(&k, Duration::from_secs(60))
+                    .map(|g| g.is_some())
+            })
+        })
+        .collect();
+    let mut conn = h.pool.get().unwrap();
+    wait_until("both waiters in the server's queue", || {
+        busy.iter().all(|k| conn.waiting(k)) && in_use(&pool) == 2
+    });
+    let free = unique_key("free");
+    let asked = Instant::now();
+    let wait = {
+        let (l, free) = (l.clone(), free.clone());
+        std::thread::spawn(move || {
+            l.try_lock_for(&free, Duration::from_secs(60))
+                .map(|g| g.map(|g| g.release()))
+        })
+    };
+    // Past the second a try may wait to open a shared session, the wait is still waiting.
+    while asked.elapsed() < Duration::from_millis(2500) {
+        assert!(
+            !wait.is_finished(),
+            "the wait ended at {:?}: {:?}",
+            asked.elapsed(),
+            wait.join()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(held.remove(0)); // a waiter gets its key, releases it: a connection comes back
+    match wait.join().unwrap() {
+        Ok(Some(Ok(()))) => {}
+        other => panic!("expected the free key, got {other:?}"),
+    }
+    drop(held);
+    for w in waiters {
+        assert!(w.join().unwrap().unwrap());
+    }
+}
+
 macro_rules! suite {
     ($module:ident, $harness:expr) => {
         mod $module {
@@ -360,6 +440,18 @@ macro_rules! suite {
             fn a_cancelled_wait_ends_only_itself() {
                 if let Some(h) = $harness {
                     super::a_cancelled_wait_ends_only_itself(&h);
+                }
+            }
+            #[test]
+            fn a_try_after_a_kill_finds_another_session() {
+                if let Some(h) = $harness {
+                    super::a_try_after_a_kill_finds_another_session(&h);
+                }
+            }
+            #[test]
+            fn a_wait_on_a_full_pool_waits_for_a_connection() {
+                if let Some(h) = $harness {
+                    super::a_wait_on_a_full_pool_waits_for_a_connection(&h);
                 }
             }
             #[test]

@@ -187,6 +187,7 @@ pub mod pg {
                 .bind::<Text, _>(key)
                 .bind::<Text, _>(key)
                 .bind::<Text, _>(HOLDER)
+                .bind::<Text, _>(key)
                 .get_result::<One>(c)
                 .expect("lease release")
                 .one as usize

@@ -7,8 +7,10 @@
 //! key's live readers and permits, and its `token` is the key's one token counter. A shared
 //! acquisition is one short transaction that locks the lease row first (PostgreSQL and
 //! MySQL: `SELECT … FOR UPDATE`; SQLite: an IMMEDIATE transaction, its single writer), is
-//! busy while an exclusive lease is live or an exclusive waiter has a live place in the
-//! key's line (`dlock_waiters`: writers do not starve), locks the key's header row in
+//! busy while an exclusive lease is live or an exclusive waiter has a live place ahead in
+//! the key's line (`dlock_waiters`: writers do not starve; a permit also while the live
+//! places ahead of its own, all of them for a newcomer, fill the free permits: first come,
+//! first served), locks the key's header row in
 //! `dlock_shared_keys` (its kind: `permit_count`, 0 for a reader-writer key, N for a semaphore),
 //! counts, inserts its holder row in `dlock_shared_leases` with the next token and raises
 //! `shared_until` to its own expiry. The exclusive acquire takes the lease row only once
@@ -49,6 +51,8 @@ pub struct HolderAsk<'a> {
     /// 0 for a reader-writer key (`Read`), N for a semaphore (`Permit`).
     pub permits: i64,
     pub ttl_us: i64,
+    /// The caller's place in the key's line, or `NO_PLACE` (a newcomer).
+    pub place: i64,
 }
 
 /// What an attempt found.
@@ -157,7 +161,7 @@ pub(crate) struct Header {
 /// `create_header` run inside the transaction that `HolderLocks::holders_acquire` opens, in
 /// this order: the lease row is locked first, by every statement that writes the key's
 /// holders, so that none waits for another in the opposite order.
-pub(crate) trait HolderSteps {
+pub(crate) trait HolderSteps: super::sealed::Lines {
     /// Outside any transaction, committed at once: creates the key's lease row, free, with
     /// the token counter a purge saved for the key (if any), if it has none.
     fn create_lease(&mut self, key: &str) -> QueryResult<()>;
@@ -169,8 +173,6 @@ pub(crate) trait HolderSteps {
     fn lock_lease(&mut self, key: &str) -> QueryResult<Option<bool>>;
     /// Locks the key's header row; `None` if it has none yet.
     fn lock_header(&mut self, key: &str) -> QueryResult<Option<Header>>;
-    /// Whether an exclusive waiter has a live place in the key's line.
-    fn line_busy(&mut self, key: &str) -> QueryResult<bool>;
     /// Deletes the key's expired holders.
     fn expire(&mut self, key: &str) -> QueryResult<()>;
     /// The key's live holders: all of them, and the writers among them (left by versions
@@ -198,21 +200,31 @@ pub(crate) fn decide(
             stored: header.permits,
         }));
     }
-    // An exclusive holder, or an exclusive waiter in line (which new readers and permits
-    // must not overtake for ever), makes the key busy.
-    if exclusive || steps.line_busy(ask.key)? {
+    // An exclusive holder, or an exclusive waiter's place ahead in the key's line (which
+    // new readers and permits must not overtake), makes the key busy. (A newcomer's place is
+    // `NO_PLACE`: every live place is ahead of it.)
+    let line = steps.line_ahead(ask.key, ask.place)?;
+    if exclusive || line.exclusive > 0 {
         return Ok(Some(HolderAnswer::Busy));
     }
     steps.expire(ask.key)?;
     let (total, writers) = steps.count(ask.key)?;
     let free = match ask.mode {
-        HolderMode::Permit => total < ask.permits,
+        // The places ahead (permits waiting, all of them) go first: room for them and this.
+        HolderMode::Permit => total + line.ahead < ask.permits,
+        // Readers ahead do not keep a reader out.
         HolderMode::Read => writers == 0,
     };
     if !free {
         return Ok(Some(HolderAnswer::Busy));
     }
-    Ok(Some(HolderAnswer::Taken(steps.insert(ask)?)))
+    let taken = steps.insert(ask)?;
+    // A waiter's place goes with its acquisition, in the same transaction (on PostgreSQL
+    // this notifies the next live place, which may have room now too).
+    if ask.place != super::NO_PLACE {
+        steps.line_leave(ask.key, ask.place)?;
+    }
+    Ok(Some(HolderAnswer::Taken(taken)))
 }
 
 /// The row each backend's `admin_holders` reads and its conversion to `HolderRow`, written

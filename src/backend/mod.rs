@@ -404,6 +404,8 @@ pub(crate) mod sealed {
         /// Takes a place at the end of `key`'s line, alive for `ttl_us`; returns its number.
         /// `holder`: the holder id the waiter will hold the key under if a release grants it
         /// the key.
+        /// `shared`: the place of a reader or a semaphore permit, which others of its kind
+        /// may be let in past (`line_ahead`); otherwise an exclusive waiter's.
         fn line_join(
             &mut self,
             key: &str,
@@ -411,7 +413,12 @@ pub(crate) mod sealed {
             channel: Option<&str>,
             ttl_us: i64,
             holder: &str,
+            shared: bool,
         ) -> QueryResult<i64>;
+        /// The live places of `key` ahead of place `place` (every live place for
+        /// [`NO_PLACE`](super::NO_PLACE)): how many, and how many of them are exclusive
+        /// waiters'. A read only; inside the caller's transaction if one is open.
+        fn line_ahead(&mut self, key: &str, place: i64) -> QueryResult<LineAhead>;
         /// Keeps place `id` alive for `ttl_us` more and counts the live places ahead of it;
         /// `None` if the place is gone or lapsed (others have been let past it meanwhile:
         /// its waiter joins again, at the end, rather than jump back ahead of them).
@@ -441,6 +448,17 @@ pub(crate) mod sealed {
         pub ahead: i64,
         /// A release granted it the key: its waiter confirms.
         pub granted: bool,
+    }
+
+    /// The places ahead of one, as `Lines::line_ahead` counts them.
+    #[derive(Debug, Clone, Copy, diesel::QueryableByName)]
+    pub struct LineAhead {
+        /// Every live place ahead.
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        pub ahead: i64,
+        /// The exclusive waiters' among them.
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        pub exclusive: i64,
     }
 
     /// One key's line, as `Lines::line_stats` reads it.

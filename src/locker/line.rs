@@ -67,7 +67,8 @@ pub(super) struct Place<'a, C: LockConnection> {
 }
 
 impl<'a, C: LockConnection> Place<'a, C> {
-    /// Takes a place at the end of `key`'s line on `conn`.
+    /// Takes a place at the end of `key`'s line on `conn`; `shared` for a reader's or a
+    /// permit's (`Lines::line_join`: a shared place is never granted the key by a release).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn join(
         conn: &mut C,
@@ -77,11 +78,14 @@ impl<'a, C: LockConnection> Place<'a, C> {
         owner: &str,
         channel: Option<&str>,
         ttl: Duration,
+        shared: bool,
     ) -> crate::Result<Place<'a, C>> {
         let ttl_us = crate::strategy::micros(ttl).unwrap_or(i64::MAX);
         let renewed = Instant::now();
         let holder = crate::random::holder_id();
-        let id = conn.sql().line_join(key, owner, channel, ttl_us, &holder)?;
+        let id = conn
+            .sql()
+            .line_join(key, owner, channel, ttl_us, &holder, shared)?;
         log::trace!("lock {key:?}: waiting in line, place {id}");
         Ok(Place {
             pool,

@@ -191,21 +191,31 @@ impl<C: LockConnection> Locker<C> {
             && self.inner.schema_current.load(Ordering::Relaxed)
             && !cancel.is_some_and(Cancel::is_cancelled)
         {
-            if let Some(attempt) = raw.try_without_connection(key) {
-                if matches!(attempt, Ok(None)) {
-                    self.inner.shared.meter.contended();
+            match raw.try_without_connection(key) {
+                // No shared session could be opened (the pool is full): a wait with time
+                // left goes on below, waiting for a connection of its own until its deadline.
+                Some(Err(Error::Pool(e))) if !matches!(deadline, Deadline::Once) => {
+                    log::debug!(
+                        "lock {key:?}: no shared session to try on ({e}); waiting for a connection"
+                    );
                 }
-                return match attempt {
-                    Err(Error::Pool(e)) => Err(self.pool_error(e)),
-                    Ok(Some(taken)) if cancel.is_some_and(Cancel::is_cancelled) => {
-                        // Cancelled meanwhile: never a lock.
-                        if let Err(e) = taken.hold.release(key) {
-                            log::debug!("lock {key:?}: releasing a lock taken as its wait was cancelled failed ({e})");
-                        }
-                        Ok(None)
+                Some(attempt) => {
+                    if matches!(attempt, Ok(None)) {
+                        self.inner.shared.meter.contended();
                     }
-                    attempt => attempt,
-                };
+                    return match attempt {
+                        Err(Error::Pool(e)) => Err(self.pool_error(e)),
+                        Ok(Some(taken)) if cancel.is_some_and(Cancel::is_cancelled) => {
+                            // Cancelled meanwhile: never a lock.
+                            if let Err(e) = taken.hold.release(key) {
+                                log::debug!("lock {key:?}: releasing a lock taken as its wait was cancelled failed ({e})");
+                            }
+                            Ok(None)
+                        }
+                        attempt => attempt,
+                    };
+                }
+                None => {}
             }
         }
         let Some(mut conn) = self.connection(deadline, cancel)? else {
@@ -293,6 +303,8 @@ impl<C: LockConnection> Locker<C> {
                 }
             }
         }
+        // A reader or a permit may be let in past places ahead of its own (other readers;
+        // as many as there are free permits): its acquisition decides, not the count.
         let joined = match place.as_mut() {
             Some(p) if p.granted() => {
                 // A release handed this place the key: confirm it.
@@ -324,7 +336,7 @@ impl<C: LockConnection> Locker<C> {
                     }
                 };
             }
-            Some(p) if !p.first() => return Ok(None),
+            Some(p) if !p.first() && raw.exclusive() => return Ok(None),
             Some(p) => {
                 if !p.try_due() {
                     return Ok(None);
@@ -342,7 +354,7 @@ impl<C: LockConnection> Locker<C> {
         if taken.is_some() || joined || matches!(deadline, Deadline::Once) {
             if taken.is_some() {
                 if let Some(p) = place.take() {
-                    p.used();
+                    Self::took_with(raw, p);
                 }
             }
             return Ok(taken);
@@ -358,16 +370,27 @@ impl<C: LockConnection> Locker<C> {
             &self.inner.shared.owner,
             self.channel(),
             place_ttl(self.inner.max_backoff),
+            !raw.exclusive(),
         )?;
         conn.place = p.id;
         conn.holder = Some(p.holder.clone());
         let taken = raw.try_acquire(conn, key, true, Wait::No)?;
         if taken.is_some() {
-            p.used();
+            Self::took_with(raw, p);
         } else {
             *place = Some(p);
         }
         Ok(taken)
+    }
+
+    /// An acquisition made with place `p`: removed by the acquisition itself, or given up
+    /// now (`RawLock::removes_place`; dropping it leaves the line).
+    fn took_with(raw: &dyn RawLock<C>, p: Place<'_, C>) {
+        if raw.removes_place() {
+            p.used();
+        } else {
+            drop(p);
+        }
     }
 
     /// Whether a failed attempt of a wait lost the database, and the wait should go on: a

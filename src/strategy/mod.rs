@@ -456,6 +456,15 @@ pub(crate) trait RawLock<C: LockConnection>: Send + Sync + 'static {
     fn give_back(&self, _conn: &mut C, _key: &str, _holder: &str) -> Result<()> {
         Ok(())
     }
+
+    /// For a lock that `lines`: whether its acquisition removes the waiter's place itself
+    /// (in the acquiring statement or transaction: `Row`, `Lease`, `Lease` readers and
+    /// permits, `Advisory` permits). False for `ForUpdate` permits, whose acquisition is
+    /// held in an open transaction: the waiting code gives the place up right after, from
+    /// another pooled connection.
+    fn removes_place(&self) -> bool {
+        true
+    }
 }
 
 /// The kinds of lock beside a strategy's own exclusive one (`Locker::read`, `write`,

@@ -5,7 +5,8 @@
 //! free one locked `FOR UPDATE SKIP LOCKED` in the guard's transaction. `Advisory`: one
 //! advisory lock per slot (PostgreSQL `pg_try_advisory_lock` on the hash of the key and the
 //! slot's number), tried in turn. Neither waits on the server: with every slot taken, the
-//! waiting code pauses and tries again. The number of permits is kept with the key as a
+//! waiter takes a place in the key's line (`locker/line.rs`) and tries again when it is
+//! first there (a newcomer tries only while nobody waits): first come, first served. The number of permits is kept with the key as a
 //! `Lease` semaphore's (`dlock_shared_keys`); each permit's token comes from the strategy's
 //! global source.
 //!
@@ -165,6 +166,15 @@ impl<C: LockConnection> SlotLock<C> {
             let slot = slot_key(key, i);
             match conn.session_sql()?.advisory_lock(&slot, Wait::No) {
                 Ok(Some(a)) => {
+                    // The waiter's place goes at once, on this session (its locks are
+                    // session locks, outside any transaction). Should that fail, the place
+                    // lapses at its expiry.
+                    let place = conn.place;
+                    if place != crate::backend::NO_PLACE {
+                        if let Err(e) = conn.sql().line_leave(key, place) {
+                            log::debug!("lock {key:?}: giving up place {place} in line failed ({e}); it lapses");
+                        }
+                    }
                     return Ok(Some(Taken {
                         hold: Box::new(AdvisorySlotHold {
                             session: Session::new(conn.take()),
@@ -172,7 +182,7 @@ impl<C: LockConnection> SlotLock<C> {
                         }),
                         token: a.token,
                         acquired_at: a.acquired_at,
-                    }))
+                    }));
                 }
                 Ok(None) => {}
                 Err(e) => {
@@ -207,6 +217,14 @@ impl<C: LockConnection> RawLock<C> for SlotLock<C> {
             return Err(no_shared_mode(key));
         }
         self.setup(&mut **conn, key)?;
+        // First come, first served: only the first live place of the key's line tries the
+        // slots, and a newcomer (`NO_PLACE`) only while nobody waits. (A check just before
+        // the try: a place joined after it is not seen, so a newcomer's attempt racing a
+        // waiter's joining may still win; the waiter then tries again at once behind it.)
+        let place = conn.place;
+        if conn.sql().line_ahead(key, place)?.ahead > 0 {
+            return Ok(None);
+        }
         match self.core.kind {
             SlotKind::ForUpdate(flavor) => self.for_update(conn, key, flavor),
             SlotKind::Advisory => self.advisory(conn, key),
@@ -215,6 +233,20 @@ impl<C: LockConnection> RawLock<C> for SlotLock<C> {
 
     fn exclusive(&self) -> bool {
         false
+    }
+
+    /// Permit waiters poll the slots (no wait in the server's queue): they line up in the
+    /// key's line, first come, first served.
+    fn lines(&self) -> bool {
+        true
+    }
+
+    /// `Advisory`: the attempt gives the place up on its own session once it has a slot.
+    /// `ForUpdate`: the slot is held inside the guard's transaction, so the place is given
+    /// up from another pooled connection (with every connection of the pool held, it
+    /// lapses at its expiry instead).
+    fn removes_place(&self) -> bool {
+        matches!(self.core.kind, SlotKind::Advisory)
     }
 }
 

@@ -87,19 +87,6 @@ impl HolderSteps for MysqlConnection {
         .map(|r| r.map(|r| Header { permits: r.one }))
     }
 
-    fn line_busy(&mut self, key: &str) -> QueryResult<bool> {
-        // A plain read at READ COMMITTED: the newest committed places.
-        exists(
-            stmt(
-                "SELECT CAST(1 AS SIGNED) AS one FROM dlock_waiters \
-                 WHERE lock_key = ? AND expires_at > UTC_TIMESTAMP(6) LIMIT 1",
-            )
-            .bind::<Text, _>(key)
-            .get_result::<One>(self)
-            .optional(),
-        )
-    }
-
     fn expire(&mut self, key: &str) -> QueryResult<()> {
         stmt(
             "DELETE FROM dlock_shared_leases \

@@ -1,11 +1,11 @@
 //! MySQL's statements of the line of waiters (`dlock_waiters`). No notifications here:
 //! waiters poll their own place (`line_renew`, an update by primary key and an indexed count).
 
-use crate::backend::sealed::{LineStat, Lines, Spot};
+use crate::backend::sealed::{LineAhead, LineStat, Lines, Spot};
 use crate::backend::shared::Mine;
 use crate::backend::stmt::stmt;
 use diesel::mysql::MysqlConnection;
-use diesel::sql_types::{BigInt, Nullable, Text};
+use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
 #[derive(QueryableByName)]
@@ -24,22 +24,38 @@ impl Lines for MysqlConnection {
         channel: Option<&str>,
         ttl_us: i64,
         holder: &str,
+        shared: bool,
     ) -> QueryResult<i64> {
         // Lapsed places are left to `purge` (and ignored meanwhile): a DELETE by key here
         // would take next-key locks on the key's places and deadlock with other joiners.
         stmt(
-            "INSERT INTO dlock_waiters (lock_key, owner, channel, since, expires_at, holder) \
-             VALUES (?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?)",
+            "INSERT INTO dlock_waiters (lock_key, owner, channel, since, expires_at, holder, shared) \
+             VALUES (?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?, ?)",
         )
         .bind::<Text, _>(key)
         .bind::<Text, _>(owner)
         .bind::<Nullable<Text>, _>(channel)
         .bind::<BigInt, _>(ttl_us)
-        .bind::<Text, _>(holder)
+        .bind::<Nullable<Text>, _>((!shared).then_some(holder))
+        .bind::<Integer, _>(i32::from(shared))
         .execute(self)?;
         stmt("SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS n")
             .get_result::<Count>(self)
             .map(|c| c.n)
+    }
+
+    fn line_ahead(&mut self, key: &str, place: i64) -> QueryResult<LineAhead> {
+        // A consistent (non-locking) read: at READ COMMITTED (the holders' transaction) or
+        // outside a transaction, the newest committed places.
+        stmt(
+            "SELECT CAST(COUNT(*) AS SIGNED) AS ahead, \
+                    CAST(COALESCE(SUM(shared = 0), 0) AS SIGNED) AS exclusive \
+             FROM dlock_waiters \
+             WHERE lock_key = ? AND id < ? AND expires_at > UTC_TIMESTAMP(6)",
+        )
+        .bind::<Text, _>(key)
+        .bind::<BigInt, _>(place)
+        .get_result(self)
     }
 
     fn line_renew(&mut self, key: &str, id: i64, ttl_us: i64) -> QueryResult<Option<Spot>> {

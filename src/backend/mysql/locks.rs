@@ -644,10 +644,13 @@ struct FirstPlace {
 /// `lease_release`'s first step (a consistent read): the first live place of the key's line
 /// waiting for a grant, after place `?` (0 at first). None: the plain release
 /// (`shared::LEASE_RELEASE`).
-pub const LEASE_FIRST_PLACE: &str =
-    "SELECT id, CAST(lock_key AS CHAR) AS lock_key, owner, holder, expires_at FROM dlock_waiters \
-     WHERE lock_key = ? AND id > ? AND expires_at > UTC_TIMESTAMP(6) AND granted_at IS NULL \
-       AND holder IS NOT NULL ORDER BY id LIMIT 1";
+/// Only an exclusive waiter's place is granted: a reader's or a permit's (`shared`, no
+/// holder id) first in line means the plain release (its waiter takes the key).
+pub const LEASE_FIRST_PLACE: &str = "SELECT id, lock_key, owner, holder, expires_at FROM ( \
+       SELECT id, CAST(lock_key AS CHAR) AS lock_key, owner, holder, expires_at FROM dlock_waiters \
+       WHERE lock_key = ? AND id > ? AND expires_at > UTC_TIMESTAMP(6) AND granted_at IS NULL \
+       ORDER BY id LIMIT 1) x \
+     WHERE holder IS NOT NULL";
 
 /// `row_release`'s first step, as `LEASE_FIRST_PLACE`, for the key of row `?`.
 pub const ROW_FIRST_PLACE: &str =

@@ -82,18 +82,6 @@ impl HolderSteps for PgConnection {
             .map(|r| r.map(|r| Header { permits: r.one }))
     }
 
-    fn line_busy(&mut self, key: &str) -> QueryResult<bool> {
-        exists(
-            stmt(
-                "SELECT 1::int8 AS one FROM dlock_waiters \
-                 WHERE lock_key = ? AND expires_at > statement_timestamp() LIMIT 1",
-            )
-            .bind::<Text, _>(key)
-            .get_result::<One>(self)
-            .optional(),
-        )
-    }
-
     fn expire(&mut self, key: &str) -> QueryResult<()> {
         stmt(
             "DELETE FROM dlock_shared_leases \

@@ -1,10 +1,10 @@
 //! PostgreSQL's statements of the line of waiters (`dlock_waiters`).
 
-use crate::backend::sealed::{LineStat, Lines, Spot};
+use crate::backend::sealed::{LineAhead, LineStat, Lines, Spot};
 use crate::backend::shared::Mine;
 use crate::backend::stmt::stmt;
 use diesel::pg::PgConnection;
-use diesel::sql_types::{BigInt, Nullable, Text};
+use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
 #[derive(QueryableByName)]
@@ -32,14 +32,15 @@ impl Lines for PgConnection {
         channel: Option<&str>,
         ttl_us: i64,
         holder: &str,
+        shared: bool,
     ) -> QueryResult<i64> {
         // The key's lapsed places go in the same statement (a dead waiter's place would
         // otherwise stay until a purge; it is ignored meanwhile, as every statement here
         // asks for live places only).
         stmt(
             "WITH gone AS (DELETE FROM dlock_waiters WHERE lock_key = ? AND expires_at <= now()) \
-             INSERT INTO dlock_waiters (lock_key, owner, channel, since, expires_at, holder) \
-             VALUES (?, ?, ?, clock_timestamp(), clock_timestamp() + ? * interval '1 microsecond', ?) \
+             INSERT INTO dlock_waiters (lock_key, owner, channel, since, expires_at, holder, shared) \
+             VALUES (?, ?, ?, clock_timestamp(), clock_timestamp() + ? * interval '1 microsecond', ?, ?) \
              RETURNING id",
         )
         .bind::<Text, _>(key)
@@ -47,9 +48,21 @@ impl Lines for PgConnection {
         .bind::<Text, _>(owner)
         .bind::<Nullable<Text>, _>(channel)
         .bind::<BigInt, _>(ttl_us)
-        .bind::<Text, _>(holder)
+        .bind::<Nullable<Text>, _>((!shared).then_some(holder))
+        .bind::<Integer, _>(i32::from(shared))
         .get_result::<Id>(self)
         .map(|r| r.id)
+    }
+
+    fn line_ahead(&mut self, key: &str, place: i64) -> QueryResult<LineAhead> {
+        stmt(
+            "SELECT count(*) AS ahead, count(*) FILTER (WHERE shared = 0) AS exclusive \
+             FROM dlock_waiters \
+             WHERE lock_key = ? AND id < ? AND expires_at > statement_timestamp()",
+        )
+        .bind::<Text, _>(key)
+        .bind::<BigInt, _>(place)
+        .get_result(self)
     }
 
     fn line_renew(&mut self, key: &str, id: i64, ttl_us: i64) -> QueryResult<Option<Spot>> {

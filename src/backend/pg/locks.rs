@@ -18,16 +18,19 @@ use diesel::{OptionalExtension, QueryResult, RunQueryDsl};
 
 /// The first live place of a key's line not granted yet, locked (`FOR UPDATE`: a waiter
 /// leaving at that moment either deleted it first, and the next place is taken, or waits
-/// for the grant to commit, and gives the key back). `$key`: an expression for the key.
+/// for the grant to commit, and gives the key back), if it is an exclusive waiter's (a
+/// reader's or a permit's place has no holder id: it is never granted, and no place behind
+/// it is). `$key`: an expression for the key.
 macro_rules! first_place {
     ($key:literal) => {
         concat!(
-            "SELECT w.id, w.owner, w.holder, w.expires_at FROM dlock_waiters w \
-           WHERE w.lock_key = ",
+            "SELECT x.id, x.owner, x.holder, x.expires_at FROM ( \
+             SELECT w.id, w.owner, w.holder, w.expires_at FROM dlock_waiters w \
+             WHERE w.lock_key = ",
             $key,
             " AND w.expires_at > now() AND w.granted_at IS NULL \
-             AND w.holder IS NOT NULL \
-           ORDER BY w.id LIMIT 1 FOR UPDATE"
+             ORDER BY w.id LIMIT 1 FOR UPDATE) x \
+           WHERE x.holder IS NOT NULL"
         )
     };
 }
@@ -166,7 +169,9 @@ const LEASE_ACQUIRE_IN_LINE: &str = concat!(
 /// `lease_release`, and the hand-over as `ROW_RELEASE`'s: with a live place waiting, the
 /// lease goes to the first (`u`: its owner and holder id, the next token, the time, and the
 /// place's expiry as the lease's, the deadline to confirm by), which is marked granted and
-/// notified; otherwise it is cleared. The place is locked before the lease's row.
+/// notified; otherwise it is cleared, and a reader's or a permit's place first in line is
+/// notified (`s`: its waiter takes the key itself). The place is locked before the lease's
+/// row.
 pub const LEASE_RELEASE: &str = concat!(
     "WITH w AS MATERIALIZED (", first_place!("?"), "), \
      u AS (UPDATE dlock_leases l SET owner = COALESCE(w.owner, l.owner), holder_id = w.holder, \
@@ -177,8 +182,13 @@ pub const LEASE_RELEASE: &str = concat!(
            WHERE l.lock_key = ? AND l.holder_id = ? RETURNING l.lock_key, w.id AS wid), \
      m AS (UPDATE dlock_waiters SET granted_at = clock_timestamp() FROM u \
            WHERE dlock_waiters.id = u.wid RETURNING dlock_waiters.channel, dlock_waiters.lock_key), \
-     n AS (SELECT pg_notify(channel, lock_key) FROM m WHERE channel IS NOT NULL) \
-     SELECT (SELECT count(*) FROM u) AS one, (SELECT count(*) FROM n) AS woken"
+     n AS (SELECT pg_notify(channel, lock_key) FROM m WHERE channel IS NOT NULL), \
+     s AS (SELECT pg_notify(f.channel, f.lock_key) FROM ( \
+             SELECT channel, lock_key FROM dlock_waiters WHERE lock_key = ? \
+               AND expires_at > now() AND granted_at IS NULL ORDER BY id LIMIT 1) f, u \
+           WHERE f.channel IS NOT NULL AND u.wid IS NULL) \
+     SELECT (SELECT count(*) FROM u) AS one, \
+            (SELECT count(*) FROM n) + (SELECT count(*) FROM s) AS woken"
 );
 
 /// `lease_confirm`: the granted lease, still the holder's and unexpired, runs its own ttl
@@ -370,6 +380,7 @@ impl Locks for PgConnection {
             .bind::<Text, _>(key)
             .bind::<Text, _>(key)
             .bind::<Text, _>(holder)
+            .bind::<Text, _>(key)
             .get_result::<One>(self)
             .map(|r| r.one == 1)
     }

@@ -63,18 +63,6 @@ impl HolderSteps for SqliteConnection {
             .map(|r| r.map(|r| Header { permits: r.one }))
     }
 
-    fn line_busy(&mut self, key: &str) -> QueryResult<bool> {
-        exists(
-            stmt(
-                "SELECT 1 AS one FROM dlock_waiters \
-                 WHERE lock_key = ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') LIMIT 1",
-            )
-            .bind::<Text, _>(key)
-            .get_result::<One>(self)
-            .optional(),
-        )
-    }
-
     fn expire(&mut self, key: &str) -> QueryResult<()> {
         stmt(
             "DELETE FROM dlock_shared_leases \

@@ -1,10 +1,10 @@
 //! SQLite's statements of the line of waiters (`dlock_waiters`). No notifications here:
 //! waiters poll their own place (`line_renew`).
 
-use crate::backend::sealed::{LineStat, Lines, Spot};
+use crate::backend::sealed::{LineAhead, LineStat, Lines, Spot};
 use crate::backend::shared::Mine;
 use crate::backend::stmt::stmt;
-use diesel::sql_types::{BigInt, Nullable, Text};
+use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 use diesel::sqlite::SqliteConnection;
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
@@ -24,22 +24,35 @@ impl Lines for SqliteConnection {
         channel: Option<&str>,
         ttl_us: i64,
         holder: &str,
+        shared: bool,
     ) -> QueryResult<i64> {
         // One write (a second, to delete the key's lapsed places, would queue for the write
         // lock once more: lapsed places are ignored, and `purge` removes them).
         stmt(
-            "INSERT INTO dlock_waiters (lock_key, owner, channel, since, expires_at, holder) \
+            "INSERT INTO dlock_waiters (lock_key, owner, channel, since, expires_at, holder, shared) \
              VALUES (?, ?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now'), \
-                     strftime('%Y-%m-%d %H:%M:%f', 'now', ?), ?) \
+                     strftime('%Y-%m-%d %H:%M:%f', 'now', ?), ?, ?) \
              RETURNING id AS n",
         )
         .bind::<Text, _>(key)
         .bind::<Text, _>(owner)
         .bind::<Nullable<Text>, _>(channel)
         .bind::<Text, _>(seconds('+', ttl_us))
-        .bind::<Text, _>(holder)
+        .bind::<Nullable<Text>, _>((!shared).then_some(holder))
+        .bind::<Integer, _>(i32::from(shared))
         .get_result::<Count>(self)
         .map(|c| c.n)
+    }
+
+    fn line_ahead(&mut self, key: &str, place: i64) -> QueryResult<LineAhead> {
+        stmt(
+            "SELECT COUNT(*) AS ahead, COALESCE(SUM(shared = 0), 0) AS exclusive \
+             FROM dlock_waiters WHERE lock_key = ? AND id < ? \
+               AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')",
+        )
+        .bind::<Text, _>(key)
+        .bind::<BigInt, _>(place)
+        .get_result(self)
     }
 
     fn line_renew(&mut self, key: &str, id: i64, ttl_us: i64) -> QueryResult<Option<Spot>> {

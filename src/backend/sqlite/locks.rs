@@ -459,10 +459,13 @@ fn first_place(conn: &mut SqliteConnection, key: &str) -> QueryResult<Option<Fir
 }
 
 /// The first live place of a key's line that no release has granted the key yet.
-const FIRST_PLACE: &str =
-    "SELECT id, lock_key, owner, holder, expires_at, channel FROM dlock_waiters \
-     WHERE lock_key = ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
-       AND granted_at IS NULL AND holder IS NOT NULL ORDER BY id LIMIT 1";
+/// Only an exclusive waiter's place is granted: a reader's or a permit's (`shared`, no holder
+/// id) first in line means no grant (the key is freed and its waiter takes it).
+const FIRST_PLACE: &str = "SELECT id, lock_key, owner, holder, expires_at, channel FROM ( \
+       SELECT id, lock_key, owner, holder, expires_at, channel FROM dlock_waiters \
+       WHERE lock_key = ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
+         AND granted_at IS NULL ORDER BY id LIMIT 1) \
+     WHERE holder IS NOT NULL";
 
 /// Marks place `id` granted (inside the release's transaction).
 fn grant(conn: &mut SqliteConnection, id: i64) -> QueryResult<()> {

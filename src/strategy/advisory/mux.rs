@@ -322,6 +322,10 @@ impl<C: LockConnection> MuxSession<C> {
                 // Gone, or perhaps holding the key for nobody: closed, every lock on it lost.
                 log::warn!("lock {key:?}: a shared session failed ({e}); it is closed, and every lock on it lost");
                 self.lose(inner);
+                if crate::error::is_connection_lost(&e) {
+                    // The try itself took nothing: another session (or a new one) is asked.
+                    return Err(None);
+                }
                 Err(Some(e))
             }
         }

@@ -4,9 +4,11 @@
 //! writer is the `Locker`'s exclusive lease (`LeaseLock`), which excludes them and which
 //! they exclude.
 //!
-//! Writers do not starve: a waiting exclusive lock has a place in the key's line
-//! (`locker/line.rs`), and while a live place is there no new reader or permit gets in. So
-//! a writer waits at most for the readers holding the key when it took its place.
+//! Everyone waits in the key's line (`locker/line.rs`), in one order: a waiting exclusive
+//! lock, reader or permit has a place there. No reader or permit gets in past an exclusive
+//! waiter's place (so a writer waits at most for the readers holding the key when it took
+//! its place), and a permit only while the free permits outnumber the places ahead of it
+//! (a releaser asking again goes behind those who waited: first come, first served).
 
 use super::heartbeat::Heartbeat;
 use super::{LeaseHold, Rows};
@@ -60,7 +62,7 @@ pub(crate) struct HolderLock<C: LockConnection> {
 }
 
 impl<C: LockConnection> HolderLock<C> {
-    fn attempt(&self, conn: &mut C, key: &str) -> Result<Option<Taken>> {
+    fn attempt(&self, conn: &mut C, key: &str, place: i64) -> Result<Option<Taken>> {
         let core = &*self.core;
         let holder = crate::random::holder_id();
         let ask = HolderAsk {
@@ -70,6 +72,7 @@ impl<C: LockConnection> HolderLock<C> {
             mode: self.mode,
             permits: i64::from(self.permits),
             ttl_us: core.ttl_us,
+            place,
         };
         let sent = Instant::now();
         match conn.sql().holders_acquire(&ask)? {
@@ -105,11 +108,17 @@ impl<C: LockConnection> RawLock<C> for HolderLock<C> {
         _retry: bool,
         _wait: Wait,
     ) -> Result<Option<Taken>> {
-        let attempt = self.attempt(conn, key);
+        let place = conn.place;
+        let attempt = self.attempt(conn, key, place);
         contention_is_busy(&mut **conn, key, attempt)
     }
 
     fn exclusive(&self) -> bool {
         false
+    }
+
+    /// Readers and permits wait in the key's line with the exclusive waiters, in one order.
+    fn lines(&self) -> bool {
+        true
     }
 }

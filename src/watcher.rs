@@ -171,6 +171,10 @@ struct Watching {
     entries: HashMap<usize, Entry>,
     heap: BinaryHeap<Reverse<(Instant, usize)>>,
     probes: usize,
+    /// Entries due for a probe while `MAX_PROBES` were under way, in the order they fell
+    /// due: each is probed as a probe ends, before anything due later (so no entry is put
+    /// off again and again behind others that fell due at the same instant).
+    put_off: VecDeque<usize>,
     runners: Arc<Runners>,
     tx: Sender<Msg>,
     watched: Arc<AtomicUsize>,
@@ -182,6 +186,7 @@ impl Watching {
             entries: HashMap::new(),
             heap: BinaryHeap::new(),
             probes: 0,
+            put_off: VecDeque::new(),
             runners: Arc::default(),
             tx,
             watched,
@@ -222,6 +227,7 @@ impl Watching {
                     if let Some(e) = self.entries.get_mut(&id) {
                         e.probing = false;
                     }
+                    self.probe_put_off(Instant::now());
                 }
                 Msg::Close => break,
             }
@@ -290,11 +296,38 @@ impl Watching {
                     self.probe(id, &mut entry);
                 } else {
                     log::debug!(
-                        "lock {:?}: {MAX_PROBES} probes under way; this one put off",
+                        "lock {:?}: {MAX_PROBES} probes under way; this one waits its turn",
                         entry.key
                     );
+                    // Not in the heap until probed: scheduled from its probe.
+                    entry.at = None;
+                    self.put_off.push_back(id);
+                    self.entries.insert(id, entry);
+                    continue;
                 }
             }
+            self.schedule(id, &mut entry, now);
+            self.entries.insert(id, entry);
+        }
+    }
+
+    /// Probes the entries put off, in turn, while fewer than `MAX_PROBES` are under way.
+    fn probe_put_off(&mut self, now: Instant) {
+        while self.probes < MAX_PROBES {
+            let Some(id) = self.put_off.pop_front() else {
+                return;
+            };
+            let Some(mut entry) = self.entries.remove(&id) else {
+                continue; // unwatched meanwhile
+            };
+            if entry.at.is_some() || entry.probing {
+                self.entries.insert(id, entry); // rescheduled meanwhile (watched anew)
+                continue;
+            }
+            if entry.loss.status() != LockStatus::Held {
+                continue; // lost (told) or released: out of the set
+            }
+            self.probe(id, &mut entry);
             self.schedule(id, &mut entry, now);
             self.entries.insert(id, entry);
         }

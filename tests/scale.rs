@@ -127,6 +127,43 @@ fn each_of_many_guards_is_told<C: TestDb>(h: &Harness<C>) {
     }
 }
 
+/// 200 watched `Row` guards (probed every second), a tenth of them released by force while the
+/// others stay held: each forced one is told within a few probe rounds, none of the others.
+/// (With more guards due at once than probes allowed at once, the watcher once put the same
+/// ones off round after round and never told them: found by the adversary.)
+fn some_of_many_probed_guards_are_told<C: TestDb>(h: &Harness<C>) {
+    let locker = h.locker(Strategy::Row { stale_after: None });
+    let keys: Vec<String> = (0..200).map(|i| unique_key(&format!("some-{i}"))).collect();
+    let guards: Vec<_> = keys.iter().map(|k| locker.lock(k).unwrap()).collect();
+    let (tx, rx) = mpsc::channel();
+    for (i, g) in guards.iter().enumerate() {
+        let tx = tx.clone();
+        g.on_lost(move || tx.send(i).unwrap());
+    }
+    // Two probe rounds first, so that all 200 fall due together.
+    assert!(rx.recv_timeout(Duration::from_secs(2)).is_err());
+    let forced: std::collections::HashSet<usize> = (0..200).step_by(10).map(|i| i + 7).collect();
+    let mut conn = h.pool.get().unwrap();
+    for &i in &forced {
+        assert_eq!(admin::force_release(&mut *conn, &keys[i]).unwrap().len(), 1);
+    }
+    let mut told = std::collections::HashSet::new();
+    while told.len() < forced.len() {
+        let i = rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| {
+                panic!("only {} of {} forced guards told", told.len(), forced.len())
+            });
+        assert!(forced.contains(&i), "guard {i} told, not forced");
+        assert!(told.insert(i), "told twice: {i}");
+    }
+    for (i, g) in guards.iter().enumerate() {
+        if !forced.contains(&i) {
+            g.check().unwrap();
+        }
+    }
+}
+
 /// 10³ leases of one `Locker`: renewed in batches (at most 2 statements per interval here,
 /// plus one per key renewed alone); one of them taken over by force is told within one
 /// interval (two if that renewal met contention, as `loss.rs` allows).
@@ -225,6 +262,13 @@ macro_rules! suite {
             fn each_of_many_guards_is_told() {
                 if let Some(h) = $harness {
                     super::each_of_many_guards_is_told(&h);
+                }
+            }
+
+            #[test]
+            fn some_of_many_probed_guards_are_told() {
+                if let Some(h) = $harness {
+                    super::some_of_many_probed_guards_are_told(&h);
                 }
             }
 

@@ -358,7 +358,15 @@ impl EndSession for MysqlConnection {
             .map(|r| r.id)
     }
 
-    fn end_session(&mut self, id: i64) -> QueryResult<bool> {
+    fn session_exists(&mut self, id: i64) -> QueryResult<bool> {
+        // A user sees its own sessions without the PROCESS privilege.
+        stmt("SELECT CAST(COUNT(*) AS SIGNED) AS id FROM information_schema.PROCESSLIST WHERE ID = ?")
+            .bind::<BigInt, _>(id)
+            .get_result::<SessionId>(self)
+            .map(|r| r.id > 0)
+    }
+
+    fn kill_session(&mut self, id: i64) -> QueryResult<bool> {
         match stmt("KILL CONNECTION ?")
             .bind::<BigInt, _>(id)
             .execute(self)

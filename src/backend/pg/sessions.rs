@@ -394,6 +394,12 @@ struct SessionId {
     id: i64,
 }
 
+#[derive(QueryableByName)]
+struct Yes {
+    #[diesel(sql_type = Bool)]
+    yes: bool,
+}
+
 impl EndSession for PgConnection {
     fn session_id(&mut self) -> QueryResult<i64> {
         stmt("SELECT pg_backend_pid()::bigint AS id")
@@ -401,16 +407,18 @@ impl EndSession for PgConnection {
             .map(|r| r.id)
     }
 
-    fn end_session(&mut self, id: i64) -> QueryResult<bool> {
-        #[derive(QueryableByName)]
-        struct Ended {
-            #[diesel(sql_type = Bool)]
-            ended: bool,
-        }
-        stmt("SELECT pg_terminate_backend(CAST(? AS integer)) AS ended")
+    fn kill_session(&mut self, id: i64) -> QueryResult<bool> {
+        stmt("SELECT pg_terminate_backend(CAST(? AS integer)) AS yes")
             .bind::<BigInt, _>(id)
-            .get_result::<Ended>(self)
-            .map(|r| r.ended)
+            .get_result::<Yes>(self)
+            .map(|r| r.yes)
+    }
+
+    fn session_exists(&mut self, id: i64) -> QueryResult<bool> {
+        stmt("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = CAST(? AS integer)) AS yes")
+            .bind::<BigInt, _>(id)
+            .get_result::<Yes>(self)
+            .map(|r| r.yes)
     }
 }
 

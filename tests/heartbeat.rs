@@ -96,14 +96,28 @@ fn a_lease_that_cannot_be_renewed_is_lost_after_its_ttl() {
 
     let _one_at_a_time = THREADS.lock().unwrap_or_else(|p| p.into_inner());
     let dir = tempfile::tempdir().unwrap();
+    // No connection opened by `build` (within the 100 ms below: a loaded machine's SQLite
+    // open can take longer); each is opened by a `get` that may try again.
     let pool = Pool::builder()
         .max_size(2)
+        .min_idle(Some(0))
         .connection_timeout(Duration::from_millis(100))
         .connection_customizer(Box::new(diesel_lock::SqliteTuning::default()))
         .build(ConnectionManager::<diesel::SqliteConnection>::new(
             dir.path().join("l.db").to_str().unwrap(),
         ))
         .unwrap();
+    let get = || {
+        let t0 = Instant::now();
+        loop {
+            match pool.get() {
+                Ok(c) => break c,
+                Err(e) => assert!(t0.elapsed() < Duration::from_secs(10), "{e}"),
+            }
+        }
+    };
+    // Both opened before anything needs one within 100 ms, and kept idle in the pool.
+    drop((get(), get()));
     let ttl = Duration::from_millis(600);
     let l = Locker::builder(pool.clone())
         .strategy(Strategy::Lease { ttl })
@@ -112,7 +126,7 @@ fn a_lease_that_cannot_be_renewed_is_lost_after_its_ttl() {
     l.migrate().unwrap();
     let g = l.lock("cut-off").unwrap();
     let start = Instant::now();
-    let taken = (pool.get().unwrap(), pool.get().unwrap());
+    let taken = (get(), get());
     let lost_at = loop {
         match g.check() {
             Err(Error::LockLost { .. }) => break start.elapsed(),

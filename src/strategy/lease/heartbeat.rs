@@ -383,8 +383,9 @@ impl<C: LockConnection> Worker<C> {
                 return None;
             }
             // Due renewals of healthy leases first, in batches if the rows have a batch
-            // statement (with them every healthy lease due within a quarter interval, so
-            // that leases taken at different times come to be renewed together), then
+            // statement (with them every other healthy lease, due within the interval: so
+            // leases taken at different times are renewed together from their first
+            // round on, one round per interval), then
             // failing ones one by one; else wait for the earliest.
             if let Some(batch) = self.renew_many.and_then(|_| self.batch(&mut st, now)) {
                 return Some(self.take(st, Work::Batch(batch)));
@@ -414,9 +415,12 @@ impl<C: LockConnection> Worker<C> {
     }
 
     /// Up to `MAX_BATCH` healthy leases to renew together, if one of them is due: the due
-    /// ones first, then those due within a quarter interval.
+    /// ones first, then those due within an interval (every healthy lease not being
+    /// renewed). A window any shorter keeps leases taken at different times in groups
+    /// that each need a statement of their own per interval (a window of a quarter
+    /// interval: up to four, merging only by chance).
     fn batch(&self, st: &mut State, now: Instant) -> Option<Vec<Due>> {
-        let soon = now + self.interval / 4;
+        let soon = now + self.interval;
         let mut ready: Vec<(Instant, u64)> = st
             .entries
             .iter()

@@ -315,3 +315,61 @@ fn mysql_permit_stopped_inside_acquire() {
         stopped_inside_acquire("mysql", &h, "permit");
     }
 }
+
+/// SQLite: the stopped child holds the database's one write lock, which no server can take
+/// from it: every writer of the database (every key's renewals and acquisitions) waits
+/// until it is continued or dies. What holds: a newcomer's wait still ends, its last attempt
+/// waiting at most `busy_timeout` (5 s, `SqliteTuning`) past its deadline; and the continued
+/// child takes nothing while the parent's holders hold.
+#[test]
+fn sqlite_stop_is_bounded_by_busy_timeout() {
+    const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+    let h = common::sqlite().unwrap();
+    for mode in ["read", "permit"] {
+        let key = unique_key(&format!("stopped-{mode}"));
+        let locker = h.locker(lease());
+        let held = holders(&locker, &key, mode);
+        let mut kid = Kid::spawn("sqlite", &h.url, TTL.as_millis() as u64, &key, mode);
+        kid.expect("STOPPING");
+        wait_stopped(&kid);
+        let mut conn = h.pool.get().unwrap();
+        assert!(
+            !conn.lease_row_free(&key),
+            "sqlite: the stopped child does not hold the write lock: the test proves nothing"
+        );
+        drop(conn);
+        let bound = WAIT + BUSY_TIMEOUT + SLACK;
+        let seen = newcomers(&h, &key, mode, &kid, bound + SLACK);
+        for (what, (got, took)) in [("shared", seen.shared), ("exclusive", seen.exclusive)] {
+            eprintln!(
+                "sqlite {mode}: the {what} newcomer waiting {WAIT:?} returned after {took:?}"
+            );
+            assert!(
+                !got,
+                "sqlite: the {what} newcomer got the key beside its holders"
+            );
+            assert!(
+                took <= bound,
+                "sqlite: the {what} newcomer waiting {WAIT:?} returned after {took:?} (> {bound:?})"
+            );
+        }
+        kill(Pid::from_raw(kid.pid()), Signal::SIGCONT).unwrap();
+        let result = kid.expect("RESULT");
+        // The stop may have outlasted the holders' leases (their renewals waited for the
+        // write lock too): a taken result is a second holder only while theirs still hold.
+        let holding = held.iter().filter(|g| g.check().is_ok()).count();
+        eprintln!(
+            "sqlite {mode}: the continued child: {result:?}; holders still holding: {holding}"
+        );
+        if result.starts_with("RESULT taken") {
+            let room = if mode == "read" { 0 } else { N as usize - 1 };
+            assert!(
+                holding <= room,
+                "sqlite: the continued child took the key beside {holding} live holders"
+            );
+        }
+        for g in held {
+            let _ = g.release();
+        }
+    }
+}

@@ -38,9 +38,10 @@ use std::time::Duration;
 /// the server ends it (whole seconds on MariaDB).
 pub(crate) const STALL_CAP: Duration = Duration::from_secs(2);
 
-/// The shortest idle bound, whatever the ttl: a busy client may pause this long between
-/// two statements without losing its session.
-const STALL_FLOOR: Duration = Duration::from_millis(100);
+/// The shortest idle bound, whatever the ttl: a client on a loaded machine may pause this
+/// long between two statements without losing its session (whole seconds, at least 1, on
+/// MariaDB). The holders' renewals outlast it with a ttl of about a second or more.
+const STALL_FLOOR: Duration = Duration::from_millis(500);
 
 /// How long one acquisition waits for a row lock of the key before it counts as busy (whole
 /// seconds on MariaDB, where 1 is the least). A newcomer queued behind a stopped
@@ -323,3 +324,27 @@ macro_rules! holder_row {
     };
 }
 pub(crate) use holder_row;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stall_bound_is_a_quarter_of_the_ttl_between_its_floor_and_cap() {
+        let us = |d: Duration| i64::try_from(d.as_micros()).unwrap();
+        assert_eq!(
+            stall_bound(us(Duration::from_secs(4))),
+            Duration::from_secs(1)
+        );
+        assert_eq!(stall_bound(us(Duration::from_secs(8))), STALL_CAP);
+        assert_eq!(stall_bound(us(Duration::from_secs(3600))), STALL_CAP);
+        assert_eq!(stall_bound(us(Duration::from_millis(10))), STALL_FLOOR);
+        assert_eq!(stall_bound(0), STALL_FLOOR);
+        assert_eq!(stall_bound(-1), STALL_FLOOR);
+        // Below what the holders' renewals (every third of the ttl) can wait out.
+        for ttl in [2, 3, 8, 30, 600] {
+            let ttl = Duration::from_secs(ttl);
+            assert!(stall_bound(us(ttl)) < ttl / 2, "{ttl:?}");
+        }
+    }
+}

@@ -116,7 +116,9 @@ fn with_lock_wait_timeout<T>(
 /// Whole seconds, rounded up, at least 1 (what `innodb_lock_wait_timeout` and MariaDB's
 /// `idle_transaction_timeout` take; 0 would mean no limit).
 fn whole_seconds(d: std::time::Duration) -> i64 {
-    (d.as_secs() + u64::from(d.subsec_nanos() > 0)).clamp(1, 100_000_000) as i64
+    d.as_secs()
+        .saturating_add(u64::from(d.subsec_nanos() > 0))
+        .clamp(1, 100_000_000) as i64
 }
 
 /// Runs `f`, which opens and ends one transaction, with that transaction bounded on the
@@ -252,6 +254,16 @@ impl Sealed for MysqlConnection {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn whole_seconds_round_up_within_what_the_server_takes() {
+        use std::time::Duration;
+        assert_eq!(super::whole_seconds(Duration::ZERO), 1);
+        assert_eq!(super::whole_seconds(Duration::from_millis(500)), 1);
+        assert_eq!(super::whole_seconds(Duration::from_millis(1500)), 2);
+        assert_eq!(super::whole_seconds(Duration::from_secs(2)), 2);
+        assert_eq!(super::whole_seconds(Duration::MAX), 100_000_000);
+    }
+
     use super::*;
     use diesel::result::{DatabaseErrorKind, Error as E};
 

@@ -36,21 +36,25 @@ use std::time::Duration;
 
 /// The longest any transaction of the holders may sit idle between its statements before
 /// the server ends it (whole seconds on MariaDB).
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
 pub(crate) const STALL_CAP: Duration = Duration::from_secs(2);
 
 /// The shortest idle bound, whatever the ttl: a client on a loaded machine may pause this
 /// long between two statements without losing its session (whole seconds, at least 1, on
 /// MariaDB). The holders' renewals outlast it with a ttl of about a second or more.
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
 const STALL_FLOOR: Duration = Duration::from_millis(500);
 
 /// How long one acquisition waits for a row lock of the key before it counts as busy (whole
 /// seconds on MariaDB, where 1 is the least). A newcomer queued behind a stopped
 /// transaction thus returns to its waiting loop, which keeps its own deadline.
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
 pub(crate) const ROW_WAIT: Duration = Duration::from_secs(1);
 
 /// How long an acquiring transaction of a lease of `ttl_us` may sit idle: a quarter of the
 /// ttl (the holders' renewals, every third of theirs, then still have most of their lease
 /// to get through), between `STALL_FLOOR` and `STALL_CAP`.
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
 pub(crate) fn stall_bound(ttl_us: i64) -> Duration {
     Duration::from_micros(u64::try_from(ttl_us).unwrap_or(0) / 4).clamp(STALL_FLOOR, STALL_CAP)
 }

@@ -9,26 +9,58 @@ use std::sync::{Arc, Mutex, OnceLock};
 /// What a hook runs: called on the thread that reached the instant.
 pub type Hook = Arc<dyn Fn() + Send + Sync>;
 
-fn hooks() -> &'static Mutex<HashMap<String, Hook>> {
-    static HOOKS: OnceLock<Mutex<HashMap<String, Hook>>> = OnceLock::new();
+/// The instants a hook can be set at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum At {
+    BeforeLeave,
+    InHoldersAcquire,
+}
+
+fn hooks() -> &'static Mutex<HashMap<(At, String), Hook>> {
+    static HOOKS: OnceLock<Mutex<HashMap<(At, String), Hook>>> = OnceLock::new();
     HOOKS.get_or_init(Default::default)
+}
+
+fn run(at: At, key: &str) {
+    let hook = hooks()
+        .lock()
+        .unpoisoned()
+        .get(&(at, key.to_owned()))
+        .cloned();
+    if let Some(hook) = hook {
+        hook();
+    }
 }
 
 /// Runs `hook` whenever a waiter for `key` is about to give up its place in the key's
 /// line (its wait ended without the lock: deadline, cancel, error, panic), before the
 /// removal: the instant where a release may be granting it the key.
 pub fn set_before_leave(key: &str, hook: Hook) {
-    hooks().lock().unpoisoned().insert(key.to_owned(), hook);
+    hooks()
+        .lock()
+        .unpoisoned()
+        .insert((At::BeforeLeave, key.to_owned()), hook);
 }
 
-/// Removes the hook of `key`.
+/// Runs `hook` inside the acquiring transaction of a `Lease` reader or permit of `key`, once
+/// it holds the key's lease and header rows locked, before it decides: the instant where a
+/// stopped client would hold up every renewal and acquisition of the key.
+pub fn set_in_holders_acquire(key: &str, hook: Hook) {
+    hooks()
+        .lock()
+        .unpoisoned()
+        .insert((At::InHoldersAcquire, key.to_owned()), hook);
+}
+
+/// Removes the hooks of `key`.
 pub fn clear(key: &str) {
-    hooks().lock().unpoisoned().remove(key);
+    hooks().lock().unpoisoned().retain(|(_, k), _| k != key);
 }
 
 pub(crate) fn before_leave(key: &str) {
-    let hook = hooks().lock().unpoisoned().get(key).cloned();
-    if let Some(hook) = hook {
-        hook();
-    }
+    run(At::BeforeLeave, key);
+}
+
+pub(crate) fn in_holders_acquire(key: &str) {
+    run(At::InHoldersAcquire, key);
 }

@@ -18,9 +18,46 @@
 //! after any wait for the row's lock. Renewals raise `shared_until` in the same statement
 //! or transaction; a release deletes its holder row and, with the lease row locked (so it
 //! sees every committed holder), lowers `shared_until` to the latest expiry of the others.
+//!
+//! The acquiring transaction holds the lease row and the header locked for a few statements,
+//! and so would hold every renewal, release and acquisition of the key for as long as its
+//! client stops between two of them (a process stopped by SIGSTOP or a debugger, a hung
+//! thread, a network partition). The server bounds it: the transaction may sit idle at most
+//! `stall_bound` (a quarter of the lease ttl, at most `STALL_CAP`), after which the server
+//! ends the session and its locks go (PostgreSQL `idle_in_transaction_session_timeout`,
+//! MariaDB `idle_transaction_timeout`), well before the holders' renewals, retried every
+//! heartbeat, give up; and it waits for a row lock at most `ROW_WAIT` (`lock_timeout`,
+//! `innodb_lock_wait_timeout`: busy, and the waiting loop goes on to its deadline). A
+//! release's transaction is bounded the same way (`STALL_CAP`).
 
 use super::Acquired;
 use diesel::QueryResult;
+use std::time::Duration;
+
+/// The longest any transaction of the holders may sit idle between its statements before
+/// the server ends it (whole seconds on MariaDB).
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+pub(crate) const STALL_CAP: Duration = Duration::from_secs(2);
+
+/// The shortest idle bound, whatever the ttl: a client on a loaded machine may pause this
+/// long between two statements without losing its session (whole seconds, at least 1, on
+/// MariaDB). The holders' renewals outlast it with a ttl of about a second or more.
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+const STALL_FLOOR: Duration = Duration::from_millis(500);
+
+/// How long one acquisition waits for a row lock of the key before it counts as busy (whole
+/// seconds on MariaDB, where 1 is the least). A newcomer queued behind a stopped
+/// transaction thus returns to its waiting loop, which keeps its own deadline.
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+pub(crate) const ROW_WAIT: Duration = Duration::from_secs(1);
+
+/// How long an acquiring transaction of a lease of `ttl_us` may sit idle: a quarter of the
+/// ttl (the holders' renewals, every third of theirs, then still have most of their lease
+/// to get through), between `STALL_FLOOR` and `STALL_CAP`.
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+pub(crate) fn stall_bound(ttl_us: i64) -> Duration {
+    Duration::from_micros(u64::try_from(ttl_us).unwrap_or(0) / 4).clamp(STALL_FLOOR, STALL_CAP)
+}
 
 /// A holder's mode, as stored in `dlock_shared_leases.mode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -195,6 +232,8 @@ pub(crate) fn decide(
     let Some(header) = steps.lock_header(ask.key)? else {
         return Ok(None);
     };
+    #[cfg(feature = "test-hooks")]
+    crate::hooks::in_holders_acquire(ask.key);
     if header.permits != ask.permits {
         return Ok(Some(HolderAnswer::Mismatch {
             stored: header.permits,
@@ -289,3 +328,27 @@ macro_rules! holder_row {
     };
 }
 pub(crate) use holder_row;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stall_bound_is_a_quarter_of_the_ttl_between_its_floor_and_cap() {
+        let us = |d: Duration| i64::try_from(d.as_micros()).unwrap();
+        assert_eq!(
+            stall_bound(us(Duration::from_secs(4))),
+            Duration::from_secs(1)
+        );
+        assert_eq!(stall_bound(us(Duration::from_secs(8))), STALL_CAP);
+        assert_eq!(stall_bound(us(Duration::from_secs(3600))), STALL_CAP);
+        assert_eq!(stall_bound(us(Duration::from_millis(10))), STALL_FLOOR);
+        assert_eq!(stall_bound(0), STALL_FLOOR);
+        assert_eq!(stall_bound(-1), STALL_FLOOR);
+        // Below what the holders' renewals (every third of the ttl) can wait out.
+        for ttl in [2, 3, 8, 30, 600] {
+            let ttl = Duration::from_secs(ttl);
+            assert!(stall_bound(us(ttl)) < ttl / 2, "{ttl:?}");
+        }
+    }
+}

@@ -138,6 +138,12 @@ pub enum Strategy {
     /// permit only while no exclusive lease is live and no exclusive waiter is in the key's
     /// line. Migration 12 made it so; older builds' lease statements fail on tables it
     /// migrated (`MissingTable`), so upgrade every process sharing the tables together.
+    /// A reader's or permit's acquisition is a short transaction holding the key's rows
+    /// locked: the server ends it, and its session, once it has sat idle for a quarter of the
+    /// ttl (at most 2 s; PostgreSQL and MariaDB, not MySQL proper, which has no such
+    /// timeout), so that a client stopped inside it cannot stall the key's holders; each
+    /// wait for those rows lasts at most 1 s (then busy, and the wait goes on to its
+    /// deadline). See the guide, "Shared locks".
     ///
     /// The guard also keeps a deadline of its own, so that it says "lost" before any other
     /// client can take the key even when the database cannot be reached (a partition, where

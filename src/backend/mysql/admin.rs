@@ -78,7 +78,10 @@ impl Admin for MysqlConnection {
     }
 
     fn admin_force_release(&mut self, key: &str) -> QueryResult<Vec<LockInfo>> {
-        self.transaction(|c| force_release_in(c, key))
+        // Bounded as the holders' transactions are: a stopped admin must not stall the key.
+        super::with_transaction_bounds(self, crate::backend::holders::STALL_CAP, None, |c| {
+            c.transaction(|c| force_release_in(c, key))
+        })
     }
 
     fn purge_stale_rows(&mut self) -> QueryResult<usize> {

@@ -5,7 +5,7 @@
 //! not deadlock over the gap between their holder rows. Counting is a locking read too
 //! (`FOR UPDATE`), which sees the newest committed rows, not the transaction's snapshot.
 
-use super::{with_lock_wait_timeout, AcquiredRow};
+use super::{with_lock_wait_timeout, with_transaction_bounds, AcquiredRow};
 use crate::backend::holders::HolderSteps;
 use crate::backend::holders::{self, Header, HolderAnswer, HolderAsk, HolderLocks, HolderRow};
 use crate::backend::shared::{exists, One};
@@ -160,9 +160,12 @@ impl HolderLocks for MysqlConnection {
     }
 
     fn holders_acquire(&mut self, ask: &HolderAsk<'_>) -> QueryResult<HolderAnswer> {
+        let idle = holders::stall_bound(ask.ttl_us);
         holders::acquire_with(self, ask, |c, ask| {
-            read_committed(c)?;
-            c.transaction(|c| holders::decide(c, ask))
+            with_transaction_bounds(c, idle, Some(holders::ROW_WAIT), |c| {
+                read_committed(c)?;
+                c.transaction(|c| holders::decide(c, ask))
+            })
         })
     }
 
@@ -214,8 +217,9 @@ impl HolderLocks for MysqlConnection {
     fn holders_release(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
         // The lease row first: with it locked no holder of the key is added or renewed, and
         // at READ COMMITTED the subquery reads the newest committed holders.
-        read_committed(self)?;
-        self.transaction(|c| {
+        with_transaction_bounds(self, holders::STALL_CAP, None, |c| {
+            read_committed(c)?;
+            c.transaction(|c| {
             stmt("SELECT CAST(1 AS SIGNED) AS one FROM dlock_leases WHERE lock_key = ? FOR UPDATE")
                 .bind::<Text, _>(key)
                 .get_result::<One>(c)
@@ -236,6 +240,7 @@ impl HolderLocks for MysqlConnection {
                 .execute(c)?;
             }
             Ok(gone == 1)
+        })
         })
     }
 

@@ -2,7 +2,8 @@
 // Its statements' texts are `pub` for `__bench_sql` (feature `bench-sql`) only.
 #![cfg_attr(not(feature = "bench-sql"), allow(unreachable_pub))]
 
-use super::with_lock_wait_timeout;
+use super::{with_lock_wait_timeout, with_transaction_bounds};
+use crate::backend::holders::STALL_CAP;
 use crate::backend::sealed::Locks;
 use crate::backend::shared;
 use crate::backend::shared::{exists, KeyHolder, One};
@@ -242,7 +243,11 @@ impl Locks for MysqlConnection {
             // The hand-over, in one transaction, locking the key's counter, then its row,
             // then the place (the acquisitions lock the counter, then insert the row; a
             // place's own statements lock the place only).
-            match self.transaction(|c| grant_row(c, id, holder, &w)) {
+            // Bounded on the server: a releaser stopped inside must not stall the key.
+            let granted = with_transaction_bounds(self, STALL_CAP, None, |c| {
+                Ok(c.transaction(|c| grant_row(c, id, holder, &w)))
+            })?;
+            match granted {
                 Ok(granted) => return Ok(granted),
                 Err(Passed::Gone) => after = w.id,
                 Err(Passed::Failed(e)) => return Err(e),
@@ -271,7 +276,10 @@ impl Locks for MysqlConnection {
                     .map(|n| n == 1);
             };
             // The lease's row, then the place.
-            match self.transaction(|c| grant_lease(c, key, holder, &w)) {
+            let granted = with_transaction_bounds(self, STALL_CAP, None, |c| {
+                Ok(c.transaction(|c| grant_lease(c, key, holder, &w)))
+            })?;
+            match granted {
                 Ok(granted) => return Ok(granted),
                 Err(Passed::Gone) => after = w.id,
                 Err(Passed::Failed(e)) => return Err(e),

@@ -113,6 +113,52 @@ fn with_lock_wait_timeout<T>(
     result
 }
 
+/// Whole seconds, rounded up, at least 1 (what `innodb_lock_wait_timeout` and MariaDB's
+/// `idle_transaction_timeout` take; 0 would mean no limit).
+fn whole_seconds(d: std::time::Duration) -> i64 {
+    d.as_secs()
+        .saturating_add(u64::from(d.subsec_nanos() > 0))
+        .clamp(1, 100_000_000) as i64
+}
+
+/// Runs `f`, which opens and ends one transaction, with that transaction bounded on the
+/// server, then puts the session's own settings back (the connection goes back to the pool
+/// and on to other users): on MariaDB, idle between two statements longer than `idle` (its
+/// client stopped, hung or cut off), the server ends the session (`idle_transaction_timeout`)
+/// and the locks it holds go; with `lock`, each wait for a row lock ends after that long
+/// (`innodb_lock_wait_timeout`: busy). Whole seconds, rounded up. MySQL proper has no idle
+/// bound: the MariaDB-only part is in a `/*M! */` comment, which MySQL skips.
+fn with_transaction_bounds<T>(
+    conn: &mut MysqlConnection,
+    idle: std::time::Duration,
+    lock: Option<std::time::Duration>,
+    f: impl FnOnce(&mut MysqlConnection) -> QueryResult<T>,
+) -> QueryResult<T> {
+    // A SET reads every value before it assigns any: the idle bound goes through a user
+    // variable set by the statement before the one that applies it.
+    stmt(
+        "SET @dlock_bound_idle = ?, @dlock_bound_wait = @@SESSION.innodb_lock_wait_timeout, \
+         SESSION innodb_lock_wait_timeout = \
+             CAST(COALESCE(?, @@SESSION.innodb_lock_wait_timeout) AS UNSIGNED) \
+         /*M!100300 , @dlock_bound_saved_idle = @@SESSION.idle_transaction_timeout */",
+    )
+    .bind::<BigInt, _>(whole_seconds(idle))
+    .bind::<diesel::sql_types::Nullable<BigInt>, _>(lock.map(whole_seconds))
+    .execute(conn)?;
+    stmt(
+        "SET /*M!100300 SESSION idle_transaction_timeout = CAST(@dlock_bound_idle AS UNSIGNED), */ \
+         @dlock_bound_idle = NULL",
+    )
+    .execute(conn)?;
+    let result = f(conn);
+    stmt(
+        "SET SESSION innodb_lock_wait_timeout = @dlock_bound_wait \
+         /*M!100300 , SESSION idle_transaction_timeout = @dlock_bound_saved_idle */",
+    )
+    .execute(conn)?;
+    result
+}
+
 impl Dialect for MysqlConnection {
     super::shared::statements!(schema_current);
 
@@ -208,6 +254,16 @@ impl Sealed for MysqlConnection {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn whole_seconds_round_up_within_what_the_server_takes() {
+        use std::time::Duration;
+        assert_eq!(super::whole_seconds(Duration::ZERO), 1);
+        assert_eq!(super::whole_seconds(Duration::from_millis(500)), 1);
+        assert_eq!(super::whole_seconds(Duration::from_millis(1500)), 2);
+        assert_eq!(super::whole_seconds(Duration::from_secs(2)), 2);
+        assert_eq!(super::whole_seconds(Duration::MAX), 100_000_000);
+    }
+
     use super::*;
     use diesel::result::{DatabaseErrorKind, Error as E};
 

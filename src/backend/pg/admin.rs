@@ -62,7 +62,11 @@ impl Admin for PgConnection {
     }
 
     fn admin_force_release(&mut self, key: &str) -> QueryResult<Vec<LockInfo>> {
-        self.transaction(|c| force_release_in(c, key))
+        // Bounded as the holders' transactions are: a stopped admin must not stall the key.
+        self.transaction(|c| {
+            super::bound_transaction(c, crate::backend::holders::STALL_CAP, None)?;
+            force_release_in(c, key)
+        })
     }
 
     fn purge_stale_rows(&mut self) -> QueryResult<usize> {

@@ -2,7 +2,7 @@
 //! Times are `statement_timestamp()`: inside the acquisition's transaction, the time of each
 //! statement, not of the transaction's start (which may have waited for the header's lock).
 
-use super::{lock_timeout_ms, AcquiredRow};
+use super::{bound_transaction, lock_timeout_ms, AcquiredRow};
 use crate::backend::holders::HolderSteps;
 use crate::backend::holders::{self, Header, HolderAnswer, HolderAsk, HolderLocks, HolderRow};
 use crate::backend::shared::{exists, One};
@@ -140,8 +140,12 @@ impl HolderLocks for PgConnection {
         .execute(self)
     }
     fn holders_acquire(&mut self, ask: &HolderAsk<'_>) -> QueryResult<HolderAnswer> {
+        let idle = holders::stall_bound(ask.ttl_us);
         holders::acquire_with(self, ask, |c, ask| {
-            c.transaction(|c| holders::decide(c, ask))
+            c.transaction(|c| {
+                bound_transaction(c, idle, Some(holders::ROW_WAIT))?;
+                holders::decide(c, ask)
+            })
         })
     }
 
@@ -186,6 +190,7 @@ impl HolderLocks for PgConnection {
         // snapshot then shows every holder committed before this one got the lock, and no
         // holder can be added or renewed until the commit. Notifies listening lockers.
         self.transaction(|c| {
+            bound_transaction(c, holders::STALL_CAP, None)?;
             stmt("SELECT 1::int8 AS one FROM dlock_leases WHERE lock_key = ? FOR UPDATE")
                 .bind::<Text, _>(key)
                 .get_result::<One>(c)

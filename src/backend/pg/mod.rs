@@ -103,6 +103,26 @@ fn lock_timeout_ms(d: std::time::Duration) -> String {
     ms.to_string()
 }
 
+/// Bounds the open transaction on the server (`SET LOCAL`, so it ends with the transaction,
+/// and is safe behind a transaction-pooling PgBouncer): idle between two statements longer
+/// than `idle` (its client stopped, hung or cut off), the server ends the session, and the
+/// locks it holds go; with `lock`, each wait for a lock ends after that long (busy).
+fn bound_transaction(
+    c: &mut PgConnection,
+    idle: std::time::Duration,
+    lock: Option<std::time::Duration>,
+) -> diesel::QueryResult<()> {
+    stmt(
+        "SELECT set_config('idle_in_transaction_session_timeout', ?, true), \
+                CASE WHEN ? IS NOT NULL THEN set_config('lock_timeout', ?, true) END",
+    )
+    .bind::<diesel::sql_types::Text, _>(lock_timeout_ms(idle))
+    .bind::<diesel::sql_types::Nullable<diesel::sql_types::Text>, _>(lock.map(lock_timeout_ms))
+    .bind::<diesel::sql_types::Nullable<diesel::sql_types::Text>, _>(lock.map(lock_timeout_ms))
+    .execute(c)
+    .map(drop)
+}
+
 /// True if `e` says the lock is someone else's (see `SessionLocks::is_lock_unavailable`).
 fn lock_unavailable(e: &diesel::result::Error) -> bool {
     // Both cases are SQLSTATE 55P03 (lock_not_available), but diesel keeps no SQLSTATE

@@ -72,3 +72,42 @@ fn pg_for_update() {
 fn pgbouncer_for_update() {
     within_deadline(common::pgbouncer_sized(14), Strategy::ForUpdate);
 }
+
+/// SQLite: another process's write transaction holds the database's one write lock (a
+/// process stopped inside one, say): a `try_lock_for` of 1 s returns busy after at most one
+/// busy_timeout (5 s, the statement's own wait), not one per internal retry (it took 25 s:
+/// five tries of 5 s each). Here the other "process" is a raw connection of this test.
+#[test]
+fn sqlite_a_held_write_lock_costs_one_busy_timeout_at_most() {
+    use diesel::connection::SimpleConnection;
+    use diesel::Connection;
+    let h = common::sqlite().unwrap();
+    for strategy in [
+        Strategy::Lease {
+            ttl: Duration::from_secs(10),
+        },
+        Strategy::Row { stale_after: None },
+    ] {
+        let locker = h.locker(strategy);
+        let key = unique_key("sqlite-write-locked");
+        let mut other = diesel::SqliteConnection::establish(&h.url).unwrap();
+        other.batch_execute("BEGIN IMMEDIATE").unwrap();
+        let start = Instant::now();
+        let got = locker.try_lock_for(&key, Duration::from_secs(1));
+        let took = start.elapsed();
+        other.batch_execute("ROLLBACK").unwrap();
+        assert!(
+            matches!(got, Ok(None)),
+            "{strategy:?}: {:?}",
+            got.map(|g| g.map(|g| g.token()))
+        );
+        // 1 s of deadline + one 5 s busy wait + slack for a loaded machine; five busy
+        // waits would be 25 s.
+        assert!(
+            took < Duration::from_secs(12),
+            "{strategy:?}: took {took:?}"
+        );
+        // Free again: taken at once.
+        assert!(locker.try_lock(&key).unwrap().is_some());
+    }
+}

@@ -18,6 +18,10 @@ use holders::{HolderCore, HolderLock};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// A first attempt's try that met contention within this long came back without waiting
+/// (a deadlock victim) and is tried again; a slower one waited already and counts as busy.
+const QUICK_CONTENTION: Duration = Duration::from_millis(100);
+
 pub(super) struct LeaseLock<C: LockConnection> {
     pool: Pool<C>,
     owner: String,
@@ -77,13 +81,23 @@ impl<C: LockConnection> LeaseLock<C> {
             // (MariaDB). A first attempt that finds the key held by nobody, or that met
             // contention, tries again (a fresh snapshot sees the row gone) a few times
             // instead of reporting it held. (Waiting callers try again anyway.) Marked rows
-            // are expired, so they never look held.
+            // are expired, so they never look held. Contention is tried again only when the
+            // try came back at once (a deadlock victim): one that waited already (SQLite's
+            // busy handler, up to its busy_timeout, while another process holds the
+            // database's write lock) is reported busy, so that the caller's wait keeps its
+            // deadline.
             tries += 1;
             let last = retry || tries == 5;
             match acquired {
                 Ok(Some(a)) => break (sent, a),
-                Err(e) if !last && conn.sql().is_contention(&e) => {
+                Err(e)
+                    if !last
+                        && sent.elapsed() < QUICK_CONTENTION
+                        && conn.sql().is_contention(&e) =>
+                {
                     log::debug!("lock {key:?}: contention ({e}); trying again");
+                    std::thread::sleep(backoff.next_pause());
+                    continue;
                 }
                 Err(e) => return Err(e.into()),
                 // Held (exclusively, or by readers or permits), or free with others waiting

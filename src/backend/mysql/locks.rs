@@ -219,77 +219,82 @@ struct Id {
     id: i64,
 }
 
+/// A release of `Row` or `Lease`: a consistent read of the first live place of the key
+/// waiting for a grant (`first`, after the place id given); nobody, the plain release
+/// (`plain`: a place joining after the read tries the key itself once it has joined);
+/// else the hand-over to that place in one transaction (`grant`), bounded on the server so
+/// that a releaser stopped inside does not stall the key. A place gone meanwhile passes
+/// the grant to the next (at most 8 times, then the plain release).
+fn release_or_grant(
+    conn: &mut MysqlConnection,
+    mut first: impl FnMut(&mut MysqlConnection, i64) -> QueryResult<Option<FirstPlace>>,
+    mut grant: impl FnMut(&mut MysqlConnection, &FirstPlace) -> Result<bool, Passed>,
+    plain: impl FnOnce(&mut MysqlConnection) -> QueryResult<bool>,
+) -> QueryResult<bool> {
+    let mut after = 0_i64;
+    for _ in 0..8 {
+        let Some(w) = first(conn, after)? else {
+            return plain(conn);
+        };
+        let granted = with_transaction_bounds(conn, STALL_CAP, None, |c| {
+            Ok(c.transaction(|c| grant(c, &w)))
+        })?;
+        match granted {
+            Ok(granted) => return Ok(granted),
+            Err(Passed::Gone) => after = w.id,
+            Err(Passed::Failed(e)) => return Err(e),
+        }
+    }
+    plain(conn)
+}
+
 impl Locks for MysqlConnection {
     shared::statements!(row_held, row_give_back);
 
     fn row_release(&mut self, id: i64, holder: &str) -> QueryResult<bool> {
-        // A consistent read first: the first live place of the row's key waiting for a
-        // grant. Nobody: the plain DELETE (a place joining after the read tries the key
-        // itself once it has joined).
-        let mut after = 0_i64;
-        for _ in 0..8 {
-            let Some(w) = stmt(ROW_FIRST_PLACE)
-                .bind::<BigInt, _>(id)
-                .bind::<BigInt, _>(after)
-                .get_result::<FirstPlace>(self)
-                .optional()?
-            else {
-                return stmt(shared::ROW_RELEASE)
+        // The hand-over locks the key's counter, then its row, then the place (the
+        // acquisitions lock the counter, then insert the row; a place's own statements lock
+        // the place only).
+        release_or_grant(
+            self,
+            |c, after| {
+                stmt(ROW_FIRST_PLACE)
+                    .bind::<BigInt, _>(id)
+                    .bind::<BigInt, _>(after)
+                    .get_result::<FirstPlace>(c)
+                    .optional()
+            },
+            |c, w| grant_row(c, id, holder, w),
+            |c| {
+                stmt(shared::ROW_RELEASE)
                     .bind::<BigInt, _>(id)
                     .bind::<Text, _>(holder)
-                    .execute(self)
-                    .map(|n| n == 1);
-            };
-            // The hand-over, in one transaction, locking the key's counter, then its row,
-            // then the place (the acquisitions lock the counter, then insert the row; a
-            // place's own statements lock the place only).
-            // Bounded on the server: a releaser stopped inside must not stall the key.
-            let granted = with_transaction_bounds(self, STALL_CAP, None, |c| {
-                Ok(c.transaction(|c| grant_row(c, id, holder, &w)))
-            })?;
-            match granted {
-                Ok(granted) => return Ok(granted),
-                Err(Passed::Gone) => after = w.id,
-                Err(Passed::Failed(e)) => return Err(e),
-            }
-        }
-        stmt(shared::ROW_RELEASE)
-            .bind::<BigInt, _>(id)
-            .bind::<Text, _>(holder)
-            .execute(self)
-            .map(|n| n == 1)
+                    .execute(c)
+                    .map(|n| n == 1)
+            },
+        )
     }
 
     fn lease_release(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
-        let mut after = 0_i64;
-        for _ in 0..8 {
-            let Some(w) = stmt(LEASE_FIRST_PLACE)
-                .bind::<Text, _>(key)
-                .bind::<BigInt, _>(after)
-                .get_result::<FirstPlace>(self)
-                .optional()?
-            else {
-                return stmt(shared::LEASE_RELEASE)
+        // The hand-over locks the lease's row, then the place.
+        release_or_grant(
+            self,
+            |c, after| {
+                stmt(LEASE_FIRST_PLACE)
+                    .bind::<Text, _>(key)
+                    .bind::<BigInt, _>(after)
+                    .get_result::<FirstPlace>(c)
+                    .optional()
+            },
+            |c, w| grant_lease(c, key, holder, w),
+            |c| {
+                stmt(shared::LEASE_RELEASE)
                     .bind::<Text, _>(key)
                     .bind::<Text, _>(holder)
-                    .execute(self)
-                    .map(|n| n == 1);
-            };
-            // The lease's row, then the place.
-            let granted = with_transaction_bounds(self, STALL_CAP, None, |c| {
-                Ok(c.transaction(|c| grant_lease(c, key, holder, &w)))
-            })?;
-            match granted {
-                Ok(granted) => return Ok(granted),
-                Err(Passed::Gone) => after = w.id,
-                Err(Passed::Failed(e)) => return Err(e),
-            }
-        }
-        stmt(shared::LEASE_RELEASE)
-            .bind::<Text, _>(key)
-            .bind::<Text, _>(holder)
-            .execute(self)
-            .map(|n| n == 1)
+                    .execute(c)
+                    .map(|n| n == 1)
+            },
+        )
     }
 
     fn row_confirm(

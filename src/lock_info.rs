@@ -142,7 +142,8 @@ pub struct LockInfo {
     pub permits: Option<u32>,
     /// `Row` and `Lease` locks (exclusive, readers and permits): how many wait for the key
     /// in its line (live places in `dlock_waiters`: its exclusive waiters, readers and
-    /// permits); 0 for the other strategies.
+    /// permits; not a place a release has granted the key to, which holds it); 0 for the
+    /// other strategies.
     pub waiting: u32,
     /// How long the longest of them has waited (database clock), if any wait.
     pub longest_wait: Option<Duration>,

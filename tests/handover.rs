@@ -178,12 +178,14 @@ fn gives_up_as_granted(backend: &str, s: &str, how: GiveUp) {
     // B has given up and stands right before removing its place.
     at_rx.recv_timeout(Duration::from_secs(20)).unwrap();
     g.release().unwrap();
-    let (owner, _) = holder_and_waiting(&admin_pool, &key);
+    let (owner, waiting) = holder_and_waiting(&admin_pool, &key);
     assert_eq!(
         owner.as_deref(),
         Some("quitter-b"),
         "the release did not grant the key to the first place"
     );
+    // B's place, granted (not yet confirmed), holds the key: only C waits.
+    assert_eq!(waiting, 1, "a granted place was counted as waiting");
     go_tx.send(()).unwrap();
     assert_eq!(quitter.join().unwrap(), None, "B gave up, yet got the key");
     let token = patient.join().unwrap();

@@ -444,7 +444,8 @@ pub(crate) mod sealed {
         /// yet can no longer do so, and one that has is seen by the give-back.
         fn line_leave(&mut self, key: &str, id: i64) -> QueryResult<bool>;
         /// The live lines: per key (all keys, or one), how many wait and how long the
-        /// longest has waited, in microseconds of database time.
+        /// longest has waited, in microseconds of database time. A place granted the key
+        /// (not yet confirmed) holds it, and is not counted.
         fn line_stats(&mut self, key: Option<&str>) -> QueryResult<Vec<LineStat>>;
         /// Removes lapsed places; how many.
         fn purge_lapsed_places(&mut self) -> QueryResult<usize>;

@@ -96,7 +96,8 @@ impl Lines for MysqlConnection {
             "SELECT CAST(lock_key AS CHAR) AS lock_key, CAST(COUNT(*) AS SIGNED) AS waiting, \
                     CAST(TIMESTAMPDIFF(MICROSECOND, MIN(since), UTC_TIMESTAMP(6)) AS SIGNED) \
                       AS longest_us \
-             FROM dlock_waiters WHERE expires_at > UTC_TIMESTAMP(6) AND (? IS NULL OR lock_key = ?) \
+             FROM dlock_waiters WHERE expires_at > UTC_TIMESTAMP(6) AND granted_at IS NULL \
+               AND (? IS NULL OR lock_key = ?) \
              GROUP BY lock_key",
         )
         .bind::<Nullable<Text>, _>(key)

@@ -126,7 +126,8 @@ impl Lines for PgConnection {
         stmt(
             "SELECT lock_key, count(*) AS waiting, \
                     (extract(epoch FROM now() - min(since)) * 1000000)::int8 AS longest_us \
-             FROM dlock_waiters WHERE expires_at > now() AND (?::text IS NULL OR lock_key = ?) \
+             FROM dlock_waiters WHERE expires_at > now() AND granted_at IS NULL \
+               AND (?::text IS NULL OR lock_key = ?) \
              GROUP BY lock_key",
         )
         .bind::<Nullable<Text>, _>(key)

@@ -102,7 +102,7 @@ impl Lines for SqliteConnection {
                     CAST((julianday('now') - julianday(MIN(since))) * 86400000000 AS INTEGER) \
                       AS longest_us \
              FROM dlock_waiters WHERE expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
-               AND (? IS NULL OR lock_key = ?) \
+               AND granted_at IS NULL AND (? IS NULL OR lock_key = ?) \
              GROUP BY lock_key",
         )
         .bind::<Nullable<Text>, _>(key)

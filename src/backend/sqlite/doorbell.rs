@@ -12,6 +12,7 @@
 use crate::sync::Unpoison;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -24,6 +25,9 @@ pub(crate) struct Doorbell {
     socket: Arc<UnixDatagram>,
     wake: Wake,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Set by `drop` before it sends STOP: an empty datagram from anyone else (any local
+    /// process can send to an abstract name) does not stop the thread.
+    stopping: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Doorbell {
@@ -47,6 +51,7 @@ impl Doorbell {
             socket: Arc::new(socket),
             wake: Arc::new(wake),
             thread: Mutex::new(None),
+            stopping: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -61,7 +66,11 @@ impl Doorbell {
         if thread.is_some() {
             return Ok(());
         }
-        let (socket, wake) = (self.socket.clone(), self.wake.clone());
+        let (socket, wake, stopping) = (
+            self.socket.clone(),
+            self.wake.clone(),
+            self.stopping.clone(),
+        );
         *thread = Some(
             std::thread::Builder::new()
                 .name("dlock-doorbell".into())
@@ -69,7 +78,8 @@ impl Doorbell {
                     let mut buf = [0u8; 512];
                     loop {
                         match socket.recv(&mut buf) {
-                            Ok(0) => return, // STOP
+                            Ok(0) if stopping.load(Ordering::Acquire) => return, // STOP
+                            Ok(0) => log::debug!("doorbell: a STOP not from its Locker, ignored"),
                             Ok(n) => match std::str::from_utf8(&buf[..n]) {
                                 Ok(key) => wake(key),
                                 Err(_) => log::debug!("doorbell: a datagram that is no key"),
@@ -90,6 +100,7 @@ impl Doorbell {
 impl Drop for Doorbell {
     fn drop(&mut self) {
         if let Some(thread) = self.thread.lock().unpoisoned().take() {
+            self.stopping.store(true, Ordering::Release);
             match ring_name(&self.name, STOP) {
                 Ok(()) => {
                     let _ = thread.join();
@@ -114,5 +125,35 @@ pub(crate) fn ring(channel: Option<&str>, key: &str) {
     };
     if let Err(e) = ring_name(name, key.as_bytes()) {
         log::trace!("doorbell {name}: not rung ({e}); the waiter finds its grant at its next look");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    /// An empty datagram from another sender (any local process may send one to the
+    /// abstract name) does not stop the thread: a key rung afterwards still wakes; dropping
+    /// the doorbell stops and joins it.
+    #[test]
+    fn only_its_own_drop_stops_the_thread() {
+        let (tx, rx) = mpsc::channel::<String>();
+        let tx = Mutex::new(tx);
+        let bell = Doorbell::new(move |k| {
+            let _ = tx.lock().unpoisoned().send(k.to_owned());
+        })
+        .unwrap();
+        bell.start().unwrap();
+        ring_name(bell.name(), STOP).unwrap();
+        ring_name(bell.name(), b"some-key").unwrap();
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(10)).unwrap(),
+            "some-key",
+            "the thread stopped on a stranger's STOP"
+        );
+        drop(bell); // joins the thread: a hang here fails by the test's timeout
+        assert!(rx.recv_timeout(Duration::from_millis(50)).is_err());
     }
 }

@@ -90,12 +90,13 @@ impl Server for diesel::MysqlConnection {
 
     /// MariaDB's INNODB_LOCK_WAITS does not list a prepared statement's wait (seen: empty
     /// while a renewal waited a whole second), so this counts renewals running for over 100
-    /// ms, which only a lock wait makes them do. Another test's stuck renewal would count
-    /// too: that can only make this test start early, never fail it wrongly.
+    /// ms, which only a lock wait makes them do: a lease's (`SET expires_at`) or a reader's
+    /// (`SET shared_until`, its key's lease row first). Another test's stuck renewal would
+    /// count too: that can only make this test start early, never fail it wrongly.
     fn waiters(&mut self, _id: &str, only: Option<i64>) -> i64 {
         diesel::sql_query(
             "SELECT count(*) AS n FROM information_schema.PROCESSLIST \
-             WHERE INFO LIKE 'UPDATE dlock_leases SET expires_at%' AND TIME_MS > 100 \
+             WHERE INFO LIKE 'UPDATE dlock_leases SET %' AND TIME_MS > 100 \
                AND (? IS NULL OR ID = ?)",
         )
         .bind::<diesel::sql_types::Nullable<BigInt>, _>(only)

@@ -190,8 +190,9 @@ impl HolderLocks for PgConnection {
         // rows of those keys (`s`), each skipping rows another session holds, so that a
         // stuck key holds up nothing; then exactly the rows locked are extended (`h`) and
         // their keys' `shared_until` raised to the same instant (`u`, run to completion
-        // although nothing reads it). Holder ids are 128 random bits: the pair of arrays
-        // matches exactly our holders.
+        // although nothing reads it). The holder rows are found by (key, holder id) pairs
+        // (`unnest` of the two arrays): an index condition `holder_id = ANY(…)` would be
+        // one index search per key and holder id, 500 × 500 for a full batch.
         let (keys, ids): (Vec<&str>, Vec<&str>) = holders
             .iter()
             .map(|(k, h)| (k.as_str(), h.as_str()))
@@ -199,11 +200,13 @@ impl HolderLocks for PgConnection {
         stmt(
             "WITH l AS MATERIALIZED (SELECT lock_key FROM dlock_leases \
                                      WHERE lock_key = ANY(?) FOR UPDATE SKIP LOCKED), \
-             s AS MATERIALIZED (SELECT lock_key, holder_id FROM dlock_shared_leases \
-                                WHERE lock_key IN (SELECT lock_key FROM l) \
-                                  AND holder_id = ANY(?) \
-                                  AND expires_at > statement_timestamp() \
-                                FOR UPDATE SKIP LOCKED), \
+             s AS MATERIALIZED (SELECT t.lock_key, t.holder_id \
+                                FROM unnest(?::text[], ?::text[]) AS p(k, h) \
+                                JOIN dlock_shared_leases t \
+                                  ON t.lock_key = p.k AND t.holder_id = p.h \
+                                WHERE t.lock_key IN (SELECT lock_key FROM l) \
+                                  AND t.expires_at > statement_timestamp() \
+                                FOR UPDATE OF t SKIP LOCKED), \
              h AS (UPDATE dlock_shared_leases t \
                    SET expires_at = statement_timestamp() + ? * interval '1 microsecond' \
                    FROM s WHERE t.lock_key = s.lock_key AND t.holder_id = s.holder_id \
@@ -214,7 +217,8 @@ impl HolderLocks for PgConnection {
                    WHERE lock_key IN (SELECT lock_key FROM h) RETURNING 1) \
              SELECT holder_id FROM h",
         )
-        .bind::<Array<Text>, _>(keys)
+        .bind::<Array<Text>, _>(&keys)
+        .bind::<Array<Text>, _>(&keys)
         .bind::<Array<Text>, _>(ids)
         .bind::<BigInt, _>(ttl_us)
         .bind::<BigInt, _>(ttl_us)

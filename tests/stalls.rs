@@ -90,12 +90,13 @@ impl Server for diesel::MysqlConnection {
 
     /// MariaDB's INNODB_LOCK_WAITS does not list a prepared statement's wait (seen: empty
     /// while a renewal waited a whole second), so this counts renewals running for over 100
-    /// ms, which only a lock wait makes them do. Another test's stuck renewal would count
-    /// too: that can only make this test start early, never fail it wrongly.
+    /// ms, which only a lock wait makes them do: a lease's (`SET expires_at`) or a reader's
+    /// (`SET shared_until`, its key's lease row first). Another test's stuck renewal would
+    /// count too: that can only make this test start early, never fail it wrongly.
     fn waiters(&mut self, _id: &str, only: Option<i64>) -> i64 {
         diesel::sql_query(
             "SELECT count(*) AS n FROM information_schema.PROCESSLIST \
-             WHERE INFO LIKE 'UPDATE dlock_leases SET expires_at%' AND TIME_MS > 100 \
+             WHERE INFO LIKE 'UPDATE dlock_leases SET %' AND TIME_MS > 100 \
                AND (? IS NULL OR ID = ?)",
         )
         .bind::<diesel::sql_types::Nullable<BigInt>, _>(only)
@@ -312,6 +313,59 @@ fn a_stuck_key_in_a_batch_delays_only_itself<C: Server>(url: &str) {
     );
 }
 
+/// The same for readers (their holder rows renewed in batches, `holders_renew_many`): one
+/// key's lease row locked by another session among 300 readers of one `Locker`. The batch
+/// skips that key's holder and renews the others; the stuck reader is renewed alone. For two
+/// ttls no other reader is lost and no writer gets another key; the renewals stay batched.
+fn a_stuck_reader_in_a_batch_delays_only_itself<C: Server>(url: &str) {
+    let pool = Pool::builder()
+        .max_size(4)
+        .min_idle(Some(0))
+        .build(ConnectionManager::<C>::new(url))
+        .unwrap();
+    let ttl = Duration::from_secs(3);
+    let a = Locker::builder(pool.clone())
+        .strategy(lease(ttl))
+        .build()
+        .unwrap();
+    a.migrate().unwrap();
+    let b = Locker::builder(pool.clone())
+        .strategy(lease(ttl))
+        .build()
+        .unwrap();
+    let keys: Vec<String> = (0..300)
+        .map(|i| unique_key(&format!("read-stall-{i}")))
+        .collect();
+    let guards: Vec<_> = keys.iter().map(|k| a.read(k).unwrap()).collect();
+    let stuck = 150;
+    let blocker = Blocker::start::<C>(url, &keys[stuck], Duration::from_secs(60));
+    let mut watcher = C::establish(url).unwrap();
+    // The stuck reader's own renewal waits on the lease row: the batch has skipped it.
+    blocker.wait_for_waiters(&mut watcher, None);
+    let statements = diesel_lock::__renewal_statements();
+    let since = Instant::now();
+    let taken = b.try_write_for(&keys[10], ttl * 2).unwrap();
+    assert!(
+        taken.is_none(),
+        "a writer took a healthy reader's key {:?} after one of its batch got stuck",
+        since.elapsed()
+    );
+    let sent = diesel_lock::__renewal_statements() - statements;
+    let lost: Vec<usize> = (0..keys.len())
+        .filter(|&i| i != stuck && guards[i].check().is_err())
+        .collect();
+    assert!(blocker.end(), "the blocker ran out of time");
+    assert!(
+        lost.is_empty(),
+        "healthy readers lost beside a stuck one: {lost:?}"
+    );
+    let most = 6 + 2 + 6 * 4 + 2;
+    assert!(
+        sent <= most,
+        "{sent} renewal statements in two ttls for 300 readers: not batched"
+    );
+}
+
 /// Before (PostgreSQL): `lock_info` read the rows `FOR UPDATE`, so inside a transaction it
 /// held up the holder's renewals and release until that transaction ended.
 fn lock_info_is_a_plain_read<C: Server>(pool: Pool<ConnectionManager<C>>, url: &str) {
@@ -425,6 +479,12 @@ mod pg {
     }
 
     #[test]
+    fn a_stuck_reader_in_a_batch_delays_only_itself() {
+        let Some((_, url)) = setup() else { return };
+        super::a_stuck_reader_in_a_batch_delays_only_itself::<diesel::PgConnection>(&url);
+    }
+
+    #[test]
     fn dropping_the_locker_does_not_wait_for_a_stuck_renewal() {
         let Some((_, url)) = setup() else { return };
         super::dropping_the_locker_does_not_wait_for_a_stuck_renewal::<diesel::PgConnection>(&url);
@@ -462,6 +522,12 @@ mod mysql {
     fn a_stuck_key_in_a_batch_delays_only_itself() {
         let Some((_, url)) = setup() else { return };
         super::a_stuck_key_in_a_batch_delays_only_itself::<diesel::MysqlConnection>(&url);
+    }
+
+    #[test]
+    fn a_stuck_reader_in_a_batch_delays_only_itself() {
+        let Some((_, url)) = setup() else { return };
+        super::a_stuck_reader_in_a_batch_delays_only_itself::<diesel::MysqlConnection>(&url);
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! library: a batch counts once) and, on PostgreSQL, the database's commits per second
 //! (`pg_stat_database.xact_commit`); how soon a key taken over by force is told; and, for
 //! a child process holding N watched leases that is SIGKILLed, the time until all N are free.
+//! With `--kind read`, N readers (one per key) instead of N exclusive leases.
 
 use crate::Args;
 use diesel_lock::{admin, AnyConnection, LockStatus, Locker, Strategy};
@@ -12,6 +13,15 @@ use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+/// Takes `key` as `kind` says: an exclusive lease (`lock`) or a reader (`read`).
+fn take(l: &Locker<AnyConnection>, kind: &str, key: &str) -> diesel_lock::LockGuard<AnyConnection> {
+    match kind {
+        "read" => l.read(key).unwrap(),
+        "lock" => l.lock(key).unwrap(),
+        other => panic!("unknown kind {other}"),
+    }
+}
 
 fn locker(url: &str, ttl: Duration) -> Locker<AnyConnection> {
     let l = Locker::connect(url)
@@ -83,7 +93,7 @@ fn measure(a: &Args, n: usize) -> Row {
     let prefix = format!("scale-{}-{n}", std::process::id());
     let start = Instant::now();
     let guards: Vec<_> = (0..n)
-        .map(|i| l.lock(&format!("{prefix}-{i}")).unwrap())
+        .map(|i| take(&l, &a.kind, &format!("{prefix}-{i}")))
         .collect();
     let acquire = start.elapsed();
     let watches: Vec<_> = guards.iter().map(|g| g.loss_watch()).collect();
@@ -142,6 +152,7 @@ fn killed_holder(a: &Args, n: usize) -> Duration {
         &a.ttl.as_secs().to_string(),
         &prefix,
         &n.to_string(),
+        &a.kind,
     ]
     .join("\t");
     let mut child = Command::new(std::env::current_exe().unwrap())
@@ -180,7 +191,7 @@ pub(crate) fn child(spec: &str) {
     let n: usize = p[3].parse().unwrap();
     let l = locker(p[0], ttl);
     let guards: Vec<_> = (0..n)
-        .map(|i| l.lock(&format!("{}-{i}", p[2])).unwrap())
+        .map(|i| take(&l, p[4], &format!("{}-{i}", p[2])))
         .collect();
     let _watches: Vec<_> = guards.iter().map(|g| g.loss_watch()).collect();
     let mut out = std::io::stdout().lock();
@@ -195,7 +206,8 @@ pub(crate) fn report(a: &Args) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "\n### Lease, {} (ttl {:?}, renewed every {:?}; a pool of 8; a loss watch on each guard)\n",
+        "\n### Lease{}, {} (ttl {:?}, renewed every {:?}; a pool of 8; a loss watch on each guard)\n",
+        if a.kind == "read" { " readers" } else { "" },
         a.backend,
         a.ttl,
         a.ttl / 3

@@ -5,9 +5,11 @@
 //!
 //! ```text
 //! cargo run --release --all-features --example scale_report -- \
-//!     --backend pg --url postgres://… --n 10,1000,10000 [--ttl 30] [--out docs/scale.md]
+//!     --backend pg --url postgres://… --n 10,1000,10000 [--ttl 30] [--kind read] \
+//!     [--out docs/scale.md]
 //! ```
-//! `--backend` is `sqlite` (`--url` a file path), `pg` or `mysql`. The markdown table goes to
+//! `--backend` is `sqlite` (`--url` a file path), `pg` or `mysql`. `--kind read`: the lease
+//! part holds N readers (`Locker::read`, one per key) instead of N exclusive leases. The markdown table goes to
 //! stdout, or is appended to `--out`.
 
 mod advisory;
@@ -23,6 +25,8 @@ pub(crate) struct Args {
     pub(crate) ttl: Duration,
     pub(crate) out: Option<String>,
     pub(crate) part: String,
+    /// `lock` (exclusive leases) or `read` (readers), for the lease part.
+    pub(crate) kind: String,
 }
 
 fn args() -> Args {
@@ -33,6 +37,7 @@ fn args() -> Args {
         ttl: Duration::from_secs(30),
         out: None,
         part: "lease".into(),
+        kind: "lock".into(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -49,6 +54,7 @@ fn args() -> Args {
             "--ttl" => a.ttl = Duration::from_secs(value().parse().expect("--ttl")),
             "--out" => a.out = Some(value()),
             "--part" => a.part = value(),
+            "--kind" => a.kind = value(),
             other => panic!("unknown flag {other}"),
         }
     }

@@ -118,6 +118,17 @@ pub trait HolderLocks {
         ttl_us: i64,
         bound: std::time::Duration,
     ) -> QueryResult<bool>;
+    /// Renews many holders (`holders`: keys and their holder ids, at most 500) at once, each
+    /// as `holders_renew` would, except that a holder whose key's lease row, or whose own
+    /// row, another session has locked is skipped, never waited for (PostgreSQL, MySQL:
+    /// `FOR UPDATE SKIP LOCKED`; SQLite has one writer, waited for as long as its
+    /// `busy_timeout`). Returns the holder ids renewed; the caller renews the others one by
+    /// one, which tells a lost holder from a stuck one.
+    fn holders_renew_many(
+        &mut self,
+        holders: &[(String, String)],
+        ttl_us: i64,
+    ) -> QueryResult<Vec<String>>;
     /// Deletes `holder`'s row and lowers the key's `shared_until` to the latest expiry of its
     /// other live holders; false if the row was gone.
     fn holders_release(&mut self, key: &str, holder: &str) -> QueryResult<bool>;

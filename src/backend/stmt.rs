@@ -169,6 +169,23 @@ pub(crate) fn in_list(
     })
 }
 
+/// `template` with each `{}` replaced by `n` pairs of placeholders `(?, ?), (?, ?), …` (a
+/// list of row values, for a two-column key), made once per size as `in_list`'s.
+pub(crate) fn in_pairs(
+    cache: &'static [std::sync::OnceLock<String>; BATCH_SIZES.len()],
+    template: &'static str,
+    n: usize,
+) -> &'static str {
+    let i = BATCH_SIZES
+        .iter()
+        .position(|&s| s == n)
+        .expect("a batch size");
+    cache[i].get_or_init(|| {
+        let list = vec!["(?, ?)"; n].join(", ");
+        template.replace("{}", &list)
+    })
+}
+
 /// Pads `v` to `batch_size(v.len())` by repeating its last value (a repeated value changes
 /// nothing in an `IN` list).
 pub(crate) fn pad<T: Clone>(mut v: Vec<T>) -> Vec<T> {

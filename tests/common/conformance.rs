@@ -141,6 +141,12 @@ pub trait TestDb: LockConnection + Sessions {
     /// Makes the current holder of `key` lose it, as a stale takeover or an expired lease
     /// followed by another holder would.
     fn steal(&mut self, key: &str);
+    /// Deletes the holder row (a reader's or permit's) of `key` with token `token`, as a
+    /// forced release of that holder alone would.
+    fn delete_holder(&mut self, key: &str, token: i64);
+    /// Makes the holder row of `key` with token `token` expired (its expiry set to its
+    /// acquisition time), as a holder that missed its renewals would be.
+    fn expire_holder(&mut self, key: &str, token: i64);
 }
 
 /// Implements `TestDb` for a concrete connection; `$ph` gives the n-th placeholder.
@@ -207,6 +213,35 @@ macro_rules! test_db {
                 .bind::<Text, _>(key)
                 .execute(self)
                 .expect("steal lease");
+            }
+
+            fn delete_holder(&mut self, key: &str, token: i64) {
+                let ph: fn(usize) -> String = $ph;
+                let n = diesel::sql_query(format!(
+                    "DELETE FROM dlock_shared_leases WHERE lock_key = {} AND token = {}",
+                    ph(1),
+                    ph(2)
+                ))
+                .bind::<Text, _>(key)
+                .bind::<BigInt, _>(token)
+                .execute(self)
+                .expect("delete holder");
+                assert_eq!(n, 1, "one holder row of {key:?} with token {token}");
+            }
+
+            fn expire_holder(&mut self, key: &str, token: i64) {
+                let ph: fn(usize) -> String = $ph;
+                let n = diesel::sql_query(format!(
+                    "UPDATE dlock_shared_leases SET expires_at = acquired_at \
+                     WHERE lock_key = {} AND token = {}",
+                    ph(1),
+                    ph(2)
+                ))
+                .bind::<Text, _>(key)
+                .bind::<BigInt, _>(token)
+                .execute(self)
+                .expect("expire holder");
+                assert_eq!(n, 1, "one holder row of {key:?} with token {token}");
             }
         }
     };

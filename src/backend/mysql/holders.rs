@@ -8,15 +8,36 @@
 use super::{with_lock_wait_timeout, with_transaction_bounds, AcquiredRow};
 use crate::backend::holders::HolderSteps;
 use crate::backend::holders::{self, Header, HolderAnswer, HolderAsk, HolderLocks, HolderRow};
-use crate::backend::shared::{exists, One};
-use crate::backend::stmt::stmt;
+use crate::backend::shared::{exists, KeyHolder, One};
+use crate::backend::stmt::{batch_size, in_list, in_pairs, pad, stmt, BATCH_SIZES};
 use crate::backend::Acquired;
 use chrono::NaiveDateTime;
 use diesel::mysql::MysqlConnection;
 use diesel::sql_types::{BigInt, Datetime, Nullable, Text};
 use diesel::{Connection, OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
+use std::collections::HashSet;
+use std::sync::OnceLock;
 
 holders::holder_row!(Datetime, NaiveDateTime, |t| t.and_utc());
+
+/// A lease row's key (a batch renewal's locked rows).
+#[derive(QueryableByName)]
+struct LockKey {
+    #[diesel(sql_type = Text)]
+    lock_key: String,
+}
+
+/// `pairs` (keys and holder ids, flattened) padded to a batch size of pairs by repeating
+/// the last pair.
+fn pad_pairs(pairs: Vec<String>) -> Vec<String> {
+    let n = pairs.len() / 2;
+    let mut out = pairs;
+    let last = [out[out.len() - 2].clone(), out[out.len() - 1].clone()];
+    for _ in n..batch_size(n) {
+        out.extend(last.iter().cloned());
+    }
+    out
+}
 
 /// For the next transaction only: READ COMMITTED, so that locking reads lock only the rows
 /// they match (no gap locks between neighbouring keys) and plain reads see the newest
@@ -211,6 +232,96 @@ impl HolderLocks for MysqlConnection {
                 .execute(c)
                 .map(|n| n == 1)
             })
+        })
+    }
+
+    fn holders_renew_many(
+        &mut self,
+        holders: &[(String, String)],
+        ttl_us: i64,
+    ) -> QueryResult<Vec<String>> {
+        static LEASES: [OnceLock<String>; BATCH_SIZES.len()] =
+            [const { OnceLock::new() }; BATCH_SIZES.len()];
+        static LOCK: [OnceLock<String>; BATCH_SIZES.len()] =
+            [const { OnceLock::new() }; BATCH_SIZES.len()];
+        static RENEW: [OnceLock<String>; BATCH_SIZES.len()] =
+            [const { OnceLock::new() }; BATCH_SIZES.len()];
+        static RAISE: [OnceLock<String>; BATCH_SIZES.len()] =
+            [const { OnceLock::new() }; BATCH_SIZES.len()];
+        // As `holders_renew`, for many: the lease rows first (as every writer of the key's
+        // holders), then the live holder rows of the keys locked, each by a locking read
+        // that skips the rows another session holds (a stuck key must not hold up the
+        // batch: an UPDATE would wait on it); then exactly the holder rows locked are
+        // extended, and their keys' `shared_until` raised, to the same instant.
+        read_committed(self)?;
+        self.transaction(|c| {
+            let mut keys: Vec<String> = holders.iter().map(|(k, _)| k.clone()).collect();
+            keys.sort_unstable();
+            keys.dedup();
+            let keys = pad(keys);
+            let lock = in_list(
+                &LEASES,
+                "SELECT lock_key FROM dlock_leases WHERE lock_key IN ({}) \
+                 FOR UPDATE SKIP LOCKED",
+                keys.len(),
+            );
+            let locked: HashSet<String> = stmt(lock)
+                .bind_many::<Text, _>(keys)
+                .load::<LockKey>(c)?
+                .into_iter()
+                .map(|r| r.lock_key)
+                .collect();
+            let pairs: Vec<String> = holders
+                .iter()
+                .filter(|(k, _)| locked.contains(k))
+                .flat_map(|(k, h)| [k.clone(), h.clone()])
+                .collect();
+            if pairs.is_empty() {
+                return Ok(Vec::new());
+            }
+            let pairs = pad_pairs(pairs);
+            let lock = in_pairs(
+                &LOCK,
+                "SELECT lock_key, holder_id FROM dlock_shared_leases \
+                 WHERE (lock_key, holder_id) IN ({}) AND expires_at > UTC_TIMESTAMP(6) \
+                 FOR UPDATE SKIP LOCKED",
+                pairs.len() / 2,
+            );
+            let rows = stmt(lock)
+                .bind_many::<Text, _>(pairs)
+                .load::<KeyHolder>(c)?;
+            if rows.is_empty() {
+                return Ok(Vec::new());
+            }
+            stmt("SET @dlock_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND")
+                .bind::<BigInt, _>(ttl_us)
+                .execute(c)?;
+            let pairs = pad_pairs(
+                rows.iter()
+                    .flat_map(|r| [r.lock_key.clone(), r.holder_id.clone()])
+                    .collect(),
+            );
+            let renew = in_pairs(
+                &RENEW,
+                "UPDATE dlock_shared_leases SET expires_at = @dlock_until \
+                 WHERE (lock_key, holder_id) IN ({})",
+                pairs.len() / 2,
+            );
+            stmt(renew).bind_many::<Text, _>(pairs).execute(c)?;
+            let mut keys: Vec<String> = rows.iter().map(|r| r.lock_key.clone()).collect();
+            keys.sort_unstable();
+            keys.dedup();
+            let keys = pad(keys);
+            let raise = in_list(
+                &RAISE,
+                "UPDATE dlock_leases \
+                 SET shared_until = IF(shared_until IS NULL OR shared_until < @dlock_until, \
+                                       @dlock_until, shared_until) \
+                 WHERE lock_key IN ({})",
+                keys.len(),
+            );
+            stmt(raise).bind_many::<Text, _>(keys).execute(c)?;
+            Ok(rows.into_iter().map(|r| r.holder_id).collect())
         })
     }
 

@@ -5,12 +5,12 @@
 use super::{bound_transaction, lock_timeout_ms, AcquiredRow};
 use crate::backend::holders::HolderSteps;
 use crate::backend::holders::{self, Header, HolderAnswer, HolderAsk, HolderLocks, HolderRow};
-use crate::backend::shared::{exists, One};
+use crate::backend::shared::{exists, HolderId, One};
 use crate::backend::stmt::stmt;
 use crate::backend::Acquired;
 use chrono::{DateTime, Utc};
 use diesel::pg::PgConnection;
-use diesel::sql_types::{BigInt, Text, Timestamptz};
+use diesel::sql_types::{Array, BigInt, Text, Timestamptz};
 use diesel::{Connection, OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 
 holders::holder_row!(Timestamptz, DateTime<Utc>, |t| t);
@@ -183,6 +183,51 @@ impl HolderLocks for PgConnection {
         .bind::<Text, _>(holder)
         .execute(self)
         .map(|n| n == 1)
+    }
+
+    fn holders_renew_many(
+        &mut self,
+        holders: &[(String, String)],
+        ttl_us: i64,
+    ) -> QueryResult<Vec<String>> {
+        // One statement. The keys' lease rows are locked first (`l`), then the live holder
+        // rows of those keys (`s`), each skipping rows another session holds, so that a
+        // stuck key holds up nothing; then exactly the rows locked are extended (`h`) and
+        // their keys' `shared_until` raised to the same instant (`u`, run to completion
+        // although nothing reads it). The holder rows are found by (key, holder id) pairs
+        // (`unnest` of the two arrays): an index condition `holder_id = ANY(…)` would be
+        // one index search per key and holder id, 500 × 500 for a full batch.
+        let (keys, ids): (Vec<&str>, Vec<&str>) = holders
+            .iter()
+            .map(|(k, h)| (k.as_str(), h.as_str()))
+            .unzip();
+        stmt(
+            "WITH l AS MATERIALIZED (SELECT lock_key FROM dlock_leases \
+                                     WHERE lock_key = ANY(?) FOR UPDATE SKIP LOCKED), \
+             s AS MATERIALIZED (SELECT t.lock_key, t.holder_id \
+                                FROM unnest(?::text[], ?::text[]) AS p(k, h) \
+                                JOIN dlock_shared_leases t \
+                                  ON t.lock_key = p.k AND t.holder_id = p.h \
+                                WHERE t.lock_key IN (SELECT lock_key FROM l) \
+                                  AND t.expires_at > statement_timestamp() \
+                                FOR UPDATE OF t SKIP LOCKED), \
+             h AS (UPDATE dlock_shared_leases t \
+                   SET expires_at = statement_timestamp() + ? * interval '1 microsecond' \
+                   FROM s WHERE t.lock_key = s.lock_key AND t.holder_id = s.holder_id \
+                   RETURNING t.lock_key, t.holder_id), \
+             u AS (UPDATE dlock_leases \
+                   SET shared_until = GREATEST(shared_until, \
+                                               statement_timestamp() + ? * interval '1 microsecond') \
+                   WHERE lock_key IN (SELECT lock_key FROM h) RETURNING 1) \
+             SELECT holder_id FROM h",
+        )
+        .bind::<Array<Text>, _>(&keys)
+        .bind::<Array<Text>, _>(&keys)
+        .bind::<Array<Text>, _>(ids)
+        .bind::<BigInt, _>(ttl_us)
+        .bind::<BigInt, _>(ttl_us)
+        .load::<HolderId>(self)
+        .map(|rows| rows.into_iter().map(|r| r.holder_id).collect())
     }
 
     fn holders_release(&mut self, key: &str, holder: &str) -> QueryResult<bool> {

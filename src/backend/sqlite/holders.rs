@@ -5,13 +5,14 @@
 use super::{seconds, AcquiredRow};
 use crate::backend::holders::HolderSteps;
 use crate::backend::holders::{self, Header, HolderAnswer, HolderAsk, HolderLocks, HolderRow};
-use crate::backend::shared::{exists, One};
-use crate::backend::stmt::stmt;
+use crate::backend::shared::{exists, KeyHolder, One};
+use crate::backend::stmt::{in_list, pad, stmt, BATCH_SIZES};
 use crate::backend::Acquired;
 use chrono::NaiveDateTime;
 use diesel::sql_types::{BigInt, Nullable, Text, Timestamp};
 use diesel::sqlite::SqliteConnection;
 use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
+use std::sync::OnceLock;
 
 holders::holder_row!(Timestamp, NaiveDateTime, |t| t.and_utc());
 
@@ -176,6 +177,60 @@ impl HolderLocks for SqliteConnection {
             Err(diesel::result::Error::RollbackTransaction) => Ok(false),
             r => r,
         }
+    }
+
+    fn holders_renew_many(
+        &mut self,
+        holders: &[(String, String)],
+        ttl_us: i64,
+    ) -> QueryResult<Vec<String>> {
+        static RENEW: [OnceLock<String>; BATCH_SIZES.len()] =
+            [const { OnceLock::new() }; BATCH_SIZES.len()];
+        static RAISE: [OnceLock<String>; BATCH_SIZES.len()] =
+            [const { OnceLock::new() }; BATCH_SIZES.len()];
+        // As `holders_renew`, for many, under the one write lock: the live holder rows whose
+        // key still has its lease row, then those keys' `shared_until` raised to their
+        // latest holder's expiry (the rows just renewed; any other live holder's expiry is
+        // already below it). Holder ids are 128 random bits: the pair of lists matches
+        // exactly our holders. `+holder_id`: the index is searched by key alone, the holder
+        // ids only filter (else SQLite searches every key with every holder id, 500 × 500
+        // probes for a full batch).
+        let (keys, ids): (Vec<String>, Vec<String>) = pad(holders.to_vec()).into_iter().unzip();
+        self.immediate_transaction(|c| {
+            let renew = in_list(
+                &RENEW,
+                "UPDATE dlock_shared_leases \
+                 SET expires_at = strftime('%Y-%m-%d %H:%M:%f', 'now', ?) \
+                 WHERE lock_key IN ({}) AND +holder_id IN ({}) \
+                   AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
+                   AND EXISTS (SELECT 1 FROM dlock_leases l \
+                               WHERE l.lock_key = dlock_shared_leases.lock_key) \
+                 RETURNING lock_key, holder_id",
+                keys.len(),
+            );
+            let rows = stmt(renew)
+                .bind::<Text, _>(seconds('+', ttl_us))
+                .bind_many::<Text, _>(keys)
+                .bind_many::<Text, _>(ids)
+                .load::<KeyHolder>(c)?;
+            if rows.is_empty() {
+                return Ok(Vec::new());
+            }
+            let mut keys: Vec<String> = rows.iter().map(|r| r.lock_key.clone()).collect();
+            keys.sort_unstable();
+            keys.dedup();
+            let keys = pad(keys);
+            let raise = in_list(
+                &RAISE,
+                "UPDATE dlock_leases SET shared_until = max(COALESCE(shared_until, ''), \
+                    (SELECT max(s.expires_at) FROM dlock_shared_leases s \
+                     WHERE s.lock_key = dlock_leases.lock_key)) \
+                 WHERE lock_key IN ({})",
+                keys.len(),
+            );
+            stmt(raise).bind_many::<Text, _>(keys).execute(c)?;
+            Ok(rows.into_iter().map(|r| r.holder_id).collect())
+        })
     }
 
     fn holders_release(&mut self, key: &str, holder: &str) -> QueryResult<bool> {

@@ -8,7 +8,14 @@
 //! quarter interval (`Locks::lease_renew`; on MySQL whole seconds, at least 1), then is
 //! retried, and due renewals of keys whose last renewal worked go before those of failing
 //! keys. So S stuck keys on a pool of P connections delay the healthy renewals once, by about
-//! S/P such waits, and not again. A thread idle for two intervals
+//! S/P such waits, and not again. Healthy leases are renewed in batches of up to
+//! `MAX_BATCH` in one statement (`Locks::lease_renew_many`, `HolderLocks::holders_renew_many`
+//! for readers and permits), which skips rows another session has locked; a lease a batch
+//! did not renew is renewed alone next, as a failing key, which tells a lost lease (marked
+//! lost) from a stuck one. The leases wait for their renewals in two ordered sets
+//! keyed by (due time, id), the healthy and the failing: a registration, and a round that
+//! finds the due renewals, cost O(log N) plus the due ones, never a scan of all N (which
+//! made acquiring N leases on one `Locker` cost O(N²)). A thread idle for two intervals
 //! ends while another is idle too. Dropping the `Locker` ends and joins the idle threads; one
 //! still inside a renewal is not waited for: it ends once that statement returns.
 //!
@@ -27,7 +34,7 @@ use crate::backend::LockConnection;
 use crate::backend::Sql;
 use crate::sync::Unpoison;
 use diesel::r2d2::ConnectionManager;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
@@ -35,6 +42,12 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Default)]
 struct State {
     entries: HashMap<u64, Entry>,
+    /// The entries no thread is renewing whose last renewal worked, by (due, id); the failing
+    /// ones in `failing`. The renewing ones are in neither: finding the due renewals and the
+    /// earliest due time costs no scan of all leases (a registration and a renewal round
+    /// cost O(log N) plus the due ones, not O(N)).
+    healthy: BTreeSet<(Instant, u64)>,
+    failing: BTreeSet<(Instant, u64)>,
     next_id: u64,
     shutdown: bool,
     /// Every heartbeat thread started and not yet ended, by id.
@@ -76,6 +89,74 @@ pub(crate) const MAX_BATCH: usize = 500;
 impl State {
     fn idle(&self) -> usize {
         (self.threads.len() + self.starting).saturating_sub(self.busy.len())
+    }
+
+    /// The ordered set an entry not being renewed waits in.
+    fn set(&mut self, failing: bool) -> &mut BTreeSet<(Instant, u64)> {
+        if failing {
+            &mut self.failing
+        } else {
+            &mut self.healthy
+        }
+    }
+
+    fn insert(&mut self, id: u64, entry: Entry) {
+        let (due, failing) = (entry.due, entry.failing);
+        self.entries.insert(id, entry);
+        self.set(failing).insert((due, id));
+    }
+
+    /// No more renewals of `id`.
+    fn remove(&mut self, id: u64) {
+        if let Some(e) = self.entries.remove(&id) {
+            if !e.renewing {
+                self.set(e.failing).remove(&(e.due, id));
+            }
+        }
+    }
+
+    /// A thread takes `id`'s renewal, next due one interval from `now`: out of the sets
+    /// until `finish`.
+    fn start(&mut self, id: u64, next_due: Instant) -> Option<Due> {
+        let e = self.entries.get_mut(&id)?;
+        let (due, failing) = (e.due, e.failing);
+        if !e.renewing {
+            e.renewing = true;
+            e.due = next_due;
+        }
+        let job = (id, e.key.clone(), e.holder.clone(), e.lease.clone());
+        self.set(failing).remove(&(due, id));
+        Some(job)
+    }
+
+    /// `id`'s renewal is over: back in the set its `failing` and `due` (set meanwhile) say.
+    fn finish(&mut self, id: u64) {
+        let Some(e) = self.entries.get_mut(&id) else {
+            return;
+        };
+        if !e.renewing {
+            return;
+        }
+        e.renewing = false;
+        let (due, failing) = (e.due, e.failing);
+        self.set(failing).insert((due, id));
+    }
+
+    /// The first entry of `failing`'s set, if it is due by `by`.
+    fn first_due(&self, failing: bool, by: Instant) -> Option<u64> {
+        let set = if failing {
+            &self.failing
+        } else {
+            &self.healthy
+        };
+        set.first().filter(|(due, _)| *due <= by).map(|&(_, id)| id)
+    }
+
+    /// The earliest due time of an entry not being renewed.
+    fn earliest(&self) -> Option<Instant> {
+        let h = self.healthy.first().map(|&(due, _)| due);
+        let f = self.failing.first().map(|&(due, _)| due);
+        h.into_iter().chain(f).min()
     }
 }
 
@@ -184,13 +265,13 @@ impl Beat {
     /// The database says the lease is not ours: lost for good, and no more renewals.
     pub(crate) fn lose(&self) {
         self.lease.lose();
-        self.shared.lock().entries.remove(&self.id);
+        self.shared.lock().remove(self.id);
     }
 }
 
 impl Drop for Beat {
     fn drop(&mut self) {
-        self.shared.lock().entries.remove(&self.id);
+        self.shared.lock().remove(self.id);
     }
 }
 
@@ -200,21 +281,27 @@ impl<C: LockConnection> Heartbeat<C> {
         interval: Duration,
         ttl: Duration,
     ) -> Self {
-        let mut beat = Self::with_renewal(pool, interval, ttl, renew_lease::<C>);
-        beat.renew_many = Some(renew_leases::<C>);
-        beat
+        Self::with_renewal(
+            pool,
+            interval,
+            ttl,
+            renew_lease::<C>,
+            Some(renew_leases::<C>),
+        )
     }
 
-    /// A heartbeat whose renewals run `renew`.
+    /// A heartbeat whose renewals run `renew`, and `renew_many` for batches of healthy
+    /// leases if given.
     pub(crate) fn with_renewal(
         pool: r2d2::Pool<ConnectionManager<C>>,
         interval: Duration,
         ttl: Duration,
         renew: Renew<C>,
+        renew_many: Option<RenewMany<C>>,
     ) -> Self {
         Heartbeat {
             renew,
-            renew_many: None,
+            renew_many,
             shared: Arc::default(),
             max_threads: pool.max_size().max(1) as usize,
             pool,
@@ -231,7 +318,7 @@ impl<C: LockConnection> Heartbeat<C> {
             let mut st = self.shared.lock();
             st.next_id += 1;
             let id = st.next_id;
-            st.entries.insert(
+            st.insert(
                 id,
                 Entry {
                     key: key.to_owned(),
@@ -390,21 +477,13 @@ impl<C: LockConnection> Worker<C> {
             if let Some(batch) = self.renew_many.and_then(|_| self.batch(&mut st, now)) {
                 return Some(self.take(st, Work::Batch(batch)));
             }
-            let next = st
-                .entries
-                .iter_mut()
-                .filter(|(_, e)| !e.renewing)
-                .min_by_key(|(_, e)| (e.due > now, e.failing, e.due));
-            let wait = match next {
-                Some((&id, e)) if e.due <= now => {
-                    e.due = now + self.interval;
-                    e.renewing = true;
-                    let job = Work::Renew(id, e.key.clone(), e.holder.clone(), e.lease.clone());
-                    return Some(self.take(st, job));
-                }
-                Some((_, e)) => (e.due - now).min(idle_until.saturating_duration_since(now)),
-                None => idle_until.saturating_duration_since(now),
-            };
+            let due = st.first_due(false, now).or_else(|| st.first_due(true, now));
+            if let Some(job) = due.and_then(|id| st.start(id, now + self.interval)) {
+                let (id, key, holder, lease) = job;
+                return Some(self.take(st, Work::Renew(id, key, holder, lease)));
+            }
+            let until = st.earliest().map_or(idle_until, |due| due.min(idle_until));
+            let wait = until.saturating_duration_since(now);
             st = self
                 .shared
                 .wake
@@ -420,28 +499,22 @@ impl<C: LockConnection> Worker<C> {
     /// that each need a statement of their own per interval (a window of a quarter
     /// interval: up to four, merging only by chance).
     fn batch(&self, st: &mut State, now: Instant) -> Option<Vec<Due>> {
+        st.first_due(false, now)?;
         let soon = now + self.interval;
-        let mut ready: Vec<(Instant, u64)> = st
-            .entries
+        let ready: Vec<u64> = st
+            .healthy
             .iter()
-            .filter(|(_, e)| !e.renewing && !e.failing && e.due <= soon)
-            .map(|(&id, e)| (e.due, id))
+            .take_while(|&&(due, _)| due <= soon)
+            .take(MAX_BATCH)
+            .map(|&(_, id)| id)
             .collect();
-        if !ready.iter().any(|&(due, _)| due <= now) {
-            return None;
-        }
-        ready.sort_unstable();
-        ready.truncate(MAX_BATCH);
-        let batch = ready
-            .into_iter()
-            .filter_map(|(_, id)| {
-                let e = st.entries.get_mut(&id)?;
-                e.due = now + self.interval;
-                e.renewing = true;
-                Some((id, e.key.clone(), e.holder.clone(), e.lease.clone()))
-            })
-            .collect();
-        Some(batch)
+        let next_due = now + self.interval;
+        Some(
+            ready
+                .into_iter()
+                .filter_map(|id| st.start(id, next_due))
+                .collect(),
+        )
     }
 
     /// This thread takes `work`: busy now, and one more thread is started if none is left
@@ -490,9 +563,7 @@ impl<C: LockConnection> Worker<C> {
             let mut st = self.shared.lock();
             st.busy.remove(&me);
             for id in renewed {
-                if let Some(entry) = st.entries.get_mut(&id) {
-                    entry.renewing = false;
-                }
+                st.finish(id);
             }
             if st.shutdown {
                 // Drop did not wait for this thread: it detaches by dropping the handle.
@@ -520,7 +591,7 @@ impl<C: LockConnection> Worker<C> {
                     live.push((id, key, holder, lease));
                 }
                 None => {
-                    self.shared.lock().entries.remove(&id);
+                    self.shared.lock().remove(id);
                     log::warn!(
                         "lock {key:?}: not renewed before its local deadline; the lock is lost"
                     );
@@ -556,18 +627,16 @@ impl<C: LockConnection> Worker<C> {
             if renewed.contains(&holder) {
                 if lease.renewed(sent) {
                     log::trace!("lock {key:?}: lease renewed");
-                    if let Some(entry) = st.entries.get_mut(&id) {
-                        entry.renewing = false;
-                    }
+                    st.finish(id);
                 } else {
-                    st.entries.remove(&id);
+                    st.remove(id);
                     log::warn!("lock {key:?}: the lease was renewed only after its local deadline; the lock counts as lost");
                 }
             } else if let Some(entry) = st.entries.get_mut(&id) {
                 // On its own, next (after the healthy renewals due).
-                entry.renewing = false;
                 entry.failing = true;
                 entry.due = now;
+                st.finish(id);
             }
         }
         drop(st);
@@ -578,7 +647,7 @@ impl<C: LockConnection> Worker<C> {
         let (shared, interval, ttl) = (&self.shared, self.interval, self.ttl);
         let ttl_us = crate::strategy::micros(ttl).unwrap_or(i64::MAX);
         let forget = || {
-            shared.lock().entries.remove(&id);
+            shared.lock().remove(id);
         };
         // Before anything is sent: the database's count of the ttl starts later.
         let sent = Instant::now();
@@ -631,5 +700,58 @@ impl<C: LockConnection> Worker<C> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(due: Instant) -> Entry {
+        Entry {
+            key: "k".into(),
+            holder: "h".into(),
+            due,
+            renewing: false,
+            failing: false,
+            lease: Arc::new(Validity::new(Instant::now(), Duration::from_secs(30))),
+        }
+    }
+
+    /// The ordered sets follow every change: due healthy entries before due failing ones,
+    /// renewing entries in neither set, removed entries gone from both.
+    #[test]
+    fn ordered_sets_follow_the_entries() {
+        let now = Instant::now();
+        let mut st = State::default();
+        for (id, secs) in [(1, 3), (2, 1), (3, 2)] {
+            st.insert(id, entry(now + Duration::from_secs(secs)));
+        }
+        let later = now + Duration::from_secs(10);
+        assert_eq!(st.first_due(false, now), None);
+        assert_eq!(st.first_due(false, later), Some(2));
+        assert_eq!(st.earliest(), Some(now + Duration::from_secs(1)));
+        // 2 is renewed and fails: due at once, but after the healthy ones.
+        let job = st.start(2, later).unwrap();
+        assert_eq!(job.0, 2);
+        assert_eq!((st.healthy.len(), st.failing.len()), (2, 0));
+        let e = st.entries.get_mut(&2).unwrap();
+        e.failing = true;
+        e.due = now;
+        st.finish(2);
+        assert_eq!(st.first_due(false, later), Some(3));
+        assert_eq!(st.first_due(true, now), Some(2));
+        assert_eq!(st.earliest(), Some(now));
+        // A removed entry leaves its set, renewing or not.
+        st.remove(2);
+        st.start(3, later).unwrap();
+        st.remove(3);
+        st.finish(3);
+        assert_eq!(st.failing.len(), 0);
+        assert_eq!(
+            st.healthy.iter().map(|&(_, id)| id).collect::<Vec<_>>(),
+            [1]
+        );
+        assert_eq!(st.entries.len(), 1);
     }
 }

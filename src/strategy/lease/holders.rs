@@ -45,6 +45,9 @@ impl<C: LockConnection> HolderCore<C> {
                 |c: &mut C, key, holder, ttl_us, bound| {
                     c.sql().holders_renew(key, holder, ttl_us, bound)
                 },
+                Some(|c: &mut C, holders: &[(String, String)], ttl_us| {
+                    c.sql().holders_renew_many(holders, ttl_us)
+                }),
             )),
             pool: setup.pool.clone(),
             owner: setup.owner.clone(),

@@ -40,10 +40,10 @@ use std::time::Duration;
 pub(crate) const STALL_CAP: Duration = Duration::from_secs(2);
 
 /// The shortest idle bound, whatever the ttl: a client on a loaded machine may pause this
-/// long between two statements without losing its session (whole seconds, at least 1, on
-/// MariaDB). The holders' renewals outlast it with a ttl of about a second or more.
+/// long between two statements without losing its session (the least MariaDB takes, too).
+/// The holders' renewals outlast it with a ttl of 2 s or more.
 #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
-const STALL_FLOOR: Duration = Duration::from_millis(500);
+const STALL_FLOOR: Duration = Duration::from_secs(1);
 
 /// How long one acquisition waits for a row lock of the key before it counts as busy (whole
 /// seconds on MariaDB, where 1 is the least). A newcomer queued behind a stopped
@@ -357,9 +357,10 @@ mod tests {
         assert_eq!(stall_bound(0), STALL_FLOOR);
         assert_eq!(stall_bound(-1), STALL_FLOOR);
         // Below what the holders' renewals (every third of the ttl) can wait out.
-        for ttl in [2, 3, 8, 30, 600] {
+        for ttl in [3, 8, 30, 600] {
             let ttl = Duration::from_secs(ttl);
             assert!(stall_bound(us(ttl)) < ttl / 2, "{ttl:?}");
         }
+        assert_eq!(stall_bound(us(Duration::from_secs(2))), STALL_FLOOR);
     }
 }

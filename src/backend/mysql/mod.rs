@@ -145,12 +145,14 @@ fn with_transaction_bounds<T>(
     .bind::<BigInt, _>(whole_seconds(idle))
     .bind::<diesel::sql_types::Nullable<BigInt>, _>(lock.map(whole_seconds))
     .execute(conn)?;
-    stmt(
+    // From here on the session's settings are put back whatever happens (a failed SET, a
+    // failed transaction): the connection goes back to the pool either way.
+    let result = stmt(
         "SET /*M!100300 SESSION idle_transaction_timeout = CAST(@dlock_bound_idle AS UNSIGNED), */ \
          @dlock_bound_idle = NULL",
     )
-    .execute(conn)?;
-    let result = f(conn);
+    .execute(conn)
+    .and_then(|_| f(conn));
     stmt(
         "SET SESSION innodb_lock_wait_timeout = @dlock_bound_wait \
          /*M!100300 , SESSION idle_transaction_timeout = @dlock_bound_saved_idle */",

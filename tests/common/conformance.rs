@@ -353,8 +353,12 @@ pub fn try_lock_for_returns_at_its_deadline<C: TestDb>(h: &Harness<C>, s: Strate
         assert!(other.try_lock_for(&key, timeout).unwrap().is_none());
         let took = start.elapsed();
         assert!(took >= timeout, "returned early: {took:?} < {timeout:?}");
+        // Past the deadline a waiter in a key's line still leaves it: one commit, which a
+        // server busy with other tests' fsyncs took up to 250 ms to make (MariaDB, seen 4
+        // of 60 runs beside the suite: 466–544 ms for 300 ms); a waiter that kept waiting
+        // would take far longer.
         assert!(
-            took <= timeout + Duration::from_millis(150),
+            took <= timeout + Duration::from_millis(400),
             "returned late: {took:?} for {timeout:?}"
         );
     }

@@ -159,14 +159,7 @@ pub(crate) fn in_list(
     template: &'static str,
     n: usize,
 ) -> &'static str {
-    let i = BATCH_SIZES
-        .iter()
-        .position(|&s| s == n)
-        .expect("a batch size");
-    cache[i].get_or_init(|| {
-        let list = vec!["?"; n].join(", ");
-        template.replace("{}", &list)
-    })
+    repeated(cache, template, "?", n)
 }
 
 /// `template` with each `{}` replaced by `n` pairs of placeholders `(?, ?), (?, ?), …` (a
@@ -176,14 +169,22 @@ pub(crate) fn in_pairs(
     template: &'static str,
     n: usize,
 ) -> &'static str {
+    repeated(cache, template, "(?, ?)", n)
+}
+
+/// `template` with each `{}` replaced by `n` copies of `item`, comma-separated, made once
+/// per batch size in `cache`.
+fn repeated(
+    cache: &'static [std::sync::OnceLock<String>; BATCH_SIZES.len()],
+    template: &'static str,
+    item: &str,
+    n: usize,
+) -> &'static str {
     let i = BATCH_SIZES
         .iter()
         .position(|&s| s == n)
         .expect("a batch size");
-    cache[i].get_or_init(|| {
-        let list = vec!["(?, ?)"; n].join(", ");
-        template.replace("{}", &list)
-    })
+    cache[i].get_or_init(|| template.replace("{}", &vec![item; n].join(", ")))
 }
 
 /// Pads `v` to `batch_size(v.len())` by repeating its last value (a repeated value changes

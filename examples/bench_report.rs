@@ -304,10 +304,11 @@ fn main() {
     // file and carried over into this one.
     // So are the loss-notification latencies (examples/loss_latency.rs), the waiting across
     // processes (examples/wait_report.rs) and that of readers and permits
-    // (examples/fair_kinds.rs).
+    // (examples/fair_kinds.rs), and storage after a purge (examples/storage_report.rs).
     for carried in [
         "docs/soak.md",
         "docs/loss.md",
+        "docs/storage.md",
         "docs/waiting.md",
         "docs/scale.md",
         "docs/fair_kinds.md",

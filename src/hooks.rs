@@ -14,6 +14,7 @@ pub type Hook = Arc<dyn Fn() + Send + Sync>;
 enum At {
     BeforeLeave,
     InHoldersAcquire,
+    InRenewBatch,
 }
 
 fn hooks() -> &'static Mutex<HashMap<(At, String), Hook>> {
@@ -52,6 +53,17 @@ pub fn set_in_holders_acquire(key: &str, hook: Hook) {
         .insert((At::InHoldersAcquire, key.to_owned()), hook);
 }
 
+/// Runs `hook` inside a batch renewal's transaction of exclusive leases that includes `key`
+/// (MySQL/MariaDB, where the batch locks the rows by one statement and renews them by
+/// another), once the rows are locked, before they are renewed: the instant where a stopped
+/// heartbeat would hold up to 500 keys' rows locked.
+pub fn set_in_renew_batch(key: &str, hook: Hook) {
+    hooks()
+        .lock()
+        .unpoisoned()
+        .insert((At::InRenewBatch, key.to_owned()), hook);
+}
+
 /// Removes the hooks of `key`.
 pub fn clear(key: &str) {
     hooks().lock().unpoisoned().retain(|(_, k), _| k != key);
@@ -63,4 +75,9 @@ pub(crate) fn before_leave(key: &str) {
 
 pub(crate) fn in_holders_acquire(key: &str) {
     run(At::InHoldersAcquire, key);
+}
+
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+pub(crate) fn in_renew_batch(key: &str) {
+    run(At::InRenewBatch, key);
 }

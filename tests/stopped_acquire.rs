@@ -33,6 +33,9 @@ use std::time::{Duration, Instant};
 const TTL: Duration = Duration::from_secs(8);
 /// The idle bound the library sets for an acquisition with `TTL` (min(TTL/4, 2 s)).
 const STALL: Duration = Duration::from_secs(2);
+/// The ttl of the lease whose heartbeat is stopped inside a batch renewal (renewed every
+/// third of it; the bound of the stopped transaction: a quarter, at least 1 s).
+const RENEW_TTL: Duration = Duration::from_secs(4);
 /// The newcomers' wait.
 const WAIT: Duration = Duration::from_secs(3);
 /// Room for a loaded test machine: scheduling, connecting, a round trip or two.
@@ -104,6 +107,9 @@ fn child_main<C: LockConnection>(h: Harness<C>, ttl: Duration, key: &str, mode: 
             }
         }),
     );
+    if mode == "renew" {
+        return renewing_child(&locker, key, ttl);
+    }
     let got = match mode {
         "read" => locker.try_read(key),
         "permit" => locker.try_permit(key, N),
@@ -116,6 +122,27 @@ fn child_main<C: LockConnection>(h: Harness<C>, ttl: Duration, key: &str, mode: 
         }
         Ok(None) => say("RESULT busy"),
         Err(e) => say(&format!("RESULT error {e}")),
+    }
+}
+
+/// Mode `renew`: holds `key` as an exclusive lease and stops itself inside its heartbeat's
+/// first batch renewal that includes it (once), with the rows locked; once continued, says
+/// what its guard learnt within 3 ttl: `RESULT lost`, or `RESULT held`.
+fn renewing_child<C: LockConnection>(locker: &Locker<C>, key: &str, ttl: Duration) {
+    let stopped = AtomicBool::new(false);
+    diesel_lock::__test_hooks::set_in_renew_batch(
+        key,
+        Arc::new(move || {
+            if !stopped.swap(true, Ordering::SeqCst) {
+                say("STOPPING");
+                kill(Pid::this(), Signal::SIGSTOP).unwrap();
+            }
+        }),
+    );
+    let g = locker.lock(key).unwrap();
+    match g.loss_watch().wait(3 * ttl) {
+        diesel_lock::LockStatus::Lost => say("RESULT lost"),
+        other => say(&format!("RESULT {other:?}")),
     }
 }
 
@@ -301,4 +328,83 @@ fn mysql_permit_stopped_inside_acquire() {
     if let Some(h) = common::mysql() {
         stopped_inside_acquire("mysql", &h, "permit");
     }
+}
+
+/// A heartbeat stopped (SIGSTOP) inside a batch renewal, with the rows of the leases it
+/// renews locked (MariaDB locks them by one statement and renews them by the next), must
+/// not keep those keys from everyone for as long as it is stopped: the server ends that
+/// transaction after the idle bound, a newcomer's bounded wait returns near its deadline,
+/// the key is free once the stopped holder's lease has run out, and the holder, continued,
+/// is told it lost the key and never renews it back over the newcomer. (PostgreSQL and
+/// SQLite renew a batch in one statement.)
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_heartbeat_stopped_inside_a_batch_renewal() {
+    let Some(h) = common::mysql() else { return };
+    let key = unique_key("stopped-renew");
+    let mut kid = Kid::spawn("mysql", &h.url, RENEW_TTL.as_millis() as u64, &key, "renew");
+    kid.expect("STOPPING");
+    wait_stopped(&kid);
+    let stopped_at = Instant::now();
+    let mut conn = h.pool.get().unwrap();
+    assert!(
+        !conn.lease_row_free(&key),
+        "the stopped heartbeat does not hold the lease row: the test proves nothing"
+    );
+    let bound = holders_stall(RENEW_TTL);
+    // A newcomer waiting WAIT: its attempts wait for the row lock at most until the server
+    // ends the stopped transaction; it may get the key once the lease ran out (a ttl from
+    // the acquisition, under a ttl from the stop).
+    let newcomer = h.locker(lease());
+    let start = Instant::now();
+    let got = newcomer.try_lock_for(&key, WAIT).unwrap();
+    let took = start.elapsed();
+    eprintln!(
+        "a newcomer waiting {WAIT:?} returned after {took:?} (got it: {})",
+        got.is_some()
+    );
+    let limit = WAIT + bound + SLACK;
+    if took > limit {
+        let _ = kill(Pid::from_raw(kid.pid()), Signal::SIGCONT);
+        panic!("a newcomer waiting {WAIT:?} returned after {took:?} (> {limit:?})");
+    }
+    let by = bound + SLACK;
+    if stopped_at.elapsed() < by {
+        std::thread::sleep(by - stopped_at.elapsed());
+    }
+    assert!(
+        conn.lease_row_free(&key),
+        "the lease row is still locked {:?} after the stop",
+        stopped_at.elapsed()
+    );
+    drop(conn);
+    // Past a ttl since the stop the stopped holder's lease has run out: the key can be taken.
+    let g = match got {
+        Some(g) => g,
+        None => {
+            let past = RENEW_TTL + Duration::from_secs(1);
+            if stopped_at.elapsed() < past {
+                std::thread::sleep(past - stopped_at.elapsed());
+            }
+            newcomer
+                .try_lock(&key)
+                .unwrap()
+                .expect("the key is stuck a ttl after its holder's heartbeat stopped")
+        }
+    };
+    kill(Pid::from_raw(kid.pid()), Signal::SIGCONT).unwrap();
+    let result = kid.expect("RESULT");
+    assert_eq!(
+        result, "RESULT lost",
+        "the continued holder was not told its loss"
+    );
+    // The continued heartbeat did not renew the key back over the newcomer.
+    g.check()
+        .unwrap_or_else(|e| panic!("the newcomer lost the key to the continued holder: {e}"));
+    g.release().unwrap();
+}
+
+/// The idle bound the library sets for a batch renewal of leases of `ttl`.
+fn holders_stall(ttl: Duration) -> Duration {
+    (ttl / 4).clamp(Duration::from_secs(1), STALL)
 }

@@ -252,76 +252,81 @@ impl HolderLocks for MysqlConnection {
         // holders), then the live holder rows of the keys locked, each by a locking read
         // that skips the rows another session holds (a stuck key must not hold up the
         // batch: an UPDATE would wait on it); then exactly the holder rows locked are
-        // extended, and their keys' `shared_until` raised, to the same instant.
-        read_committed(self)?;
-        self.transaction(|c| {
-            let mut keys: Vec<String> = holders.iter().map(|(k, _)| k.clone()).collect();
-            keys.sort_unstable();
-            keys.dedup();
-            let keys = pad(keys);
-            let lock = in_list(
-                &LEASES,
-                "SELECT lock_key FROM dlock_leases WHERE lock_key IN ({}) \
+        // extended, and their keys' `shared_until` raised, to the same instant. Bounded on
+        // the server as an acquisition's: the transaction holds up to 500 keys' rows locked
+        // across its statements, and a heartbeat stopped among them must not keep those keys
+        // from everyone.
+        with_transaction_bounds(self, holders::stall_bound(ttl_us), None, |c| {
+            read_committed(c)?;
+            c.transaction(|c| {
+                let mut keys: Vec<String> = holders.iter().map(|(k, _)| k.clone()).collect();
+                keys.sort_unstable();
+                keys.dedup();
+                let keys = pad(keys);
+                let lock = in_list(
+                    &LEASES,
+                    "SELECT lock_key FROM dlock_leases WHERE lock_key IN ({}) \
                  FOR UPDATE SKIP LOCKED",
-                keys.len(),
-            );
-            let locked: HashSet<String> = stmt(lock)
-                .bind_many::<Text, _>(keys)
-                .load::<LockKey>(c)?
-                .into_iter()
-                .map(|r| r.lock_key)
-                .collect();
-            let pairs: Vec<String> = holders
-                .iter()
-                .filter(|(k, _)| locked.contains(k))
-                .flat_map(|(k, h)| [k.clone(), h.clone()])
-                .collect();
-            if pairs.is_empty() {
-                return Ok(Vec::new());
-            }
-            let pairs = pad_pairs(pairs);
-            let lock = in_pairs(
-                &LOCK,
-                "SELECT lock_key, holder_id FROM dlock_shared_leases \
+                    keys.len(),
+                );
+                let locked: HashSet<String> = stmt(lock)
+                    .bind_many::<Text, _>(keys)
+                    .load::<LockKey>(c)?
+                    .into_iter()
+                    .map(|r| r.lock_key)
+                    .collect();
+                let pairs: Vec<String> = holders
+                    .iter()
+                    .filter(|(k, _)| locked.contains(k))
+                    .flat_map(|(k, h)| [k.clone(), h.clone()])
+                    .collect();
+                if pairs.is_empty() {
+                    return Ok(Vec::new());
+                }
+                let pairs = pad_pairs(pairs);
+                let lock = in_pairs(
+                    &LOCK,
+                    "SELECT lock_key, holder_id FROM dlock_shared_leases \
                  WHERE (lock_key, holder_id) IN ({}) AND expires_at > UTC_TIMESTAMP(6) \
                  FOR UPDATE SKIP LOCKED",
-                pairs.len() / 2,
-            );
-            let rows = stmt(lock)
-                .bind_many::<Text, _>(pairs)
-                .load::<KeyHolder>(c)?;
-            if rows.is_empty() {
-                return Ok(Vec::new());
-            }
-            stmt("SET @dlock_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND")
-                .bind::<BigInt, _>(ttl_us)
-                .execute(c)?;
-            let pairs = pad_pairs(
-                rows.iter()
-                    .flat_map(|r| [r.lock_key.clone(), r.holder_id.clone()])
-                    .collect(),
-            );
-            let renew = in_pairs(
-                &RENEW,
-                "UPDATE dlock_shared_leases SET expires_at = @dlock_until \
+                    pairs.len() / 2,
+                );
+                let rows = stmt(lock)
+                    .bind_many::<Text, _>(pairs)
+                    .load::<KeyHolder>(c)?;
+                if rows.is_empty() {
+                    return Ok(Vec::new());
+                }
+                stmt("SET @dlock_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND")
+                    .bind::<BigInt, _>(ttl_us)
+                    .execute(c)?;
+                let pairs = pad_pairs(
+                    rows.iter()
+                        .flat_map(|r| [r.lock_key.clone(), r.holder_id.clone()])
+                        .collect(),
+                );
+                let renew = in_pairs(
+                    &RENEW,
+                    "UPDATE dlock_shared_leases SET expires_at = @dlock_until \
                  WHERE (lock_key, holder_id) IN ({})",
-                pairs.len() / 2,
-            );
-            stmt(renew).bind_many::<Text, _>(pairs).execute(c)?;
-            let mut keys: Vec<String> = rows.iter().map(|r| r.lock_key.clone()).collect();
-            keys.sort_unstable();
-            keys.dedup();
-            let keys = pad(keys);
-            let raise = in_list(
-                &RAISE,
-                "UPDATE dlock_leases \
+                    pairs.len() / 2,
+                );
+                stmt(renew).bind_many::<Text, _>(pairs).execute(c)?;
+                let mut keys: Vec<String> = rows.iter().map(|r| r.lock_key.clone()).collect();
+                keys.sort_unstable();
+                keys.dedup();
+                let keys = pad(keys);
+                let raise = in_list(
+                    &RAISE,
+                    "UPDATE dlock_leases \
                  SET shared_until = IF(shared_until IS NULL OR shared_until < @dlock_until, \
                                        @dlock_until, shared_until) \
                  WHERE lock_key IN ({})",
-                keys.len(),
-            );
-            stmt(raise).bind_many::<Text, _>(keys).execute(c)?;
-            Ok(rows.into_iter().map(|r| r.holder_id).collect())
+                    keys.len(),
+                );
+                stmt(raise).bind_many::<Text, _>(keys).execute(c)?;
+                Ok(rows.into_iter().map(|r| r.holder_id).collect())
+            })
         })
     }
 

@@ -3,7 +3,7 @@
 #![cfg_attr(not(feature = "bench-sql"), allow(unreachable_pub))]
 
 use super::{with_lock_wait_timeout, with_transaction_bounds};
-use crate::backend::holders::STALL_CAP;
+use crate::backend::holders::{stall_bound, STALL_CAP};
 use crate::backend::sealed::Locks;
 use crate::backend::shared;
 use crate::backend::shared::{exists, KeyHolder, One};
@@ -563,45 +563,16 @@ impl Locks for MysqlConnection {
         leases: &[(String, String)],
         ttl_us: i64,
     ) -> QueryResult<Vec<String>> {
-        static LOCK: [OnceLock<String>; BATCH_SIZES.len()] =
-            [const { OnceLock::new() }; BATCH_SIZES.len()];
-        static RENEW: [OnceLock<String>; BATCH_SIZES.len()] =
-            [const { OnceLock::new() }; BATCH_SIZES.len()];
         // No UPDATE … RETURNING on MariaDB: the rows are locked first by a read that skips
         // those another session holds (a stuck key must not hold up the batch: an UPDATE
         // would wait on it), then exactly those are renewed. READ COMMITTED: no gap locks.
         // Holder ids are 128 random bits: the pair of lists matches exactly our leases.
-        super::holders::read_committed(self)?;
-        self.transaction(|c| {
-            let (keys, holders): (Vec<String>, Vec<String>) =
-                pad(leases.to_vec()).into_iter().unzip();
-            let lock = in_list(
-                &LOCK,
-                "SELECT lock_key, holder_id FROM dlock_leases \
-                 WHERE lock_key IN ({}) AND holder_id IN ({}) \
-                   AND expires_at > UTC_TIMESTAMP(6) \
-                 FOR UPDATE SKIP LOCKED",
-                keys.len(),
-            );
-            let locked = stmt(lock)
-                .bind_many::<Text, _>(keys)
-                .bind_many::<Text, _>(holders)
-                .load::<KeyHolder>(c)?;
-            if locked.is_empty() {
-                return Ok(Vec::new());
-            }
-            let keys = pad(locked.iter().map(|r| r.lock_key.clone()).collect());
-            let renew = in_list(
-                &RENEW,
-                "UPDATE dlock_leases SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
-                 WHERE lock_key IN ({})",
-                keys.len(),
-            );
-            stmt(renew)
-                .bind::<BigInt, _>(ttl_us)
-                .bind_many::<Text, _>(keys)
-                .execute(c)?;
-            Ok(locked.into_iter().map(|r| r.holder_id).collect())
+        // The transaction holds up to 500 rows' locks across its statements: bounded on the
+        // server as an acquisition's (a heartbeat stopped between them must not keep those
+        // keys from everyone; its renewal is then rolled back and told late, so lost).
+        with_transaction_bounds(self, stall_bound(ttl_us), None, |c| {
+            super::holders::read_committed(c)?;
+            c.transaction(|c| renew_leases_locked(c, leases, ttl_us))
         })
     }
 
@@ -766,4 +737,49 @@ fn grant_row(
     }
     mark_granted(c, w)?;
     Ok(true)
+}
+
+/// `lease_renew_many`'s transaction: the leases' rows locked (skipping those another session
+/// holds), exactly those renewed; their holder ids.
+fn renew_leases_locked(
+    c: &mut MysqlConnection,
+    leases: &[(String, String)],
+    ttl_us: i64,
+) -> QueryResult<Vec<String>> {
+    static LOCK: [OnceLock<String>; BATCH_SIZES.len()] =
+        [const { OnceLock::new() }; BATCH_SIZES.len()];
+    static RENEW: [OnceLock<String>; BATCH_SIZES.len()] =
+        [const { OnceLock::new() }; BATCH_SIZES.len()];
+    let (keys, holders): (Vec<String>, Vec<String>) = pad(leases.to_vec()).into_iter().unzip();
+    let lock = in_list(
+        &LOCK,
+        "SELECT lock_key, holder_id FROM dlock_leases \
+             WHERE lock_key IN ({}) AND holder_id IN ({}) \
+               AND expires_at > UTC_TIMESTAMP(6) \
+             FOR UPDATE SKIP LOCKED",
+        keys.len(),
+    );
+    let locked = stmt(lock)
+        .bind_many::<Text, _>(keys)
+        .bind_many::<Text, _>(holders)
+        .load::<KeyHolder>(c)?;
+    if locked.is_empty() {
+        return Ok(Vec::new());
+    }
+    #[cfg(feature = "test-hooks")]
+    for r in &locked {
+        crate::hooks::in_renew_batch(&r.lock_key);
+    }
+    let keys = pad(locked.iter().map(|r| r.lock_key.clone()).collect());
+    let renew = in_list(
+        &RENEW,
+        "UPDATE dlock_leases SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+             WHERE lock_key IN ({})",
+        keys.len(),
+    );
+    stmt(renew)
+        .bind::<BigInt, _>(ttl_us)
+        .bind_many::<Text, _>(keys)
+        .execute(c)?;
+    Ok(locked.into_iter().map(|r| r.holder_id).collect())
 }

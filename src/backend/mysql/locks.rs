@@ -271,10 +271,10 @@ impl Locks for MysqlConnection {
     shared::statements!(row_held, row_give_back);
 
     fn row_release(&mut self, id: i64, holder: &str) -> QueryResult<bool> {
-        // The hand-over bumps the key's counter (one statement), then updates its row and
-        // the place together, the row locked first (`ROW_GRANT`; the acquisitions lock the
-        // counter, then insert the row; a place's own statements lock the place only, and
-        // the confirmation the row, then the place).
+        // The hand-over is one statement, which locks the key's counter, then its row, then
+        // the place (`ROW_GRANT`; the acquisitions lock the counter, then insert the row; a
+        // place's own statements lock the place only, and the confirmation the row, then the
+        // place).
         release_or_grant(
             self,
             |c, after| {
@@ -779,31 +779,34 @@ const LEASE_GRANT: &str = concat!(
        AND w.expires_at > UTC_TIMESTAMP(6) AND w.holder IS NOT NULL"
 );
 
-/// `row_release`'s hand-over, after the key's counter was bumped (`ROW_GRANT_BUMP`, its own
-/// statement: the new token is in this session's `LAST_INSERT_ID()`, which no assignment
-/// here changes, so it is the same for the whole statement): the row, while still `holder`'s,
-/// and the place, as `LEASE_GRANT`, in one statement, the row locked first. Binds: row id,
-/// holder id, place.
-const ROW_GRANT: &str = "UPDATE dlock_rows r STRAIGHT_JOIN dlock_waiters w \
-     SET r.owner = w.owner, r.holder = w.holder, r.token = LAST_INSERT_ID(), \
-         r.acquired_at = UTC_TIMESTAMP(6), r.stale_at = w.expires_at, \
-         w.granted_at = UTC_TIMESTAMP(6) \
-     WHERE r.id = ? AND COALESCE(r.holder, '') = ? \
-       AND w.id = ? AND w.lock_key = r.lock_key AND w.granted_at IS NULL \
-       AND w.expires_at > UTC_TIMESTAMP(6) AND w.holder IS NOT NULL";
-
-/// `row_release`'s hand-over, first: the key's counter goes up (never below the clock
-/// floor), the new value left in `LAST_INSERT_ID()`. Autocommit: a releaser stopped after it
-/// leaves nothing locked, only a token never handed out (the next bump goes past it).
-/// Tokens still increase across holders: the key's row is there until `ROW_GRANT` passes it
-/// on, so no acquisition inserts a row with a later bump in between (and no purge deletes
-/// the counter of a key with a row). By the key the first-place read returned, so that it
-/// locks the counter alone (a subquery on the row would lock the row first, the opposite
-/// order of the acquisitions).
-const ROW_GRANT_BUMP: &str = concat!(
-    "UPDATE dlock_tokens SET token = LAST_INSERT_ID(GREATEST(token + 1, ",
+/// `row_release`'s hand-over, one statement (autocommit, as `LEASE_GRANT`): the key's
+/// counter, the row, while still `holder`'s, and the place, while live and ungranted, locked
+/// in that order (STRAIGHT_JOIN, each by its key: the order of the acquisitions, which lock
+/// the counter, then insert the row). The row takes the place's holder id and owner, the
+/// next token, the time, and the place's expiry as its deadline to confirm; the place is
+/// marked granted. Binds: key, row id, holder id, place.
+///
+/// The next token is the row's own plus one (never below the clock floor), and the counter
+/// goes up to at least that: MySQL gives no order across the tables of a multi-table
+/// UPDATE, and each assignment here decides alike whichever table goes first. The row's
+/// reads only its own old token; the counter's reads the row's token, old (`r0 + 1`) or
+/// new (`r0 + 2`), and keeps the larger of that and its own: after the statement the
+/// counter is at least the row's new token either way, so every later acquisition draws a
+/// larger one, and the new token is above the row's old one, the latest any holder had (a
+/// counter above it holds only bumps of newcomers whose insert failed, never handed out).
+const ROW_GRANT: &str = concat!(
+    "UPDATE dlock_tokens t STRAIGHT_JOIN dlock_rows r STRAIGHT_JOIN dlock_waiters w \
+     SET t.token = GREATEST(t.token, r.token + 1, ",
     mysql_floor!(),
-    ")) WHERE lock_key = ?"
+    "), r.owner = w.owner, r.holder = w.holder, \
+         r.token = GREATEST(r.token + 1, ",
+    mysql_floor!(),
+    "), r.acquired_at = UTC_TIMESTAMP(6), r.stale_at = w.expires_at, \
+         w.granted_at = UTC_TIMESTAMP(6) \
+     WHERE t.lock_key = ? AND r.id = ? AND r.lock_key = t.lock_key \
+       AND COALESCE(r.holder, '') = ? \
+       AND w.id = ? AND w.lock_key = r.lock_key AND w.granted_at IS NULL \
+       AND w.expires_at > UTC_TIMESTAMP(6) AND w.holder IS NOT NULL"
 );
 
 /// A lease's hand-over to place `w` (`LEASE_GRANT`): false if `holder` no longer held it;
@@ -840,27 +843,18 @@ fn grant_lease(
     }
 }
 
-/// A row's hand-over to place `w`: the key's next token (`ROW_GRANT_BUMP`), then the row and
-/// the place (`ROW_GRANT`). False if `holder` no longer held it; `Passed::Gone` if the place
-/// was no longer waiting (told apart as `grant_lease` does).
+/// A row's hand-over to place `w` (`ROW_GRANT`): false if `holder` no longer held it;
+/// `Passed::Gone` if the place was no longer waiting (told apart by reads after the grant
+/// matched nothing, as `grant_lease` does). A key without a counter (never expected while
+/// its row exists) is released without a hand-over.
 fn grant_row(
     c: &mut MysqlConnection,
     id: i64,
     holder: &str,
     w: &FirstPlace,
 ) -> Result<bool, Passed> {
-    let bumped = stmt(ROW_GRANT_BUMP)
-        .bind::<Text, _>(&w.lock_key)
-        .execute(c)?;
-    if bumped != 1 {
-        // No counter (never expected while the row exists), or no row: no hand-over.
-        return Ok(stmt(shared::ROW_RELEASE)
-            .bind::<BigInt, _>(id)
-            .bind::<Text, _>(holder)
-            .execute(c)?
-            == 1);
-    }
     let n = stmt(ROW_GRANT)
+        .bind::<Text, _>(&w.lock_key)
         .bind::<BigInt, _>(id)
         .bind::<Text, _>(holder)
         .bind::<BigInt, _>(w.id)
@@ -874,9 +868,15 @@ fn grant_row(
         .get_result::<Id>(c)
         .optional()?
         .is_some();
-    if still_ours {
-        Err(Passed::Gone)
-    } else {
-        Ok(false)
+    if !still_ours {
+        return Ok(false);
     }
+    if !counter_there(c, &w.lock_key)? {
+        return Ok(stmt(shared::ROW_RELEASE)
+            .bind::<BigInt, _>(id)
+            .bind::<Text, _>(holder)
+            .execute(c)?
+            == 1);
+    }
+    Err(Passed::Gone)
 }

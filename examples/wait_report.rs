@@ -13,6 +13,9 @@
 //! eval "$(bash scripts/services.sh)"
 //! cargo run --release --all-features --example wait_report -- --out docs/waiting.md
 //! ```
+//!
+//! `--backend mysql` (or `postgresql`, `mariadb`, `sqlite`) measures that backend only;
+//! `--threads URL STRATEGY` and `--processes URL STRATEGY` measure one figure.
 
 use diesel_lock::{Locker, Strategy};
 use std::fmt::Write as _;
@@ -271,6 +274,11 @@ fn main() {
         Some("--hold") => return hold(&a[2], &a[3], &a[4]),
         _ => {}
     }
+    if a.get(1).map(String::as_str) == Some("--processes") {
+        let (p, f) = processes(&a[2], &a[3]);
+        println!("{} {}: {p:.0}/s fairness {f:.2}", a[2], a[3]);
+        return;
+    }
     if a.get(1).map(String::as_str) == Some("--threads") {
         let (t, f) = threads(&a[2], &a[3]);
         println!("{} {}: {t:.0}/s fairness {f:.2}", a[2], a[3]);
@@ -293,6 +301,15 @@ fn main() {
     }
     if let Ok(u) = std::env::var("DLOCK_TEST_MYSQL_URL") {
         backends.insert(1, ("mariadb", u));
+    }
+    // `--backend NAME` (postgresql, mariadb or its alias mysql, sqlite): that one only.
+    if let Some(i) = a.iter().position(|x| x == "--backend") {
+        let only = match a[i + 1].as_str() {
+            "mysql" => "mariadb",
+            other => other,
+        };
+        backends.retain(|(name, _)| *name == only);
+        assert!(!backends.is_empty(), "no such backend here: {only}");
     }
     let mut m = String::new();
     writeln!(

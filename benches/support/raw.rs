@@ -576,6 +576,8 @@ pub mod mysql {
                     let waits = sql(lib::ROW_FIRST_PLACE)
                         .bind::<BigInt, _>(a.id)
                         .bind::<BigInt, _>(0_i64)
+                        .bind::<BigInt, _>(a.id)
+                        .bind::<Text, _>(HOLDER)
                         .load::<Place>(&mut c)
                         .unwrap();
                     assert!(waits.is_empty());
@@ -611,6 +613,8 @@ pub mod mysql {
                     let waits = sql(lib::LEASE_FIRST_PLACE)
                         .bind::<Text, _>(&k)
                         .bind::<BigInt, _>(0_i64)
+                        .bind::<Text, _>(&k)
+                        .bind::<Text, _>(HOLDER)
                         .load::<Place>(&mut c)
                         .unwrap();
                     assert!(waits.is_empty());

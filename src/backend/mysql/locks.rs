@@ -3,7 +3,7 @@
 #![cfg_attr(not(feature = "bench-sql"), allow(unreachable_pub))]
 
 use super::{with_lock_wait_timeout, with_transaction_bounds};
-use crate::backend::holders::{stall_bound, STALL_CAP};
+use crate::backend::holders::stall_bound;
 use crate::backend::sealed::Locks;
 use crate::backend::shared;
 use crate::backend::shared::{exists, KeyHolder, One};
@@ -220,49 +220,71 @@ struct Id {
 }
 
 /// A release of `Row` or `Lease`: a consistent read of the first live place of the key
-/// waiting for a grant (`first`, after the place id given); nobody, the plain release
-/// (`plain`: a place joining after the read tries the key itself once it has joined);
-/// else the hand-over to that place in one transaction (`grant`), bounded on the server so
-/// that a releaser stopped inside does not stall the key. A place gone meanwhile passes
-/// the grant to the next (at most 8 times, then the plain release).
+/// waiting for a grant (`first`, after the place id given; it also names the releaser's own
+/// confirmed place, if it took the key by a grant: see `confirmed!`); nobody, the plain
+/// release (`plain`: a place joining after the read tries the key itself once it has
+/// joined); else the hand-over to that place (`grant`), autocommit statements each, so that
+/// no transaction is left open across round trips for a releaser stopped inside to stall
+/// the key with. A place gone meanwhile passes the grant to the next (at most 8 times, then
+/// the plain release). Last, once the key is released or handed on, the releaser's own
+/// confirmed place goes (best effort: a lapsed place is ignored by everyone, and `purge`
+/// removes it otherwise).
 fn release_or_grant(
     conn: &mut MysqlConnection,
-    mut first: impl FnMut(&mut MysqlConnection, i64) -> QueryResult<Option<FirstPlace>>,
+    mut first: impl FnMut(&mut MysqlConnection, i64) -> QueryResult<Vec<FirstPlace>>,
     mut grant: impl FnMut(&mut MysqlConnection, &FirstPlace) -> Result<bool, Passed>,
     plain: impl FnOnce(&mut MysqlConnection) -> QueryResult<bool>,
 ) -> QueryResult<bool> {
     let mut after = 0_i64;
+    let mut confirmed = None;
+    let mut granted = None;
     for _ in 0..8 {
-        let Some(w) = first(conn, after)? else {
-            return plain(conn);
+        let places = first(conn, after)?;
+        confirmed = confirmed.or(places.iter().find(|p| p.mine != 0).map(|p| p.id));
+        let Some(w) = places.iter().find(|p| p.mine == 0) else {
+            break;
         };
-        let granted = with_transaction_bounds(conn, STALL_CAP, None, |c| {
-            Ok(c.transaction(|c| grant(c, &w)))
-        })?;
-        match granted {
-            Ok(granted) => return Ok(granted),
+        match grant(conn, w) {
+            Ok(g) => {
+                granted = Some(g);
+                break;
+            }
             Err(Passed::Gone) => after = w.id,
             Err(Passed::Failed(e)) => return Err(e),
         }
     }
-    plain(conn)
+    let released = match granted {
+        Some(granted) => granted,
+        None => plain(conn)?,
+    };
+    if let Some(place) = confirmed {
+        if let Err(e) = stmt(shared::LEAVE_PLACE)
+            .bind::<BigInt, _>(place)
+            .execute(conn)
+        {
+            log::debug!("removing the confirmed place {place} failed ({e}); purge removes it");
+        }
+    }
+    Ok(released)
 }
 
 impl Locks for MysqlConnection {
     shared::statements!(row_held, row_give_back);
 
     fn row_release(&mut self, id: i64, holder: &str) -> QueryResult<bool> {
-        // The hand-over locks the key's counter, then its row, then the place (the
-        // acquisitions lock the counter, then insert the row; a place's own statements lock
-        // the place only).
+        // The hand-over is one statement, which locks the key's counter, then its row, then
+        // the place (`ROW_GRANT`; the acquisitions lock the counter, then insert the row; a
+        // place's own statements lock the place only, and the confirmation the row, then the
+        // place).
         release_or_grant(
             self,
             |c, after| {
                 stmt(ROW_FIRST_PLACE)
                     .bind::<BigInt, _>(id)
                     .bind::<BigInt, _>(after)
-                    .get_result::<FirstPlace>(c)
-                    .optional()
+                    .bind::<BigInt, _>(id)
+                    .bind::<Text, _>(holder)
+                    .load::<FirstPlace>(c)
             },
             |c, w| grant_row(c, id, holder, w),
             |c| {
@@ -276,15 +298,17 @@ impl Locks for MysqlConnection {
     }
 
     fn lease_release(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
-        // The hand-over locks the lease's row, then the place.
+        // The hand-over is one statement, which locks the lease's row, then the place
+        // (`LEASE_GRANT`), as the confirmation does.
         release_or_grant(
             self,
             |c, after| {
                 stmt(LEASE_FIRST_PLACE)
                     .bind::<Text, _>(key)
                     .bind::<BigInt, _>(after)
-                    .get_result::<FirstPlace>(c)
-                    .optional()
+                    .bind::<Text, _>(key)
+                    .bind::<Text, _>(holder)
+                    .load::<FirstPlace>(c)
             },
             |c, w| grant_lease(c, key, holder, w),
             |c| {
@@ -304,15 +328,23 @@ impl Locks for MysqlConnection {
         holder: &str,
         stale_us: Option<i64>,
     ) -> QueryResult<Option<Acquired>> {
-        let n = stmt(
-            "UPDATE dlock_rows SET stale_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
-             WHERE lock_key = ? AND holder = ? AND stale_at > UTC_TIMESTAMP(6)",
-        )
+        // One statement (one commit): the row's own `stale_at`, and the place lapsed (see
+        // `confirmed_place!`); the row locked first, then the place, as the hand-over locks them.
+        let n = stmt(concat!(
+            "UPDATE dlock_rows r LEFT JOIN dlock_waiters w \
+               ON w.id = ? AND w.lock_key = r.lock_key AND w.holder = r.holder \
+             SET r.stale_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ",
+            confirmed_place!(),
+            " WHERE r.lock_key = ? AND r.holder = ? AND r.stale_at > UTC_TIMESTAMP(6)"
+        ))
+        .bind::<BigInt, _>(place)
         .bind::<Nullable<BigInt>, _>(stale_us)
         .bind::<Text, _>(key)
         .bind::<Text, _>(holder)
         .execute(self)?;
-        if n != 1 {
+        // Rows matched (diesel sets CLIENT_FOUND_ROWS): the row's, and the place's if it
+        // was still there.
+        if n == 0 {
             return Ok(None);
         }
         let a = stmt(
@@ -323,9 +355,6 @@ impl Locks for MysqlConnection {
         .bind::<Text, _>(holder)
         .get_result::<ReadBack>(self)
         .optional()?;
-        if a.is_some() {
-            leave_place(self, place);
-        }
         Ok(a.map(ReadBack::acquired))
     }
 
@@ -336,15 +365,23 @@ impl Locks for MysqlConnection {
         holder: &str,
         ttl_us: i64,
     ) -> QueryResult<Option<Acquired>> {
-        let n = stmt(
-            "UPDATE dlock_leases SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
-             WHERE lock_key = ? AND holder_id = ? AND expires_at > UTC_TIMESTAMP(6)",
-        )
+        // One statement (one commit): the lease's own expiry, and the place lapsed (see
+        // `confirmed_place!`); the lease's row locked first, then the place, as the hand-over
+        // locks them.
+        let n = stmt(concat!(
+            "UPDATE dlock_leases l LEFT JOIN dlock_waiters w \
+               ON w.id = ? AND w.lock_key = l.lock_key AND w.holder = l.holder_id \
+             SET l.expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ",
+            confirmed_place!(),
+            " WHERE l.lock_key = ? AND l.holder_id = ? AND l.expires_at > UTC_TIMESTAMP(6)"
+        ))
+        .bind::<BigInt, _>(place)
         .bind::<BigInt, _>(ttl_us)
         .bind::<Text, _>(key)
         .bind::<Text, _>(holder)
         .execute(self)?;
-        if n != 1 {
+        // Rows matched: the lease's, and the place's if it was still there.
+        if n == 0 {
             return Ok(None);
         }
         let a = stmt(
@@ -355,9 +392,6 @@ impl Locks for MysqlConnection {
         .bind::<Text, _>(holder)
         .get_result::<ReadBack>(self)
         .optional()?;
-        if a.is_some() {
-            leave_place(self, place);
-        }
         Ok(a.map(ReadBack::acquired))
     }
 
@@ -610,41 +644,81 @@ fn lease_visibly_held(conn: &mut MysqlConnection, key: &str, place: i64) -> Quer
     )
 }
 
-/// A place of a key's line, as a release reads it to grant it the key.
+/// A place of a key's line, as a release reads it: the first one waiting, to grant it the
+/// key (`mine` 0), or the releaser's own confirmed place, to remove (`mine` 1).
 #[derive(QueryableByName)]
 struct FirstPlace {
     #[diesel(sql_type = BigInt)]
     id: i64,
     #[diesel(sql_type = Text)]
     lock_key: String,
-    #[diesel(sql_type = Text)]
-    owner: String,
-    #[diesel(sql_type = Text)]
-    holder: String,
-    #[diesel(sql_type = diesel::sql_types::Datetime)]
-    expires_at: chrono::NaiveDateTime,
+    #[diesel(sql_type = BigInt)]
+    mine: i64,
 }
 
+/// A confirmation's assignment to the place it confirms (in the multi-table UPDATE that sets
+/// the holder's own expiry): the place lapses, so that it is ignored at once by everyone (the
+/// line's counts, the releases' first-place reads, `dlock list`, purge's checks, which all
+/// look at live places only), and is removed later, off the path of the next hand-over:
+/// by the holder's release (`confirmed!`, in `LEASE_FIRST_PLACE`/`ROW_FIRST_PLACE`), or by
+/// `purge` (a holder that never releases). A fixed instant in the past, not the server's
+/// clock, so that a clock stepped back cannot make it live again. Its `granted_at` stays.
+macro_rules! confirmed_place {
+    () => {
+        "w.expires_at = '1970-01-01 00:00:00'"
+    };
+}
+use confirmed_place;
+
 /// `lease_release`'s first step (a consistent read): the first live place of the key's line
-/// waiting for a grant, after place `?` (0 at first). None: the plain release
-/// (`shared::LEASE_RELEASE`).
-/// Only an exclusive waiter's place is granted: a reader's or a permit's (`shared`, no
-/// holder id) first in line means the plain release (its waiter takes the key).
-pub const LEASE_FIRST_PLACE: &str = "SELECT id, lock_key, owner, holder, expires_at FROM ( \
-       SELECT id, CAST(lock_key AS CHAR) AS lock_key, owner, holder, expires_at FROM dlock_waiters \
+/// waiting for a grant, after place `?` (0 at first), with `mine` 0; none: the plain
+/// release (`shared::LEASE_RELEASE`). Only an exclusive waiter's place is granted: a
+/// reader's or a permit's (`shared`, no holder id) first in line means the plain release
+/// (its waiter takes the key). And, with `mine` 1, the releaser's own place, if a grant gave
+/// it the key and its confirmation left it lapsed (`confirmed!`: the key and holder id bound
+/// again), which the release removes once done.
+pub const LEASE_FIRST_PLACE: &str = concat!(
+    "SELECT id, lock_key, mine FROM ( \
+       SELECT id, CAST(lock_key AS CHAR) AS lock_key, holder, CAST(0 AS SIGNED) AS mine \
+       FROM dlock_waiters \
        WHERE lock_key = ? AND id > ? AND expires_at > UTC_TIMESTAMP(6) AND granted_at IS NULL \
        ORDER BY id LIMIT 1) x \
-     WHERE holder IS NOT NULL";
+     WHERE holder IS NOT NULL \
+     UNION ALL ",
+    confirmed!("?"),
+);
 
-/// `row_release`'s first step, as `LEASE_FIRST_PLACE`, for the key of row `?`.
-pub const ROW_FIRST_PLACE: &str =
-    "SELECT w.id, CAST(w.lock_key AS CHAR) AS lock_key, w.owner, w.holder, w.expires_at \
-     FROM dlock_waiters w JOIN dlock_rows r ON r.lock_key = w.lock_key WHERE r.id = ? \
-       AND w.id > ? AND w.expires_at > UTC_TIMESTAMP(6) AND w.granted_at IS NULL \
-       AND w.holder IS NOT NULL ORDER BY w.id LIMIT 1";
+/// `row_release`'s first step, as `LEASE_FIRST_PLACE`, for the key of row `?` (bound again
+/// for the releaser's own confirmed place, with the holder id).
+pub const ROW_FIRST_PLACE: &str = concat!(
+    "(SELECT w.id, CAST(w.lock_key AS CHAR) AS lock_key, CAST(0 AS SIGNED) AS mine \
+      FROM dlock_waiters w JOIN dlock_rows r ON r.lock_key = w.lock_key WHERE r.id = ? \
+        AND w.id > ? AND w.expires_at > UTC_TIMESTAMP(6) AND w.granted_at IS NULL \
+        AND w.holder IS NOT NULL ORDER BY w.id LIMIT 1) \
+     UNION ALL ",
+    confirmed!("(SELECT lock_key FROM dlock_rows WHERE id = ?)"),
+);
 
-/// Why a hand-over transaction rolled back: the place it meant to grant was gone (its
-/// waiter left), or a statement failed.
+/// The releaser's own place, if a release granted it the key and its
+/// confirmation left it lapsed (`confirmed_place!`), by the key (`$key`, SQL) and the
+/// holder id (bound), which a grant gave the lock from the place (a holder id is 128
+/// random bits, drawn for this one acquisition). A consistent read.
+macro_rules! confirmed {
+    ($key:literal) => {
+        concat!(
+            "SELECT id, CAST(lock_key AS CHAR) AS lock_key, CAST(1 AS SIGNED) AS mine \
+             FROM dlock_waiters \
+             WHERE lock_key = ",
+            $key,
+            " AND holder = ? AND granted_at IS NOT NULL AND expires_at <= UTC_TIMESTAMP(6)"
+        )
+    };
+}
+use confirmed;
+
+/// Why a hand-over passed the key on to no one: the place it meant to grant was gone (its
+/// waiter left, its place lapsed, or another release granted it first), or a statement
+/// failed.
 enum Passed {
     Gone,
     Failed(diesel::result::Error),
@@ -656,87 +730,127 @@ impl From<diesel::result::Error> for Passed {
     }
 }
 
-/// Marks place `w` granted, by its primary key, while still live and ungranted (a locking
-/// update of the newest version: a waiter that left meanwhile is passed over, one leaving
-/// now waits for this transaction and then gives the key back).
-fn mark_granted(c: &mut MysqlConnection, w: &FirstPlace) -> Result<(), Passed> {
-    let n = stmt(
-        "UPDATE dlock_waiters SET granted_at = UTC_TIMESTAMP(6) \
-         WHERE id = ? AND granted_at IS NULL AND expires_at > UTC_TIMESTAMP(6)",
-    )
-    .bind::<BigInt, _>(w.id)
-    .execute(c)?;
-    if n == 1 {
-        Ok(())
-    } else {
-        Err(Passed::Gone)
-    }
-}
+/// `lease_release`'s hand-over, one statement (autocommit, so nothing stays locked between
+/// round trips): the lease, while still `holder`'s, takes the place's holder id and owner,
+/// the key's next token, the time, and the place's expiry as its deadline to confirm, and
+/// the place, while live and ungranted, is marked granted. The lease's row is locked first
+/// (STRAIGHT_JOIN; both are read by primary key), then the place, as the confirmation
+/// (`lease_confirm`) and purge lock them; the place's own statements (renewal, leave) lock
+/// the place alone. A waiter leaving meanwhile waits for this statement and then gives the
+/// key back. No assignment reads a column another assigns (MySQL gives no order across the
+/// tables of a multi-table UPDATE). Binds: key, holder id, place.
+const LEASE_GRANT: &str = concat!(
+    "UPDATE dlock_leases l STRAIGHT_JOIN dlock_waiters w \
+     SET l.owner = w.owner, l.holder_id = w.holder, \
+         l.token = GREATEST(l.token + 1, ",
+    mysql_floor!(),
+    "), l.acquired_at = UTC_TIMESTAMP(6), l.expires_at = w.expires_at, \
+         w.granted_at = UTC_TIMESTAMP(6) \
+     WHERE l.lock_key = ? AND l.holder_id = ? \
+       AND w.id = ? AND w.lock_key = l.lock_key AND w.granted_at IS NULL \
+       AND w.expires_at > UTC_TIMESTAMP(6) AND w.holder IS NOT NULL"
+);
 
-/// A lease's hand-over to `w` (in a transaction): false if `holder` no longer held it.
+/// `row_release`'s hand-over, one statement (autocommit, as `LEASE_GRANT`): the key's
+/// counter, the row, while still `holder`'s, and the place, while live and ungranted, locked
+/// in that order (STRAIGHT_JOIN, each by its key: the order of the acquisitions, which lock
+/// the counter, then insert the row). The row takes the place's holder id and owner, the
+/// next token, the time, and the place's expiry as its deadline to confirm; the place is
+/// marked granted. Binds: key, row id, holder id, place.
+///
+/// The next token is the row's own plus one (never below the clock floor), and the counter
+/// goes up to at least that: MySQL gives no order across the tables of a multi-table
+/// UPDATE, and each assignment here decides alike whichever table goes first. The row's
+/// reads only its own old token; the counter's reads the row's token, old (`r0 + 1`) or
+/// new (`r0 + 2`), and keeps the larger of that and its own: after the statement the
+/// counter is at least the row's new token either way, so every later acquisition draws a
+/// larger one, and the new token is above the row's old one, the latest any holder had (a
+/// counter above it holds only bumps of newcomers whose insert failed, never handed out).
+const ROW_GRANT: &str = concat!(
+    "UPDATE dlock_tokens t STRAIGHT_JOIN dlock_rows r STRAIGHT_JOIN dlock_waiters w \
+     SET t.token = GREATEST(t.token, r.token + 1, ",
+    mysql_floor!(),
+    "), r.owner = w.owner, r.holder = w.holder, \
+         r.token = GREATEST(r.token + 1, ",
+    mysql_floor!(),
+    "), r.acquired_at = UTC_TIMESTAMP(6), r.stale_at = w.expires_at, \
+         w.granted_at = UTC_TIMESTAMP(6) \
+     WHERE t.lock_key = ? AND r.id = ? AND r.lock_key = t.lock_key \
+       AND COALESCE(r.holder, '') = ? \
+       AND w.id = ? AND w.lock_key = r.lock_key AND w.granted_at IS NULL \
+       AND w.expires_at > UTC_TIMESTAMP(6) AND w.holder IS NOT NULL"
+);
+
+/// A lease's hand-over to place `w` (`LEASE_GRANT`): false if `holder` no longer held it;
+/// `Passed::Gone` if the place was no longer waiting (the lease still `holder`'s: a
+/// consistent read after the grant matched nothing tells which).
 fn grant_lease(
     c: &mut MysqlConnection,
     key: &str,
     holder: &str,
     w: &FirstPlace,
 ) -> Result<bool, Passed> {
-    let n = stmt(concat!(
-        "UPDATE dlock_leases SET owner = ?, holder_id = ?, token = GREATEST(token + 1, ",
-        mysql_floor!(),
-        "), acquired_at = UTC_TIMESTAMP(6), expires_at = ? WHERE lock_key = ? AND holder_id = ?"
-    ))
-    .bind::<Text, _>(&w.owner)
-    .bind::<Text, _>(&w.holder)
-    .bind::<diesel::sql_types::Datetime, _>(w.expires_at)
-    .bind::<Text, _>(key)
-    .bind::<Text, _>(holder)
-    .execute(c)?;
-    if n != 1 {
-        return Ok(false);
+    let n = stmt(LEASE_GRANT)
+        .bind::<Text, _>(key)
+        .bind::<Text, _>(holder)
+        .bind::<BigInt, _>(w.id)
+        .execute(c)?;
+    if n > 0 {
+        return Ok(true);
     }
-    mark_granted(c, w)?;
-    Ok(true)
+    let still_ours = exists(
+        stmt(
+            "SELECT CAST(1 AS SIGNED) AS one FROM dlock_leases \
+             WHERE lock_key = ? AND holder_id = ?",
+        )
+        .bind::<Text, _>(key)
+        .bind::<Text, _>(holder)
+        .get_result::<One>(c)
+        .optional(),
+    )?;
+    if still_ours {
+        Err(Passed::Gone)
+    } else {
+        Ok(false)
+    }
 }
 
-/// A row's hand-over to `w` (in a transaction): the key's next token from its counter
-/// (left in LAST_INSERT_ID()), the row, the place. False if `holder` no longer held it.
+/// A row's hand-over to place `w` (`ROW_GRANT`): false if `holder` no longer held it;
+/// `Passed::Gone` if the place was no longer waiting (told apart by reads after the grant
+/// matched nothing, as `grant_lease` does). A key without a counter (never expected while
+/// its row exists) is released without a hand-over.
 fn grant_row(
     c: &mut MysqlConnection,
     id: i64,
     holder: &str,
     w: &FirstPlace,
 ) -> Result<bool, Passed> {
-    let bumped = stmt(concat!(
-        "UPDATE dlock_tokens SET token = LAST_INSERT_ID(GREATEST(token + 1, ",
-        mysql_floor!(),
-        ")) WHERE lock_key = ?"
-    ))
-    .bind::<Text, _>(&w.lock_key)
-    .execute(c)?;
-    if bumped != 1 {
-        // No counter (never expected while the row exists): no hand-over.
+    let n = stmt(ROW_GRANT)
+        .bind::<Text, _>(&w.lock_key)
+        .bind::<BigInt, _>(id)
+        .bind::<Text, _>(holder)
+        .bind::<BigInt, _>(w.id)
+        .execute(c)?;
+    if n > 0 {
+        return Ok(true);
+    }
+    let still_ours = stmt(shared::ROW_HELD)
+        .bind::<BigInt, _>(id)
+        .bind::<Text, _>(holder)
+        .get_result::<Id>(c)
+        .optional()?
+        .is_some();
+    if !still_ours {
+        return Ok(false);
+    }
+    if !counter_there(c, &w.lock_key)? {
         return Ok(stmt(shared::ROW_RELEASE)
             .bind::<BigInt, _>(id)
             .bind::<Text, _>(holder)
             .execute(c)?
             == 1);
     }
-    let n = stmt(
-        "UPDATE dlock_rows SET owner = ?, holder = ?, token = LAST_INSERT_ID(), \
-           acquired_at = UTC_TIMESTAMP(6), stale_at = ? \
-         WHERE id = ? AND COALESCE(holder, '') = ?",
-    )
-    .bind::<Text, _>(&w.owner)
-    .bind::<Text, _>(&w.holder)
-    .bind::<diesel::sql_types::Datetime, _>(w.expires_at)
-    .bind::<BigInt, _>(id)
-    .bind::<Text, _>(holder)
-    .execute(c)?;
-    if n != 1 {
-        return Ok(false);
-    }
-    mark_granted(c, w)?;
-    Ok(true)
+    Err(Passed::Gone)
 }
 
 /// `lease_renew_many`'s transaction: the leases' rows locked (skipping those another session

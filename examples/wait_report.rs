@@ -13,6 +13,9 @@
 //! eval "$(bash scripts/services.sh)"
 //! cargo run --release --all-features --example wait_report -- --out docs/waiting.md
 //! ```
+//!
+//! `--backend sqlite` (or `postgresql`, `mariadb`) keeps one backend's rows;
+//! `--processes URL STRATEGY` prints one figure across processes beside the one-thread cycle.
 
 use diesel_lock::{Locker, Strategy};
 use std::fmt::Write as _;
@@ -130,6 +133,7 @@ fn processes(url: &str, s: &str) -> (f64, f64) {
         })
         .collect();
     let _ = std::fs::remove_dir_all(&dir);
+    log::info!("{s} across processes, acquisitions of each: {counts:?}");
     summary(&counts, WINDOW)
 }
 
@@ -276,6 +280,18 @@ fn main() {
         println!("{} {}: {t:.0}/s fairness {f:.2}", a[2], a[3]);
         return;
     }
+    // One figure across processes, beside the one-thread cycle of the same run.
+    if a.get(1).map(String::as_str) == Some("--processes") {
+        let (p, f) = processes(&a[2], &a[3]);
+        let one = one_thread(&a[2], &a[3]);
+        println!(
+            "{} {}: processes {p:.0}/s fairness {f:.2}, one thread {one:.0}/s, ratio {:.2}",
+            a[2],
+            a[3],
+            p / one
+        );
+        return;
+    }
     let out = a
         .iter()
         .position(|x| x == "--out")
@@ -293,6 +309,10 @@ fn main() {
     }
     if let Ok(u) = std::env::var("DLOCK_TEST_MYSQL_URL") {
         backends.insert(1, ("mariadb", u));
+    }
+    // `--backend NAME` (sqlite, postgresql, mariadb): that backend's rows only.
+    if let Some(only) = a.iter().position(|x| x == "--backend").map(|i| &a[i + 1]) {
+        backends.retain(|(name, _)| name == only);
     }
     let mut m = String::new();
     writeln!(

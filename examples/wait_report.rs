@@ -133,6 +133,7 @@ fn processes(url: &str, s: &str) -> (f64, f64) {
         })
         .collect();
     let _ = std::fs::remove_dir_all(&dir);
+    log::info!("{s} across processes, acquisitions of each: {counts:?}");
     summary(&counts, WINDOW)
 }
 
@@ -274,14 +275,21 @@ fn main() {
         Some("--hold") => return hold(&a[2], &a[3], &a[4]),
         _ => {}
     }
-    if a.get(1).map(String::as_str) == Some("--processes") {
-        let (p, f) = processes(&a[2], &a[3]);
-        println!("{} {}: {p:.0}/s fairness {f:.2}", a[2], a[3]);
-        return;
-    }
     if a.get(1).map(String::as_str) == Some("--threads") {
         let (t, f) = threads(&a[2], &a[3]);
         println!("{} {}: {t:.0}/s fairness {f:.2}", a[2], a[3]);
+        return;
+    }
+    // One figure across processes, beside the one-thread cycle of the same run.
+    if a.get(1).map(String::as_str) == Some("--processes") {
+        let (p, f) = processes(&a[2], &a[3]);
+        let one = one_thread(&a[2], &a[3]);
+        println!(
+            "{} {}: processes {p:.0}/s fairness {f:.2}, one thread {one:.0}/s, ratio {:.2}",
+            a[2],
+            a[3],
+            p / one
+        );
         return;
     }
     let out = a

@@ -8,6 +8,7 @@ use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 use diesel::sqlite::SqliteConnection;
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
+use super::busy::short_write;
 use super::seconds;
 
 #[derive(QueryableByName)]
@@ -27,21 +28,24 @@ impl Lines for SqliteConnection {
         shared: bool,
     ) -> QueryResult<i64> {
         // One write (a second, to delete the key's lapsed places, would queue for the write
-        // lock once more: lapsed places are ignored, and `purge` removes them).
-        stmt(
-            "INSERT INTO dlock_waiters (lock_key, owner, channel, since, expires_at, holder, shared) \
-             VALUES (?, ?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now'), \
-                     strftime('%Y-%m-%d %H:%M:%f', 'now', ?), ?, ?) \
-             RETURNING id AS n",
-        )
-        .bind::<Text, _>(key)
-        .bind::<Text, _>(owner)
-        .bind::<Nullable<Text>, _>(channel)
-        .bind::<Text, _>(seconds('+', ttl_us))
-        .bind::<Nullable<Text>, _>((!shared).then_some(holder))
-        .bind::<Integer, _>(i32::from(shared))
-        .get_result::<Count>(self)
-        .map(|c| c.n)
+        // lock once more: lapsed places are ignored, and `purge` removes them), waiting for
+        // the write lock at µs scale (`busy.rs`).
+        short_write(self, |c| {
+            stmt(
+                "INSERT INTO dlock_waiters (lock_key, owner, channel, since, expires_at, holder, shared) \
+                 VALUES (?, ?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now'), \
+                         strftime('%Y-%m-%d %H:%M:%f', 'now', ?), ?, ?) \
+                 RETURNING id AS n",
+            )
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(owner)
+            .bind::<Nullable<Text>, _>(channel)
+            .bind::<Text, _>(seconds('+', ttl_us))
+            .bind::<Nullable<Text>, _>((!shared).then_some(holder))
+            .bind::<Integer, _>(i32::from(shared))
+            .get_result::<Count>(c)
+            .map(|c| c.n)
+        })
     }
 
     fn line_ahead(&mut self, key: &str, place: i64) -> QueryResult<LineAhead> {
@@ -58,14 +62,16 @@ impl Lines for SqliteConnection {
     fn line_renew(&mut self, key: &str, id: i64, ttl_us: i64) -> QueryResult<Option<Spot>> {
         // A granted place is not renewed (its expiry is its grant's deadline): the look
         // below then reports it granted.
-        stmt(
-            "UPDATE dlock_waiters SET expires_at = strftime('%Y-%m-%d %H:%M:%f', 'now', ?) \
-             WHERE id = ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
-               AND granted_at IS NULL",
-        )
-        .bind::<Text, _>(seconds('+', ttl_us))
-        .bind::<BigInt, _>(id)
-        .execute(self)?;
+        short_write(self, |c| {
+            stmt(
+                "UPDATE dlock_waiters SET expires_at = strftime('%Y-%m-%d %H:%M:%f', 'now', ?) \
+                 WHERE id = ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
+                   AND granted_at IS NULL",
+            )
+            .bind::<Text, _>(seconds('+', ttl_us))
+            .bind::<BigInt, _>(id)
+            .execute(c)
+        })?;
         self.line_look(key, id)
     }
 
@@ -90,10 +96,12 @@ impl Lines for SqliteConnection {
     }
 
     fn line_leave(&mut self, _key: &str, id: i64) -> QueryResult<bool> {
-        stmt("DELETE FROM dlock_waiters WHERE id = ? RETURNING (granted_at IS NOT NULL) AS n")
-            .bind::<BigInt, _>(id)
-            .get_results::<Count>(self)
-            .map(|r| r.iter().any(|c| c.n == 1))
+        short_write(self, |c| {
+            stmt("DELETE FROM dlock_waiters WHERE id = ? RETURNING (granted_at IS NOT NULL) AS n")
+                .bind::<BigInt, _>(id)
+                .get_results::<Count>(c)
+                .map(|r| r.iter().any(|c| c.n == 1))
+        })
     }
 
     fn line_stats(&mut self, key: Option<&str>) -> QueryResult<Vec<LineStat>> {

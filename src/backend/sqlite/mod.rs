@@ -9,6 +9,7 @@
 //! session strategies (`Dialect::sessions` is `None`).
 
 mod admin;
+mod busy;
 #[cfg(target_os = "linux")]
 pub(crate) mod doorbell;
 mod holders;

@@ -8,6 +8,11 @@ use diesel::QueryResult;
 /// Per-connection settings for SQLite pools: WAL journal, a 5 s `busy_timeout`, and
 /// `synchronous = NORMAL` (the default) or `FULL`.
 ///
+/// The short writes of the waiters' line (a place taken, renewed or given up, a hand-over,
+/// its confirmation) wait for the database's write lock in steps of microseconds instead of
+/// the busy handler's 1 ms and more, for as long as the connection's `busy_timeout` (whatever
+/// it is; the handler is off during such a transaction and put back after it).
+///
 /// [`connect`](crate::connect) installs it; a pool you build yourself needs it too (or the
 /// same settings by other means): [`LockerBuilder::build`](crate::LockerBuilder::build)
 /// refuses a SQLite pool without WAL and a busy timeout, with which a lock's commit could

@@ -188,6 +188,15 @@ pub(crate) mod sealed {
         /// `dlock_leases`, and with each lease row the key's kind (`dlock_shared_keys`, its
         /// readers' and permits' number) if it has one.
         Leases,
+        /// `dlock_for_update`: `ForUpdate`'s key rows that no holder (writer or reader) has
+        /// locked. They carry no token (`ForUpdate` draws from the global source), so
+        /// nothing is kept of them; a key's next acquisition makes its row again.
+        KeyRows,
+        /// `dlock_shared_keys` rows of the reader-writer kind (no permits) with no live
+        /// writer's mark and no lease row, permit slot or `ForUpdate` key row of their key
+        /// (`ForUpdate`'s readers and marks; a `Lease` key's kind goes with its lease row).
+        /// Semaphores' rows stay: their slots (or advisory slot locks) follow their number.
+        Kinds,
     }
 
     /// What a server offers the session strategies beyond their common SQL, asked once

@@ -141,6 +141,8 @@ impl Admin for MysqlConnection {
         let text = match table {
             PurgeTable::Counters => shared::boundary!("dlock_tokens"),
             PurgeTable::Leases => shared::boundary!("dlock_leases"),
+            PurgeTable::KeyRows => shared::boundary!("dlock_for_update"),
+            PurgeTable::Kinds => shared::boundary!("dlock_shared_keys"),
         };
         stmt(text)
             .bind::<Text, _>(after)
@@ -207,6 +209,61 @@ impl Admin for MysqlConnection {
             .bind::<BigInt, _>(idle_us)
             .bind::<BigInt, _>(idle_us)
             .execute(self),
+            // A DELETE over the range would wait for every holder's transaction (each keeps
+            // its key row locked): the rows nobody holds are locked first by a read that
+            // skips the others, then exactly those are deleted, in one transaction.
+            PurgeTable::KeyRows => self.transaction(|c| {
+                let keys = range(
+                    "SELECT lock_key FROM dlock_for_update \
+                     WHERE lock_key > ? AND (? IS NULL OR lock_key <= ?) \
+                     FOR UPDATE SKIP LOCKED",
+                )
+                .load::<Key>(c)?;
+                delete_keys(c, "DELETE FROM dlock_for_update WHERE lock_key = ?", keys)
+            }),
+            // The same, for reader-writer kinds without a live mark or anything else of
+            // their key. The existence checks are plain reads (a subquery of a locking
+            // statement would take shared locks, and wait for holders).
+            PurgeTable::Kinds => self.transaction(|c| {
+                let keys = range(
+                    "SELECT lock_key FROM dlock_shared_keys \
+                     WHERE lock_key > ? AND (? IS NULL OR lock_key <= ?) AND permit_count = 0 \
+                       AND (intent IS NULL OR intent_until IS NULL \
+                            OR intent_until <= UTC_TIMESTAMP(6)) \
+                     FOR UPDATE SKIP LOCKED",
+                )
+                .load::<Key>(c)?;
+                let mut idle = Vec::with_capacity(keys.len());
+                for k in keys {
+                    let used = stmt(
+                        "SELECT CAST(EXISTS (SELECT 1 FROM dlock_leases WHERE lock_key = ?) \
+                                OR EXISTS (SELECT 1 FROM dlock_permit_slots WHERE lock_key = ?) \
+                                OR EXISTS (SELECT 1 FROM dlock_for_update WHERE lock_key = ?) \
+                                AS SIGNED) AS one",
+                    )
+                    .bind::<Text, _>(&k.lock_key)
+                    .bind::<Text, _>(&k.lock_key)
+                    .bind::<Text, _>(&k.lock_key)
+                    .get_result::<One>(c)?
+                    .one;
+                    if used == 0 {
+                        idle.push(k);
+                    }
+                }
+                delete_keys(c, "DELETE FROM dlock_shared_keys WHERE lock_key = ?", idle)
+            }),
         }
     }
+}
+
+/// Deletes the rows of `keys` (locked by the caller's transaction) with `sql`, one key per
+/// statement, found by the primary key: a list (`IN (…)`) may be run as a scan of the
+/// table, whose DELETE waits for the row lock of every holder on the way (InnoDB reads only
+/// an UPDATE's rows semi-consistently). The number deleted.
+fn delete_keys(c: &mut MysqlConnection, sql: &'static str, keys: Vec<Key>) -> QueryResult<usize> {
+    let mut deleted = 0;
+    for k in keys {
+        deleted += stmt(sql).bind::<Text, _>(k.lock_key).execute(c)?;
+    }
+    Ok(deleted)
 }

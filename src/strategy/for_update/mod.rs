@@ -109,6 +109,19 @@ impl<C: LockConnection> RawLock<C> for ForUpdateLock<C> {
             write.gave_up(key);
         }
     }
+
+    fn purge(&self, _idle: std::time::Duration) -> Result<usize> {
+        // The key rows no holder has locked, then the reader-writer kinds left without
+        // anything of their key; none carries a token, so `idle` does not apply.
+        super::purge::released_keys(
+            &self.pool,
+            &[
+                crate::backend::PurgeTable::KeyRows,
+                crate::backend::PurgeTable::Kinds,
+            ],
+            0,
+        )
+    }
 }
 
 impl<C: LockConnection> ForUpdateLock<C> {

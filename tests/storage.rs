@@ -239,6 +239,13 @@ fn for_update_rows_follow_held_keys<C: Counts>(h: &Harness<C>) {
         note(g.key(), g.token());
     }
     let before = rows(h, "dlock_for_update", &prefix) + rows(h, "dlock_shared_keys", &prefix);
+    // A grace of an hour: every row of these keys is younger, so none goes.
+    fu.purge(Duration::from_secs(3600)).unwrap();
+    assert_eq!(
+        rows(h, "dlock_for_update", &prefix) + rows(h, "dlock_shared_keys", &prefix),
+        before,
+        "a purge took rows younger than its grace"
+    );
     let deleted = fu.purge(Duration::ZERO).unwrap();
     let (keys, kinds, slots) = (
         rows(h, "dlock_for_update", &prefix),
@@ -278,6 +285,14 @@ fn for_update_rows_follow_held_keys<C: Counts>(h: &Harness<C>) {
 #[test]
 fn pg_for_update_rows_follow_held_keys() {
     if let Some(h) = common::pg() {
+        for_update_rows_follow_held_keys(&h);
+    }
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn pgbouncer_for_update_rows_follow_held_keys() {
+    if let Some(h) = common::pgbouncer() {
         for_update_rows_follow_held_keys(&h);
     }
 }

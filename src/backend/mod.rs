@@ -557,6 +557,14 @@ pub(crate) mod sealed {
         /// ForUpdate, outside any transaction: creates the key's row if it does not exist,
         /// committed at once (an uncommitted row would make other creators wait for us).
         fn for_update_create(&mut self, key: &str) -> QueryResult<()>;
+        /// ForUpdate, outside any transaction, after a locking statement on the key's row
+        /// found it locked: whether a holder has it. A purge's batch (`Admin::purge_batch`
+        /// of `KeyRows`) locks the rows it deletes, and marks itself while it runs (a lock
+        /// of its own: PostgreSQL an advisory lock, MySQL a named lock): this waits for a
+        /// batch under way to end (bounded), then reads whether the row is still there.
+        /// True: the row is there and no purge was deleting it, so a holder has it (busy);
+        /// false: the row is gone or a purge was under way, and the caller tries again.
+        fn for_update_present(&mut self, key: &str) -> QueryResult<bool>;
         /// ForUpdate, inside the transaction the caller opened: locks the key's row, waiting
         /// as `wait` says, and draws a token from a source that a rollback does not undo (a
         /// token drawn by a holder that then died must never be issued again). A busy row is

@@ -212,15 +212,42 @@ impl Admin for MysqlConnection {
             // A DELETE over the range would wait for every holder's transaction (each keeps
             // its key row locked): the rows nobody holds are locked first by a read that
             // skips the others, then exactly those are deleted, in one transaction.
-            PurgeTable::KeyRows => self.transaction(|c| {
-                let keys = range(
-                    "SELECT lock_key FROM dlock_for_update \
-                     WHERE lock_key > ? AND (? IS NULL OR lock_key <= ?) \
-                     FOR UPDATE SKIP LOCKED",
+            // Only rows older than the grace (`idle_us`), as on PostgreSQL. The batch holds
+            // the purge gate (`PURGE_GATE`, a named lock) from before it locks a row until
+            // it has committed: an acquisition that finds its row locked tells a purge from
+            // a holder by it (`SessionLocks::for_update_present`).
+            PurgeTable::KeyRows => {
+                let gate = stmt(
+                    "SELECT CAST(COALESCE(GET_LOCK(?, 60), 0) AS SIGNED) AS one",
                 )
-                .load::<Key>(c)?;
-                delete_keys(c, "DELETE FROM dlock_for_update WHERE lock_key = ?", keys)
-            }),
+                .bind::<Text, _>(super::PURGE_GATE)
+                .get_result::<One>(self)?;
+                if gate.one != 1 {
+                    return Err(diesel::result::Error::QueryBuilderError(
+                        "the ForUpdate purge gate stayed taken for a minute".into(),
+                    ));
+                }
+                // Again: the GET_LOCK above was the next transaction.
+                let deleted = stmt("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                    .execute(self)
+                    .and_then(|_| self.transaction(|c| {
+                    let keys = range(
+                        "SELECT lock_key FROM dlock_for_update \
+                         WHERE lock_key > ? AND (? IS NULL OR lock_key <= ?) \
+                           AND created_at <= CURRENT_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
+                         FOR UPDATE SKIP LOCKED",
+                    )
+                    .bind::<BigInt, _>(idle_us)
+                    .load::<Key>(c)?;
+                    delete_keys(c, "DELETE FROM dlock_for_update WHERE lock_key = ?", keys)
+                }));
+                let released = stmt("DO RELEASE_LOCK(?)")
+                    .bind::<Text, _>(super::PURGE_GATE)
+                    .execute(self);
+                let deleted = deleted?;
+                released?;
+                Ok(deleted)
+            }
             // The same, for reader-writer kinds without a live mark or anything else of
             // their key. The existence checks are plain reads (a subquery of a locking
             // statement would take shared locks, and wait for holders).
@@ -228,10 +255,12 @@ impl Admin for MysqlConnection {
                 let keys = range(
                     "SELECT lock_key FROM dlock_shared_keys \
                      WHERE lock_key > ? AND (? IS NULL OR lock_key <= ?) AND permit_count = 0 \
+                       AND created_at <= CURRENT_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
                        AND (intent IS NULL OR intent_until IS NULL \
                             OR intent_until <= UTC_TIMESTAMP(6)) \
                      FOR UPDATE SKIP LOCKED",
                 )
+                .bind::<BigInt, _>(idle_us)
                 .load::<Key>(c)?;
                 let mut idle = Vec::with_capacity(keys.len());
                 for k in keys {

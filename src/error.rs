@@ -403,12 +403,13 @@ pub(crate) fn is_missing_table(e: &diesel::result::Error) -> bool {
 }
 
 /// The columns added by migrations after the first, to tables that existed before.
-const LATER_COLUMNS: [&str; 5] = [
+const LATER_COLUMNS: [&str; 6] = [
     "holder",
     "stale_at",
     "holder_id",
     "shared_until",
     "permit_count",
+    "created_at",
 ];
 
 fn is_missing_column(m: &str, column: &str) -> bool {

@@ -87,6 +87,12 @@ fn each_mysql_migration_runs_again_over_its_own_work() {
     let Some(url) = common::url("DLOCK_TEST_MYSQL_URL", "mysql") else {
         return;
     };
+    // Killed after migration 16 (both created_at columns), or inside it, after its first.
+    migrate_again_after(&url, "00000000000016", |_| {});
+    migrate_again_after(&url, "00000000000016", |c| {
+        c.batch_execute("ALTER TABLE dlock_shared_keys DROP COLUMN created_at")
+            .unwrap();
+    });
     // Killed after migration 14's rename (before diesel recorded it).
     migrate_again_after(&url, "00000000000014", |_| {});
     // Killed after migration 6 (the fencing bound, the MEMORY table, MariaDB's sequence).

@@ -192,6 +192,120 @@ fn rows_follow_held_keys<C: Counts>(h: &Harness<C>, server: bool) {
     }
 }
 
+/// `ForUpdate` (server backends): keys locked once each by writers, readers and a
+/// semaphore, a writer's mark left by a writer that gave up: after a purge only the held
+/// keys keep their key rows and kinds, semaphores keep their kind and slots; held guards
+/// are untouched; tokens carry on (they come from the global source).
+fn for_update_rows_follow_held_keys<C: Counts>(h: &Harness<C>) {
+    // Over 100: MySQL's purge deletes key rows in transactions of 100.
+    const N: usize = 150;
+    let prefix = unique_key("fu");
+    let fu = h.locker(Strategy::ForUpdate);
+    let mut last: HashMap<String, i64> = HashMap::new();
+    let mut note = |key: &str, token: i64| {
+        let before = last.insert(key.to_owned(), token).unwrap_or(i64::MIN);
+        assert!(token > before, "{key}: token {token} after {before}");
+    };
+    for i in 0..N {
+        let w = format!("{prefix}-w{i}");
+        for _ in 0..2 {
+            let g = fu.lock(&w).unwrap();
+            note(&w, g.token());
+            g.release().unwrap();
+        }
+        if i < 10 {
+            let r = format!("{prefix}-r{i}");
+            let g = fu.read(&r).unwrap();
+            note(&r, g.token());
+            g.release().unwrap();
+        }
+    }
+    let p = format!("{prefix}-p");
+    fu.permit(&p, 2).unwrap().release().unwrap();
+    // A writer that waits behind a reader and gives up (on PostgreSQL it marks the key).
+    let m = format!("{prefix}-m");
+    let reader = fu.read(&m).unwrap();
+    assert!(fu
+        .try_write_for(&m, Duration::from_millis(300))
+        .unwrap()
+        .is_none());
+    reader.release().unwrap();
+    // Held through the purge: 5 writers, 3 readers, a permit.
+    let mut held: Vec<_> = (0..5)
+        .map(|i| fu.lock(&format!("{prefix}-w{i}")).unwrap())
+        .collect();
+    held.extend((0..3).map(|i| fu.read(&format!("{prefix}-r{i}")).unwrap()));
+    held.push(fu.permit(&p, 2).unwrap());
+    for g in &held {
+        note(g.key(), g.token());
+    }
+    let before = rows(h, "dlock_for_update", &prefix) + rows(h, "dlock_shared_keys", &prefix);
+    // A grace of an hour: every row of these keys is younger, so none goes.
+    fu.purge(Duration::from_secs(3600)).unwrap();
+    assert_eq!(
+        rows(h, "dlock_for_update", &prefix) + rows(h, "dlock_shared_keys", &prefix),
+        before,
+        "a purge took rows younger than its grace"
+    );
+    let deleted = fu.purge(Duration::ZERO).unwrap();
+    let (keys, kinds, slots) = (
+        rows(h, "dlock_for_update", &prefix),
+        rows(h, "dlock_shared_keys", &prefix),
+        rows(h, "dlock_permit_slots", &prefix),
+    );
+    eprintln!("{before} key rows and kinds before the purge ({deleted} deleted); after: {keys} key rows, {kinds} kinds, {slots} slots");
+    // Key rows: the 9 held keys'; kinds: the 3 held readers' and the semaphore's; slots:
+    // the semaphore's 2.
+    assert_eq!((keys, kinds, slots), (9, 4, 2));
+    for g in held {
+        g.check().unwrap();
+        g.release().unwrap();
+    }
+    // Everything again, after the purge: the same kinds of lock, tokens carrying on.
+    for i in (0..N).step_by(7) {
+        let w = format!("{prefix}-w{i}");
+        note(&w, fu.lock(&w).unwrap().token());
+        if i < 10 {
+            let r = format!("{prefix}-r{i}");
+            note(&r, fu.read(&r).unwrap().token());
+        }
+    }
+    note(&p, fu.permit(&p, 2).unwrap().token());
+    assert!(matches!(
+        fu.permit(&p, 3),
+        Err(diesel_lock::Error::Permits { .. })
+    ));
+    // Nothing held: only the semaphore's kind and slots stay.
+    fu.purge(Duration::ZERO).unwrap();
+    assert_eq!(rows(h, "dlock_for_update", &prefix), 0);
+    assert_eq!(rows(h, "dlock_shared_keys", &prefix), 1);
+    assert_eq!(rows(h, "dlock_permit_slots", &prefix), 2);
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn pg_for_update_rows_follow_held_keys() {
+    if let Some(h) = common::pg() {
+        for_update_rows_follow_held_keys(&h);
+    }
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn pgbouncer_for_update_rows_follow_held_keys() {
+    if let Some(h) = common::pgbouncer() {
+        for_update_rows_follow_held_keys(&h);
+    }
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_for_update_rows_follow_held_keys() {
+    if let Some(h) = common::mysql() {
+        for_update_rows_follow_held_keys(&h);
+    }
+}
+
 #[test]
 fn sqlite_rows_follow_held_keys() {
     rows_follow_held_keys(&common::sqlite().unwrap(), false);

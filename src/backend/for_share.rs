@@ -63,3 +63,22 @@ pub trait ForShareLocks {
         Ok(())
     }
 }
+
+/// `ForShareLocks::permits_setup`'s first step, written once: `make` inserts the key's kind
+/// unless it has one and reads its number of permits (`None`: the row was not there when
+/// read, deleted by a purge since the insert, or the insert met contention); run again until
+/// it reads one, at most 16 times (each time a purge must have deleted the kind since).
+pub(crate) fn kind_made(
+    key: &str,
+    mut make: impl FnMut() -> QueryResult<Option<i64>>,
+) -> QueryResult<i64> {
+    for _ in 0..16 {
+        if let Some(permits) = make()? {
+            return Ok(permits);
+        }
+        log::debug!("lock {key:?}: its kind was deleted as it was made; again");
+    }
+    Err(diesel::result::Error::QueryBuilderError(
+        format!("the kind of {key:?} was deleted 16 times as it was made").into(),
+    ))
+}

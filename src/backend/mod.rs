@@ -188,6 +188,15 @@ pub(crate) mod sealed {
         /// `dlock_leases`, and with each lease row the key's kind (`dlock_shared_keys`, its
         /// readers' and permits' number) if it has one.
         Leases,
+        /// `dlock_for_update`: `ForUpdate`'s key rows that no holder (writer or reader) has
+        /// locked. They carry no token (`ForUpdate` draws from the global source), so
+        /// nothing is kept of them; a key's next acquisition makes its row again.
+        KeyRows,
+        /// `dlock_shared_keys` rows of the reader-writer kind (no permits) with no live
+        /// writer's mark and no lease row, permit slot or `ForUpdate` key row of their key
+        /// (`ForUpdate`'s readers and marks; a `Lease` key's kind goes with its lease row).
+        /// Semaphores' rows stay: their slots (or advisory slot locks) follow their number.
+        Kinds,
     }
 
     /// What a server offers the session strategies beyond their common SQL, asked once
@@ -548,6 +557,14 @@ pub(crate) mod sealed {
         /// ForUpdate, outside any transaction: creates the key's row if it does not exist,
         /// committed at once (an uncommitted row would make other creators wait for us).
         fn for_update_create(&mut self, key: &str) -> QueryResult<()>;
+        /// ForUpdate, outside any transaction, after a locking statement on the key's row
+        /// found it locked: whether a holder has it. A purge's batch (`Admin::purge_batch`
+        /// of `KeyRows`) locks the rows it deletes, and marks itself while it runs (a lock
+        /// of its own: PostgreSQL an advisory lock, MySQL a named lock): this waits for a
+        /// batch under way to end (bounded), then reads whether the row is still there.
+        /// True: the row is there and no purge was deleting it, so a holder has it (busy);
+        /// false: the row is gone or a purge was under way, and the caller tries again.
+        fn for_update_present(&mut self, key: &str) -> QueryResult<bool>;
         /// ForUpdate, inside the transaction the caller opened: locks the key's row, waiting
         /// as `wait` says, and draws a token from a source that a rollback does not undo (a
         /// token drawn by a holder that then died must never be issued again). A busy row is

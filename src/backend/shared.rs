@@ -61,8 +61,7 @@ pub(crate) const CREATE_HEADER: &str =
      VALUES (?, ?, 0) ON CONFLICT (lock_key) DO NOTHING";
 
 /// `schema_current`, on every backend: diesel records each applied migration by version.
-pub(crate) const SCHEMA_CURRENT: &str =
-    "SELECT version FROM __diesel_schema_migrations WHERE version = ?";
+pub(crate) const SCHEMA_CURRENT: &str = "SELECT version FROM __diesel_schema_migrations";
 
 /// A holder id (a batch renewal's renewed leases).
 #[derive(diesel::QueryableByName)]
@@ -227,27 +226,29 @@ pub(crate) use held_row;
 macro_rules! statements {
     (@schema_current) => {
         fn schema_current(&mut self) -> diesel::QueryResult<bool> {
-            use diesel::{OptionalExtension as _, RunQueryDsl as _};
+            use diesel::RunQueryDsl as _;
             #[derive(diesel::QueryableByName)]
             struct Version {
                 #[diesel(sql_type = diesel::sql_types::Text)]
-                #[allow(dead_code)]
                 version: String,
             }
-            // The newest embedded migration (they are sorted by version).
-            let latest = diesel::migration::MigrationSource::<
+            // Every embedded migration, not only the newest: one numbered below the newest
+            // (16, added after 17) is missing from databases migrated before it existed.
+            let embedded: Vec<String> = diesel::migration::MigrationSource::<
                 <Self as diesel::Connection>::Backend,
             >::migrations(&MIGRATIONS)
                 .map_err(|e| diesel::result::Error::QueryBuilderError(e))?
-                .last()
+                .iter()
                 .map(|m| m.name().version().to_string())
-                .unwrap_or_default();
+                .collect();
             match $crate::backend::stmt::stmt($crate::backend::shared::SCHEMA_CURRENT)
-                .bind::<diesel::sql_types::Text, _>(&latest)
-                .get_result::<Version>(self)
-                .optional()
+                .load::<Version>(self)
             {
-                Ok(found) => Ok(found.is_some()),
+                Ok(applied) => {
+                    let applied: std::collections::HashSet<String> =
+                        applied.into_iter().map(|v| v.version).collect();
+                    Ok(embedded.iter().all(|v| applied.contains(v)))
+                }
                 // Never migrated: diesel's record table is missing too.
                 Err(diesel::result::Error::DatabaseError(_, info))
                     if info.message().contains("__diesel_schema_migrations") =>

@@ -500,7 +500,13 @@ impl<C: LockConnection> Locker<C> {
     /// - `Row`: rows past their *own* `stale_after` (never a row inserted without one);
     ///   `idle` is not used.
     /// - `Row` and `Lease`: the token counters of keys nobody holds.
-    /// - `ForUpdate`, `Advisory`, `AdvisoryXact`: nothing.
+    /// - `ForUpdate` (PostgreSQL, MySQL): the key rows (`dlock_for_update`) that no holder's
+    ///   transaction has locked, and the reader-writer kinds left without anything of their
+    ///   key, each only if made at least `idle` ago (the grace); semaphores keep their kind
+    ///   and slots. An acquisition whose row a purge deletes under it makes it again, so
+    ///   even with `idle` zero a free key is never reported busy; a grace of a minute or
+    ///   more keeps that churn away from keys in use. Tokens come from the global source.
+    /// - `Advisory`, `AdvisoryXact`: nothing.
     /// - every strategy with a line of waiters: places whose waiter died.
     ///
     /// So after a purge the lock tables hold rows for the keys held (and waited for) only,

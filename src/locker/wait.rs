@@ -437,9 +437,7 @@ impl<C: LockConnection> Locker<C> {
         if !found {
             return Err(Error::MissingTable(diesel::result::Error::DatabaseError(
                 diesel::result::DatabaseErrorKind::Unknown,
-                Box::new(
-                    "the newest migration of this version of diesel-lock is not applied".to_owned(),
-                ),
+                Box::new("a migration of this version of diesel-lock is not applied".to_owned()),
             )));
         }
         current.store(true, Ordering::Relaxed);

@@ -133,7 +133,8 @@ impl<C: LockConnection> SlotLock<C> {
         row_lock(
             conn,
             key,
-            |c| {
+            Wait::No,
+            |c, _| {
                 let share = share(c)?;
                 match share.for_share_lock(key, Wait::No, flavor)? {
                     ForUpdateLocked::Locked(_) => match share.permit_slot_lock(key, flavor)? {

@@ -141,6 +141,8 @@ impl Admin for MysqlConnection {
         let text = match table {
             PurgeTable::Counters => shared::boundary!("dlock_tokens"),
             PurgeTable::Leases => shared::boundary!("dlock_leases"),
+            PurgeTable::KeyRows => shared::boundary!("dlock_for_update"),
+            PurgeTable::Kinds => shared::boundary!("dlock_shared_keys"),
         };
         stmt(text)
             .bind::<Text, _>(after)
@@ -207,6 +209,122 @@ impl Admin for MysqlConnection {
             .bind::<BigInt, _>(idle_us)
             .bind::<BigInt, _>(idle_us)
             .execute(self),
+            // A DELETE over the range would wait for every holder's transaction (each keeps
+            // its key row locked): the rows nobody holds are locked first by a read that
+            // skips the others, then exactly those are deleted, in short transactions
+            // (`purge_key_rows`). Only rows older than the grace (`idle_us`), as on
+            // PostgreSQL. Each transaction holds the purge gate (`PURGE_GATE`, a named lock)
+            // from before it locks a row until it has committed: an acquisition that finds
+            // its row locked tells a purge from a holder by it
+            // (`SessionLocks::for_update_present`).
+            PurgeTable::KeyRows => purge_key_rows(self, after, upto, idle_us),
+            // The same, for reader-writer kinds without a live mark or anything else of
+            // their key. The existence checks are plain reads (a subquery of a locking
+            // statement would take shared locks, and wait for holders).
+            PurgeTable::Kinds => self.transaction(|c| {
+                let keys = range(
+                    "SELECT lock_key FROM dlock_shared_keys \
+                     WHERE lock_key > ? AND (? IS NULL OR lock_key <= ?) AND permit_count = 0 \
+                       AND created_at <= CURRENT_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
+                       AND (intent IS NULL OR intent_until IS NULL \
+                            OR intent_until <= UTC_TIMESTAMP(6)) \
+                     FOR UPDATE SKIP LOCKED",
+                )
+                .bind::<BigInt, _>(idle_us)
+                .load::<Key>(c)?;
+                let mut idle = Vec::with_capacity(keys.len());
+                for k in keys {
+                    let used = stmt(
+                        "SELECT CAST(EXISTS (SELECT 1 FROM dlock_leases WHERE lock_key = ?) \
+                                OR EXISTS (SELECT 1 FROM dlock_permit_slots WHERE lock_key = ?) \
+                                OR EXISTS (SELECT 1 FROM dlock_for_update WHERE lock_key = ?) \
+                                AS SIGNED) AS one",
+                    )
+                    .bind::<Text, _>(&k.lock_key)
+                    .bind::<Text, _>(&k.lock_key)
+                    .bind::<Text, _>(&k.lock_key)
+                    .get_result::<One>(c)?
+                    .one;
+                    if used == 0 {
+                        idle.push(k);
+                    }
+                }
+                delete_keys(c, "DELETE FROM dlock_shared_keys WHERE lock_key = ?", idle)
+            }),
+        }
+    }
+}
+
+/// Deletes the rows of `keys` (locked by the caller's transaction) with `sql`, one key per
+/// statement, found by the primary key: a list (`IN (…)`) may be run as a scan of the
+/// table, whose DELETE waits for the row lock of every holder on the way (InnoDB reads only
+/// an UPDATE's rows semi-consistently). The number deleted.
+fn delete_keys(c: &mut MysqlConnection, sql: &'static str, keys: Vec<Key>) -> QueryResult<usize> {
+    let mut deleted = 0;
+    for k in keys {
+        deleted += stmt(sql).bind::<Text, _>(k.lock_key).execute(c)?;
+    }
+    Ok(deleted)
+}
+
+/// How many key rows one transaction of a `ForUpdate` purge deletes on MySQL, one statement
+/// each: an acquisition that finds a row of them locked waits for that transaction.
+const KEY_ROWS_CHUNK: i64 = 100;
+
+/// `purge_batch` of `KeyRows` on MySQL: in transactions of at most [`KEY_ROWS_CHUNK`]
+/// rows, each holding the purge gate (`PURGE_GATE`) from before it locks a row until it
+/// has committed, the rows of the range older than the grace that nobody has locked.
+fn purge_key_rows(
+    c: &mut MysqlConnection,
+    after: &str,
+    upto: Option<&str>,
+    idle_us: i64,
+) -> QueryResult<usize> {
+    let mut from = after.to_owned();
+    let mut deleted = 0;
+    loop {
+        let gate = stmt("SELECT CAST(COALESCE(GET_LOCK(?, 60), 0) AS SIGNED) AS one")
+            .bind::<Text, _>(super::PURGE_GATE)
+            .get_result::<One>(c)?;
+        if gate.one != 1 {
+            return Err(diesel::result::Error::QueryBuilderError(
+                "the ForUpdate purge gate stayed taken for a minute".into(),
+            ));
+        }
+        // READ COMMITTED (no gap locks, which would hold up inserts of new keys), set
+        // again: the GET_LOCK above was the next transaction.
+        let chunk = stmt("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            .execute(c)
+            .and_then(|_| {
+                c.transaction(|c| {
+                    let keys = stmt(
+                        "SELECT lock_key FROM dlock_for_update \
+                         WHERE lock_key > ? AND (? IS NULL OR lock_key <= ?) \
+                           AND created_at <= CURRENT_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
+                         ORDER BY lock_key LIMIT ? FOR UPDATE SKIP LOCKED",
+                    )
+                    .bind::<Text, _>(&from)
+                    .bind::<Nullable<Text>, _>(upto)
+                    .bind::<Nullable<Text>, _>(upto)
+                    .bind::<BigInt, _>(idle_us)
+                    .bind::<BigInt, _>(KEY_ROWS_CHUNK)
+                    .load::<Key>(c)?;
+                    let last = keys.last().map(|k| k.lock_key.clone());
+                    let full = keys.len() as i64 == KEY_ROWS_CHUNK;
+                    let n =
+                        delete_keys(c, "DELETE FROM dlock_for_update WHERE lock_key = ?", keys)?;
+                    Ok((n, last.filter(|_| full)))
+                })
+            });
+        let released = stmt("DO RELEASE_LOCK(?)")
+            .bind::<Text, _>(super::PURGE_GATE)
+            .execute(c);
+        let (n, next) = chunk?;
+        released?;
+        deleted += n;
+        match next {
+            Some(k) => from = k,
+            None => return Ok(deleted),
         }
     }
 }

@@ -10,7 +10,7 @@ use crate::backend::stmt::stmt;
 use crate::backend::{Flavor, ForUpdateLocked, Wait};
 use diesel::mysql::MysqlConnection;
 use diesel::sql_types::{BigInt, Text};
-use diesel::{QueryResult, RunQueryDsl};
+use diesel::{OptionalExtension, QueryResult, RunQueryDsl};
 
 /// The reader's statements, as `FOR_UPDATE_LOCK` but for the locking clause: MariaDB's
 /// `LOCK IN SHARE MODE`, MySQL's `FOR SHARE` (the only one of the two that takes `NOWAIT`
@@ -47,18 +47,29 @@ impl ForShareLocks for MysqlConnection {
     }
 
     fn permits_setup(&mut self, key: &str, permits: i64, slots: bool) -> QueryResult<i64> {
-        stmt(
-            "INSERT IGNORE INTO dlock_shared_keys (lock_key, permit_count, token) VALUES (?, ?, 0)",
-        )
-        .bind::<Text, _>(key)
-        .bind::<BigInt, _>(permits)
-        .execute(self)?;
-        let stored = stmt(
-            "SELECT CAST(permit_count AS SIGNED) AS one FROM dlock_shared_keys WHERE lock_key = ?",
-        )
-        .bind::<Text, _>(key)
-        .get_result::<One>(self)?
-        .one;
+        // A purge may delete a reader-writer kind (older than its grace, of a key with no
+        // row) between the insert and the read: made again. Two inserts of a just-deleted
+        // kind can deadlock (each holds a shared lock on the deleted record): run again.
+        let stored = crate::backend::for_share::kind_made(key, || {
+            match stmt(
+                "INSERT IGNORE INTO dlock_shared_keys (lock_key, permit_count, token) VALUES (?, ?, 0)",
+            )
+            .bind::<Text, _>(key)
+            .bind::<BigInt, _>(permits)
+            .execute(self)
+            {
+                Ok(_) => {}
+                Err(e) if super::contention(&e) => return Ok(None),
+                Err(e) => return Err(e),
+            }
+            stmt(
+                "SELECT CAST(permit_count AS SIGNED) AS one FROM dlock_shared_keys WHERE lock_key = ?",
+            )
+            .bind::<Text, _>(key)
+            .get_result::<One>(self)
+            .optional()
+            .map(|r| r.map(|r| r.one))
+        })?;
         // Only a key without all its slots inserts them: a duplicate that a holder has
         // locked would make the insert wait for that holder (InnoDB's duplicate check takes
         // a lock on it), and the count is a plain read that waits for nobody.

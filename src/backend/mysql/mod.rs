@@ -58,6 +58,13 @@ const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/mysql");
 super::shared::acquired_row!(Datetime, NaiveDateTime, |t| t.and_utc());
 
 /// True if `e` says the lock is someone else's (see `SessionLocks::is_lock_unavailable`).
+/// The named lock that a `ForUpdate` purge's batch holds from before it locks a key row
+/// until it has committed, and that an acquisition which found its row locked looks at
+/// (`SessionLocks::for_update_present`). Named locks are the server's, not the database's:
+/// a purge of another database on the same server makes such an acquisition wait for it
+/// too (only a wait: it then reads its row again).
+pub(crate) const PURGE_GATE: &str = "dlock_purge_gate";
+
 fn lock_unavailable(e: &diesel::result::Error) -> bool {
     // diesel maps neither error to a kind of its own (DatabaseErrorKind::Unknown) and
     // keeps no error number, so the server's English message is matched:

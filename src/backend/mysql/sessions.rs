@@ -224,6 +224,33 @@ impl SessionLocks for MysqlConnection {
             .execute(self)
             .map(drop)
     }
+    fn for_update_present(&mut self, key: &str) -> QueryResult<bool> {
+        // A purge's batch under way holds the gate until it has committed: wait for it (at
+        // most 2 s) and try again. Free: the read below, a statement of its own (a read
+        // view of its own), tells whether the row is still there.
+        let free = stmt("SELECT CAST(COALESCE(IS_FREE_LOCK(?), 0) AS SIGNED) AS one")
+            .bind::<Text, _>(super::PURGE_GATE)
+            .get_result::<One>(self)?
+            .one;
+        if free != 1 {
+            let got = stmt("SELECT CAST(COALESCE(GET_LOCK(?, 2), 0) AS SIGNED) AS one")
+                .bind::<Text, _>(super::PURGE_GATE)
+                .get_result::<One>(self)?
+                .one;
+            if got == 1 {
+                stmt("DO RELEASE_LOCK(?)")
+                    .bind::<Text, _>(super::PURGE_GATE)
+                    .execute(self)?;
+            }
+            return Ok(false);
+        }
+        exists(
+            stmt("SELECT CAST(1 AS SIGNED) AS one FROM dlock_for_update WHERE lock_key = ?")
+                .bind::<Text, _>(key)
+                .get_result::<One>(self)
+                .optional(),
+        )
+    }
     fn for_update_lock(
         &mut self,
         key: &str,

@@ -95,6 +95,8 @@ impl Admin for PgConnection {
         let text = match table {
             PurgeTable::Counters => shared::boundary!("dlock_tokens"),
             PurgeTable::Leases => shared::boundary!("dlock_leases"),
+            PurgeTable::KeyRows => shared::boundary!("dlock_for_update"),
+            PurgeTable::Kinds => shared::boundary!("dlock_shared_keys"),
         };
         stmt(text)
             .bind::<Text, _>(after)
@@ -163,6 +165,43 @@ impl Admin for PgConnection {
             .bind::<BigInt, _>(idle_us)
             .get_result::<One>(self)
             .map(|r| r.one as usize),
+            // A holder's transaction keeps its key row locked (FOR UPDATE, or FOR SHARE for
+            // readers and permits): skipped. An acquisition waiting for a row deleted here
+            // finds it missing once this commits, and makes it again.
+            // Only rows older than the grace (`idle_us`): a row is never deleted between its
+            // creation and the acquisition that made it, unless the grace is shorter than
+            // that. The batch holds the purge gate (`PURGE_GATE`) from before it locks a row
+            // until it commits: an acquisition that finds its row locked tells a purge from
+            // a holder by it (`SessionLocks::for_update_present`).
+            PurgeTable::KeyRows => self.transaction(|c| {
+                stmt("SELECT pg_advisory_xact_lock(?, ?)")
+                    .bind::<diesel::sql_types::Integer, _>(super::PURGE_GATE.0)
+                    .bind::<diesel::sql_types::Integer, _>(super::PURGE_GATE.1)
+                    .execute(c)?;
+                range(
+                    "DELETE FROM dlock_for_update WHERE lock_key IN ( \
+                       SELECT lock_key FROM dlock_for_update \
+                       WHERE lock_key > ? AND (?::text IS NULL OR lock_key <= ?) \
+                         AND created_at <= now() - ? * interval '1 microsecond' \
+                       FOR UPDATE SKIP LOCKED)",
+                )
+                .bind::<BigInt, _>(idle_us)
+                .execute(c)
+            }),
+            PurgeTable::Kinds => range(
+                "DELETE FROM dlock_shared_keys WHERE lock_key IN ( \
+                   SELECT lock_key FROM dlock_shared_keys k \
+                   WHERE lock_key > ? AND (?::text IS NULL OR lock_key <= ?) \
+                     AND permit_count = 0 \
+                     AND created_at <= now() - ? * interval '1 microsecond' \
+                     AND (intent IS NULL OR intent_until IS NULL OR intent_until <= clock_timestamp()) \
+                     AND NOT EXISTS (SELECT 1 FROM dlock_leases l WHERE l.lock_key = k.lock_key) \
+                     AND NOT EXISTS (SELECT 1 FROM dlock_permit_slots p WHERE p.lock_key = k.lock_key) \
+                     AND NOT EXISTS (SELECT 1 FROM dlock_for_update u WHERE u.lock_key = k.lock_key) \
+                   FOR UPDATE SKIP LOCKED)",
+            )
+            .bind::<BigInt, _>(idle_us)
+            .execute(self),
         }
     }
 }

@@ -88,17 +88,22 @@ impl ForShareLocks for PgConnection {
     }
 
     fn permits_setup(&mut self, key: &str, permits: i64, slots: bool) -> QueryResult<i64> {
-        stmt(
-            "INSERT INTO dlock_shared_keys (lock_key, permit_count, token) VALUES (?, ?, 0) \
-             ON CONFLICT (lock_key) DO NOTHING",
-        )
-        .bind::<Text, _>(key)
-        .bind::<BigInt, _>(permits)
-        .execute(self)?;
-        let stored = stmt("SELECT permit_count AS one FROM dlock_shared_keys WHERE lock_key = ?")
+        // A purge may delete a reader-writer kind (older than its grace, of a key with no
+        // row) between the insert and the read: made again.
+        let stored = crate::backend::for_share::kind_made(key, || {
+            stmt(
+                "INSERT INTO dlock_shared_keys (lock_key, permit_count, token) VALUES (?, ?, 0) \
+                 ON CONFLICT (lock_key) DO NOTHING",
+            )
             .bind::<Text, _>(key)
-            .get_result::<One>(self)?
-            .one;
+            .bind::<BigInt, _>(permits)
+            .execute(self)?;
+            stmt("SELECT permit_count AS one FROM dlock_shared_keys WHERE lock_key = ?")
+                .bind::<Text, _>(key)
+                .get_result::<One>(self)
+                .optional()
+                .map(|r| r.map(|r| r.one))
+        })?;
         // Only a key without all its slots inserts them: a duplicate that a holder has
         // locked would make the insert wait for that holder (InnoDB's duplicate check takes
         // a lock on it), and the count is a plain read that waits for nobody.

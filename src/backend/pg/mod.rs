@@ -124,6 +124,12 @@ fn bound_transaction(
 }
 
 /// True if `e` says the lock is someone else's (see `SessionLocks::is_lock_unavailable`).
+/// The advisory lock (two `int4` keys: a space of its own beside the one-`bigint` keys of
+/// the `Advisory` strategy) that a `ForUpdate` purge's batch holds exclusively from before
+/// it locks a key row until it commits, and that an acquisition which found its row locked
+/// waits for in shared mode (`SessionLocks::for_update_present`): "dloc", "purg".
+pub(crate) const PURGE_GATE: (i32, i32) = (0x646c_6f63, 0x7075_7267);
+
 fn lock_unavailable(e: &diesel::result::Error) -> bool {
     // Both cases are SQLSTATE 55P03 (lock_not_available), but diesel keeps no SQLSTATE
     // for it (DatabaseErrorKind::Unknown), so the primary message is matched. These

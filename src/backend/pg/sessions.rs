@@ -238,6 +238,30 @@ impl SessionLocks for PgConnection {
         .execute(self)
         .map(drop)
     }
+    fn for_update_present(&mut self, key: &str) -> QueryResult<bool> {
+        // Waits (at most 2 s) for a purge's batch under way: it holds the gate until it
+        // commits, and the lock is released only once its deletes are visible. Two
+        // statements: the read below must take its snapshot after the wait.
+        let waited = stmt(
+            "SELECT CASE WHEN set_config('lock_timeout', '2000', true) IS NOT NULL \
+             THEN pg_advisory_xact_lock_shared(?, ?)::text END AS s",
+        )
+        .bind::<diesel::sql_types::Integer, _>(super::PURGE_GATE.0)
+        .bind::<diesel::sql_types::Integer, _>(super::PURGE_GATE.1)
+        .execute(self);
+        match waited {
+            Ok(_) => {}
+            // A purge still under way: try again.
+            Err(e) if lock_unavailable(&e) => return Ok(false),
+            Err(e) => return Err(e),
+        }
+        exists(
+            stmt("SELECT 1::int8 AS one FROM dlock_for_update WHERE lock_key = ?")
+                .bind::<Text, _>(key)
+                .get_result::<One>(self)
+                .optional(),
+        )
+    }
     fn for_update_lock(
         &mut self,
         key: &str,

@@ -117,6 +117,8 @@ impl Admin for SqliteConnection {
         let text = match table {
             PurgeTable::Counters => shared::boundary!("dlock_tokens"),
             PurgeTable::Leases => shared::boundary!("dlock_leases"),
+            // No ForUpdate on SQLite; a reader's kind goes with its lease row.
+            PurgeTable::KeyRows | PurgeTable::Kinds => return Ok(None),
         };
         stmt(text)
             .bind::<Text, _>(after)
@@ -143,6 +145,7 @@ impl Admin for SqliteConnection {
                 .bind::<Nullable<Text>, _>(upto)
         };
         match table {
+            PurgeTable::KeyRows | PurgeTable::Kinds => Ok(0),
             PurgeTable::Counters => range(
                 "DELETE FROM dlock_tokens \
                  WHERE lock_key > ? AND (? IS NULL OR lock_key <= ?) AND token <= ? \

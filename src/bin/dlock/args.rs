@@ -112,11 +112,13 @@ pub(crate) enum Command {
     /// free or expired for at least --older-than, no reader, permit or waiter left), and
     /// also row locks past their own --stale-after, expired readers and permits, and places
     /// of waiters that died. Safe beside running locks: it deletes nothing a holder or
-    /// waiter counts on, and a key's tokens keep increasing across it. Locks of for-update
-    /// and advisory runs live in the server and leave nothing to purge.
+    /// waiter counts on, and a key's tokens keep increasing across it. for-update keys leave
+    /// a row each (PostgreSQL, MySQL), deleted once nobody holds the key; advisory locks
+    /// live in the server and leave nothing to purge.
     Purge {
         /// Only leases free or expired (and readers and permits expired) for at least this
-        /// long, e.g. 1h (default: 0s, every free one).
+        /// long, and for-update key rows made at least this long ago, e.g. 1h (default: 0s,
+        /// every free one).
         #[arg(long, value_parser = parse_duration, default_value = "0s", value_name = "DURATION")]
         older_than: Duration,
     },

@@ -46,9 +46,10 @@ pub(crate) fn migrate(db: &Database) -> Result<u8, Failure> {
 }
 
 /// `dlock purge`: the purges of `Lease` (leases free or expired for `older_than`, expired
-/// readers and permits, kinds and counters of keys nobody holds) and of `Row` (rows past
-/// their own `stale_after`), which is what `dlock run` leaves behind; no lock tables yet
-/// means nothing to delete.
+/// readers and permits, kinds and counters of keys nobody holds), of `Row` (rows past
+/// their own `stale_after`, counters of keys nobody holds), which is what `dlock run`
+/// leaves behind, and of `ForUpdate` where the server has it (key rows nobody holds); no
+/// lock tables yet means nothing to delete.
 pub(crate) fn purge(db: &Database, older_than: Duration) -> Result<u8, Failure> {
     let pool = db.connect()?;
     let mut deleted = 0;
@@ -57,8 +58,17 @@ pub(crate) fn purge(db: &Database, older_than: Duration) -> Result<u8, Failure> 
             ttl: Duration::from_secs(30),
         },
         Strategy::Row { stale_after: None },
+        Strategy::ForUpdate,
     ] {
-        let locker = Locker::builder(pool.clone()).strategy(strategy).build()?;
+        let locker = match Locker::builder(pool.clone()).strategy(strategy).build() {
+            // SQLite, a Galera node: no ForUpdate, so none of its rows either.
+            Err(Error::Unsupported { .. } | Error::Incompatible { .. })
+                if strategy == Strategy::ForUpdate =>
+            {
+                continue
+            }
+            other => other?,
+        };
         deleted += match locker.purge(older_than) {
             Err(Error::MissingTable(_)) => 0,
             other => other?,

@@ -109,6 +109,21 @@ impl<C: LockConnection> RawLock<C> for ForUpdateLock<C> {
             write.gave_up(key);
         }
     }
+
+    fn purge(&self, idle: std::time::Duration) -> Result<usize> {
+        // The key rows no holder has locked, then the reader-writer kinds left without
+        // anything of their key, each only once older than `idle` (the grace: a row just
+        // made for an acquisition is not taken from under it). None carries a token.
+        let grace_us = micros(idle.min(super::MAX_DURATION)).unwrap_or(i64::MAX);
+        super::purge::released_keys(
+            &self.pool,
+            &[
+                crate::backend::PurgeTable::KeyRows,
+                crate::backend::PurgeTable::Kinds,
+            ],
+            grace_us,
+        )
+    }
 }
 
 impl<C: LockConnection> ForUpdateLock<C> {
@@ -126,7 +141,8 @@ impl<C: LockConnection> ForUpdateLock<C> {
         row_lock(
             conn,
             key,
-            |c| c.session_sql()?.for_update_lock(key, wait, flavor),
+            wait,
+            |c, wait| c.session_sql()?.for_update_lock(key, wait, flavor),
             |session, proof| Box::new(ForUpdateHold { session, proof }),
         )
     }

@@ -5,12 +5,13 @@
 
 use crate::backend::fence::no_token;
 use crate::backend::for_share::ForShareLocks;
-use crate::backend::{ForUpdateLocked, LockConnection, Sql};
+use crate::backend::{ForUpdateLocked, LockConnection, Sql, Wait};
 use crate::strategy::session::{self, rollback, Session};
 use crate::strategy::{Conn, Hold, Taken};
 use crate::Result;
 use diesel::connection::{Connection, TransactionManager};
 use diesel::QueryResult;
+use std::time::Instant;
 
 type Tm<C> = <C as Connection>::TransactionManager;
 
@@ -46,21 +47,51 @@ impl<C: LockConnection> Hold for ForShareHold<C> {
     }
 }
 
+/// How many times an attempt makes the key's row again, or looks again at a row found
+/// locked, before it reports the key busy: each time a purge must have deleted the row (or
+/// been deleting it) since the last look. A purge takes only rows older than its grace, so
+/// with any grace beyond a round trip the first retry wins.
+const ROW_TRIES: usize = 16;
+
+/// How many times a token that may not go out yet is made safe (a new life of the
+/// server, or a bound to raise) before giving up.
+const FENCE_TRIES: usize = 4;
+
 /// One attempt on the key's row with `lock` (`FOR UPDATE`, or `FOR SHARE` for a reader),
-/// in a transaction that the guard made by `hold` keeps open. A first attempt that finds no
-/// row creates it (committed on its own, so that other creators do not wait for our
-/// transaction) and tries again; one whose token may not go out yet (a new life of the
-/// server, or a bound to raise: once in 2^20) rolls back, has that done outside the
-/// transaction, and tries again.
+/// waiting as `wait` says, in a transaction that the guard made by `hold` keeps open.
+///
+/// A purge (`Locker::purge`) may delete a key row nobody holds at any moment, so the row
+/// may be missing, or be deleted while this waits for it, or be locked by the purge
+/// deleting it. So: a row found missing is made (committed on its own, so that other
+/// creators do not wait for our transaction; an insert that deadlocks with another on a
+/// just-deleted row is run again) and locked again; a row found locked (`NOWAIT`, or a
+/// bounded wait that ran out) is busy only if it is still there once no purge's batch is
+/// under way (`SessionLocks::for_update_present`), else it is looked at again. At most
+/// [`ROW_TRIES`] times, and never past the deadline of `wait`. A token that may not go out
+/// yet (a new life of the server, or a bound to raise: once in 2^20) is rolled back, made
+/// safe outside the transaction, and drawn again.
 pub(crate) fn row_lock<C: LockConnection>(
     conn: &mut Conn<C>,
     key: &str,
-    lock: impl Fn(&mut C) -> diesel::QueryResult<ForUpdateLocked>,
+    wait: Wait,
+    lock: impl Fn(&mut C, Wait) -> diesel::QueryResult<ForUpdateLocked>,
     hold: impl FnOnce(Session<C>, i64) -> Box<dyn Hold>,
 ) -> Result<Option<Taken>> {
-    let mut created = false;
-    for _ in 0..4 {
-        let Some(locked) = session::lock_in_txn(conn, &lock)? else {
+    let deadline = match wait {
+        Wait::For(d) => Instant::now().checked_add(d),
+        _ => None,
+    };
+    // What is left of a bounded wait; a retry past the deadline only looks (`NOWAIT`).
+    let left = || match (wait, deadline) {
+        (Wait::For(_), Some(at)) => match at.checked_duration_since(Instant::now()) {
+            Some(d) if !d.is_zero() => Wait::For(d),
+            _ => Wait::No,
+        },
+        _ => wait,
+    };
+    let (mut tries, mut fences) = (0, 0);
+    loop {
+        let Some(locked) = session::lock_in_txn(conn, |c| lock(c, left()))? else {
             return Ok(None); // cancelled before it could wait
         };
         match locked {
@@ -73,24 +104,53 @@ pub(crate) fn row_lock<C: LockConnection>(
             }
             Ok(ForUpdateLocked::Missing) => {
                 rollback(conn);
-                if created {
-                    // The row vanished between its creation and our lock (deleted by
-                    // hand): busy, for now.
+                tries += 1;
+                if tries > ROW_TRIES {
+                    log::debug!("lock {key:?}: its row was deleted under {ROW_TRIES} attempts; busy for now");
                     return Ok(None);
                 }
-                conn.session_sql()?.for_update_create(key)?;
-                created = true;
+                create(conn, key)?;
             }
             Ok(ForUpdateLocked::Unfenced(drawn)) => {
                 rollback(conn);
+                fences += 1;
+                if fences > FENCE_TRIES {
+                    return Err(crate::Error::Database(no_token()));
+                }
                 conn.session_sql()?.fence_prepare(drawn)?;
             }
             Ok(ForUpdateLocked::Blocked) => {
                 rollback(conn);
                 return Ok(None);
             }
-            Err(e) => return session::lock_failed(conn, e),
+            Err(e) => {
+                rollback(conn);
+                if !conn.session_sql()?.is_lock_unavailable(&e) {
+                    return Err(e.into());
+                }
+                // Locked: by a holder, or by a purge deleting the row?
+                tries += 1;
+                if tries > ROW_TRIES || conn.session_sql()?.for_update_present(key)? {
+                    return Ok(None);
+                }
+            }
         }
     }
-    Err(crate::Error::Database(no_token()))
+}
+
+/// Makes the key's row, committed at once. Two inserts of a row a purge has just deleted
+/// can deadlock on MariaDB (each holds a shared lock on the deleted record and wants to
+/// insert): the victim's insert is run again.
+fn create<C: LockConnection>(conn: &mut Conn<C>, key: &str) -> Result<()> {
+    let mut tries = 0;
+    loop {
+        match conn.session_sql()?.for_update_create(key) {
+            Ok(()) => return Ok(()),
+            Err(e) if tries < ROW_TRIES && conn.sql().is_contention(&e) => {
+                tries += 1;
+                log::debug!("lock {key:?}: making its row met contention ({e}); again");
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }

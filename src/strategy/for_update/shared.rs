@@ -53,7 +53,8 @@ impl<C: LockConnection> RawLock<C> for ForUpdateReadLock<C> {
         row_lock(
             conn,
             key,
-            |c| share(c)?.for_share_lock(key, wait, flavor),
+            wait,
+            |c, wait| share(c)?.for_share_lock(key, wait, flavor),
             |session, proof| Box::new(ForShareHold { session, proof }),
         )
     }

@@ -1,0 +1,235 @@
+//! `ForUpdate`'s purge beside acquisitions (issue 25): a purge in a tight loop with no grace
+//! (`purge(Duration::ZERO)`: every key row nobody has locked goes, however new) beside
+//! threads that take and release keys of their own with every kind of acquisition
+//! (`try_lock`, `try_lock_for`, `lock`, `try_read`, `try_read_for`, `read`, `try_write`,
+//! `write`, `try_permit`), and contended keys shared by all the threads (writers and
+//! readers). A key of a thread's own is free whenever the thread asks for it: it must never
+//! be reported busy, and no acquisition may fail (a kind row or key row deleted under it, a
+//! deadlock of two inserts of a just-deleted row); on the shared keys, never a writer beside
+//! anyone else. PostgreSQL and MariaDB on databases of their own; PgBouncer on the shared
+//! test database. SQLite has no `ForUpdate`, so nothing to test there.
+
+mod common;
+
+use common::{unique_key, Harness};
+use diesel_lock::{LockConnection, LockGuard, Strategy};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::Duration;
+
+/// Threads taking keys; each has its own keys and shares the contended ones.
+const THREADS: usize = 4;
+/// Each thread's own keys (reused round after round, so that their rows exist, are purged
+/// and are made again).
+const OWN: usize = 3;
+/// How long a wait on a free key may take before it counts as a failure.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+/// What went wrong, by kind of acquisition: `busy <op>` for a free key reported busy,
+/// `error <op>: <error>` for a failure.
+type Failures = Arc<Mutex<BTreeMap<String, usize>>>;
+
+fn note(failures: &Failures, what: String) {
+    *failures.lock().unwrap().entry(what).or_default() += 1;
+}
+
+/// One acquisition of a free key by `op`; `None` (after noting it) if it failed.
+fn take<C: LockConnection>(
+    locker: &diesel_lock::Locker<C>,
+    key: &str,
+    op: &str,
+    failures: &Failures,
+) -> Option<LockGuard<C>> {
+    let got = match op {
+        "try_lock" => locker.try_lock(key),
+        "try_lock_for" => locker.try_lock_for(key, PATIENCE),
+        "lock" => locker.lock(key).map(Some),
+        "try_read" => locker.try_read(key),
+        "try_read_for" => locker.try_read_for(key, PATIENCE),
+        "read" => locker.read(key).map(Some),
+        "try_write" => locker.try_write(key),
+        "write" => locker.write(key).map(Some),
+        "try_permit" => locker.try_permit(&format!("{key}-sem"), 2),
+        _ => unreachable!("{op}"),
+    };
+    match got {
+        Ok(Some(g)) => Some(g),
+        Ok(None) => {
+            note(failures, format!("busy {op}"));
+            None
+        }
+        Err(e) => {
+            note(failures, format!("error {op}: {e}"));
+            None
+        }
+    }
+}
+
+const OPS: [&str; 9] = [
+    "try_lock",
+    "try_lock_for",
+    "lock",
+    "try_read",
+    "try_read_for",
+    "read",
+    "try_write",
+    "write",
+    "try_permit",
+];
+
+fn purge_beside_acquisitions<C: LockConnection>(h: &Harness<C>, rounds: usize) {
+    let prefix = unique_key("fup");
+    let locker = h.locker(Strategy::ForUpdate);
+    let failures: Failures = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (purges, purged) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let start = Arc::new(Barrier::new(THREADS + 2));
+    // The shared keys' holders: +1 per reader, +1000 per writer.
+    let shared: Arc<[AtomicI64; 2]> = Arc::new([AtomicI64::new(0), AtomicI64::new(0)]);
+    let overlaps = Arc::new(AtomicU64::new(0));
+    let purger = {
+        let (l, stop, purges, purged, start) = (
+            h.locker(Strategy::ForUpdate),
+            stop.clone(),
+            purges.clone(),
+            purged.clone(),
+            start.clone(),
+        );
+        let failures = failures.clone();
+        std::thread::spawn(move || {
+            start.wait();
+            while !stop.load(Ordering::Relaxed) {
+                match l.purge(Duration::ZERO) {
+                    Ok(n) => {
+                        purged.fetch_add(n, Ordering::Relaxed);
+                    }
+                    Err(e) => note(&failures, format!("error purge: {e}")),
+                }
+                purges.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
+    let free_ops = Arc::new(AtomicU64::new(0));
+    let workers: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (locker, failures, prefix, shared, overlaps, start, free_ops) = (
+                locker.clone(),
+                failures.clone(),
+                prefix.clone(),
+                shared.clone(),
+                overlaps.clone(),
+                start.clone(),
+                free_ops.clone(),
+            );
+            std::thread::spawn(move || {
+                // Each key's tokens, taken one after another by this thread: increasing.
+                let mut last: BTreeMap<String, i64> = BTreeMap::new();
+                start.wait();
+                for i in 0..rounds {
+                    // A free key of this thread's own, by every kind of acquisition in turn.
+                    let op = OPS[(i + t) % OPS.len()];
+                    let own = format!("{prefix}-own-{t}-{}", i % OWN);
+                    if let Some(g) = take(&locker, &own, op, &failures) {
+                        free_ops.fetch_add(1, Ordering::Relaxed);
+                        let before = last.insert(g.key().to_owned(), g.token());
+                        if before.is_some_and(|b| b >= g.token()) {
+                            note(&failures, format!("token went back {op}"));
+                        }
+                        if let Err(e) = g.check() {
+                            note(&failures, format!("error check {op}: {e}"));
+                        }
+                        if let Err(e) = g.release() {
+                            note(&failures, format!("error release {op}: {e}"));
+                        }
+                    }
+                    // Every third round, a contended key: a writer or a reader.
+                    if i % 3 == 0 {
+                        let s = (i / 3) % 2;
+                        let key = format!("{prefix}-shared-{s}");
+                        let write = (i / 3 + t) % 3 == 0;
+                        let got = if write {
+                            locker.try_lock_for(&key, PATIENCE)
+                        } else {
+                            locker.try_read_for(&key, PATIENCE)
+                        };
+                        match got {
+                            Ok(Some(g)) => {
+                                let add = if write { 1000 } else { 1 };
+                                let before = shared[s].fetch_add(add, Ordering::SeqCst);
+                                if (write && before != 0) || (!write && before >= 1000) {
+                                    overlaps.fetch_add(1, Ordering::SeqCst);
+                                }
+                                std::thread::sleep(Duration::from_millis(1));
+                                shared[s].fetch_sub(add, Ordering::SeqCst);
+                                if let Err(e) = g.release() {
+                                    note(&failures, format!("error release shared: {e}"));
+                                }
+                            }
+                            Ok(None) => note(&failures, format!("timeout shared (write {write})")),
+                            Err(e) => note(&failures, format!("error shared: {e}")),
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    start.wait();
+    for w in workers {
+        w.join().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    purger.join().unwrap();
+    let failures = failures.lock().unwrap().clone();
+    let failed: usize = failures.values().sum();
+    eprintln!(
+        "{} acquisitions of free keys ({} ok), {} purges ({} rows and kinds deleted); \
+         {failed} failures: {failures:?}; {} overlaps on the shared keys",
+        THREADS * rounds,
+        free_ops.load(Ordering::Relaxed),
+        purges.load(Ordering::Relaxed),
+        purged.load(Ordering::Relaxed),
+        overlaps.load(Ordering::SeqCst),
+    );
+    assert!(
+        purged.load(Ordering::Relaxed) > 0,
+        "the purge deleted nothing: no race was run"
+    );
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two holders at once");
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
+/// Rounds per thread, from `DLOCK_FUP_ROUNDS` (default 150).
+fn rounds() -> usize {
+    std::env::var("DLOCK_FUP_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(150)
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn pg_purge_beside_acquisitions() {
+    let Some(h) = common::pg_own_db_sized(THREADS as u32 * 3 + 4) else {
+        return;
+    };
+    purge_beside_acquisitions(&h, rounds());
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn pgbouncer_purge_beside_acquisitions() {
+    let Some(h) = common::pgbouncer_sized(THREADS as u32 * 3 + 4) else {
+        return;
+    };
+    purge_beside_acquisitions(&h, rounds());
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_purge_beside_acquisitions() {
+    let Some(h) = common::mysql_own_db_sized(THREADS as u32 * 3 + 4) else {
+        return;
+    };
+    purge_beside_acquisitions(&h, rounds());
+}

@@ -322,6 +322,153 @@ fn a_writer_between_readers_keeps_its_turn(backend: &str, s: &str) {
     assert_eq!(places(&admin, backend, &key), 0, "a place left behind");
 }
 
+/// Runs `sql` (with `key` bound once) on the admin pool.
+fn exec(pool: &Pool<ConnectionManager<AnyConnection>>, sql: &str, key: &str) {
+    let mut c = pool.get().unwrap();
+    diesel::sql_query(sql)
+        .bind::<diesel::sql_types::Text, _>(key)
+        .execute(&mut *c)
+        .unwrap();
+}
+
+/// A reader's or permit's place at the head of `key`'s line that lives 60 s and never
+/// tries: a waiter that is slow to look (a paused process, a loaded machine).
+fn phantom_place(pool: &Pool<ConnectionManager<AnyConnection>>, backend: &str, key: &str) {
+    let sql = match backend {
+        "pg" | "pgbouncer" => {
+            "INSERT INTO dlock_waiters (lock_key, owner, since, expires_at, shared) \
+             VALUES ($1, 'phantom', now(), now() + interval '60 seconds', 1)"
+        }
+        "mysql" => {
+            "INSERT INTO dlock_waiters (lock_key, owner, since, expires_at, shared) \
+             VALUES (CAST(? AS BINARY), 'phantom', UTC_TIMESTAMP(6), \
+                     UTC_TIMESTAMP(6) + INTERVAL 60 SECOND, 1)"
+        }
+        _ => {
+            "INSERT INTO dlock_waiters (lock_key, owner, since, expires_at, shared) \
+             VALUES (?, 'phantom', strftime('%Y-%m-%d %H:%M:%f', 'now'), \
+                     strftime('%Y-%m-%d %H:%M:%f', 'now', '+60 seconds'), 1)"
+        }
+    };
+    exec(pool, sql, key);
+}
+
+fn remove_phantom(pool: &Pool<ConnectionManager<AnyConnection>>, backend: &str, key: &str) {
+    let sql = match backend {
+        "pg" | "pgbouncer" => "DELETE FROM dlock_waiters WHERE lock_key = $1 AND owner = 'phantom'",
+        "mysql" => {
+            "DELETE FROM dlock_waiters WHERE lock_key = CAST(? AS BINARY) AND owner = 'phantom'"
+        }
+        _ => "DELETE FROM dlock_waiters WHERE lock_key = ? AND owner = 'phantom'",
+    };
+    exec(pool, sql, key);
+}
+
+/// Waiter threads (a `Locker` each, as separate processes would have) for `n` permits of
+/// `key`: each sends when it holds one, and holds it until `done` says.
+fn permit_waiters(
+    url: &str,
+    s: &str,
+    key: &str,
+    n: u32,
+    count: usize,
+    got: &std::sync::mpsc::Sender<Instant>,
+    done: &std::sync::Arc<std::sync::Barrier>,
+) -> Vec<std::thread::JoinHandle<()>> {
+    (0..count)
+        .map(|_| {
+            let l = locker(url, s);
+            let (key, got, done) = (key.to_owned(), got.clone(), done.clone());
+            std::thread::spawn(move || {
+                let g = l.permit(&key, n).unwrap();
+                got.send(Instant::now()).unwrap();
+                done.wait();
+                g.release().unwrap();
+            })
+        })
+        .collect()
+}
+
+/// N permits given back together let N waiters in together, not one after the other:
+///
+/// - with a place at the head of the line that does not try (a slow waiter), the N − 1
+///   waiters behind it get the permits they have room for at once (before, only the first
+///   place tried, so they waited for the slow one's place to lapse), while a newcomer still
+///   does not take the permit left for the slow one; once it is gone, the last waiter gets
+///   that permit: N hold together;
+/// - N waiters in line, N holders release: all N hold together.
+fn permits_admitted_together(backend: &str, s: &str) {
+    use std::sync::mpsc::channel;
+    use std::sync::{Arc, Barrier};
+    const N: u32 = 3;
+    /// Far below the phantom place's 60 s, far above a hand-over on a loaded machine.
+    const BOUND: Duration = Duration::from_secs(10);
+    let dir = tempfile::tempdir().unwrap();
+    let Some(url) = url(backend, &dir) else {
+        return;
+    };
+    let holder = locker(&url, s);
+    holder.migrate().unwrap();
+    let admin = connect(&url).unwrap();
+
+    // Behind a slow first place.
+    let key = common::unique_key(&format!("kinds-together-slow-{s}"));
+    let held: Vec<_> = (0..N).map(|_| holder.permit(&key, N).unwrap()).collect();
+    phantom_place(&admin, backend, &key);
+    let (got_tx, got) = channel();
+    let done = Arc::new(Barrier::new(N as usize + 1));
+    let mut waiters = permit_waiters(&url, s, &key, N, N as usize - 1, &got_tx, &done);
+    until_places(&admin, backend, &key, i64::from(N));
+    let released = Instant::now();
+    for g in held {
+        g.release().unwrap();
+    }
+    for i in 1..N {
+        let at = got
+            .recv_timeout(BOUND)
+            .unwrap_or_else(|_| panic!("{backend} {s}: waiter {i} of {} not let in", N - 1));
+        eprintln!("{backend} {s}: waiter {i} in after {:?}", at - released);
+    }
+    // One permit is left, for the slow place: a newcomer does not take it.
+    assert!(
+        locker(&url, s).try_permit(&key, N).unwrap().is_none(),
+        "{backend} {s}: a newcomer took the permit of the place ahead of it"
+    );
+    remove_phantom(&admin, backend, &key);
+    waiters.extend(permit_waiters(&url, s, &key, N, 1, &got_tx, &done));
+    got.recv_timeout(BOUND)
+        .unwrap_or_else(|_| panic!("{backend} {s}: the last permit not taken"));
+    // N hold together now (each holds until all have been counted).
+    done.wait();
+    for w in waiters {
+        w.join().unwrap();
+    }
+    assert_eq!(places(&admin, backend, &key), 0, "a place left behind");
+
+    // N waiters in line, N holders release together.
+    let key = common::unique_key(&format!("kinds-together-{s}"));
+    let held: Vec<_> = (0..N).map(|_| holder.permit(&key, N).unwrap()).collect();
+    let done = Arc::new(Barrier::new(N as usize + 1));
+    let waiters = permit_waiters(&url, s, &key, N, N as usize, &got_tx, &done);
+    until_places(&admin, backend, &key, i64::from(N));
+    let released = Instant::now();
+    for g in held {
+        g.release().unwrap();
+    }
+    let mut last = released;
+    for i in 0..N {
+        last = got
+            .recv_timeout(BOUND)
+            .unwrap_or_else(|_| panic!("{backend} {s}: only {i} of {N} waiters let in"));
+    }
+    eprintln!("{backend} {s}: {N} waiters in within {:?}", last - released);
+    done.wait();
+    for w in waiters {
+        w.join().unwrap();
+    }
+    assert_eq!(places(&admin, backend, &key), 0, "a place left behind");
+}
+
 macro_rules! permit_suite {
     ($($name:ident: $backend:literal, $strategy:literal;)+) => {$(
         mod $name {
@@ -336,6 +483,10 @@ macro_rules! permit_suite {
             #[test]
             fn a_killed_permit_waiter_is_passed_over() {
                 super::a_killed_permit_waiter_is_passed_over($backend, $strategy);
+            }
+            #[test]
+            fn permits_admitted_together() {
+                super::permits_admitted_together($backend, $strategy);
             }
         }
     )+};

@@ -47,6 +47,12 @@ pub trait ForShareLocks {
         key: &str,
         flavor: super::Flavor,
     ) -> QueryResult<ForUpdateLocked>;
+    /// `ForUpdate`'s permits, outside any transaction: how many of `key`'s slot rows no
+    /// holder has locked, counting at most `upto` (one statement that locks the free ones
+    /// in share mode, `SKIP LOCKED`, and lets them go as it ends: a holder's `FOR UPDATE`
+    /// is the one lock it skips; a slot another waiter tries at that very instant may be
+    /// skipped by either, which only makes that try busy).
+    fn permit_slots_free(&mut self, key: &str, upto: i64) -> QueryResult<i64>;
     /// True where a waiting writer must mark the key to keep new readers out (PostgreSQL).
     fn needs_writer_mark(&self) -> bool {
         false

@@ -158,6 +158,10 @@ pub trait SharedSessionLocks {
     fn advisory_unlock_shared(&mut self, key: &str) -> QueryResult<bool>;
     /// Does this session hold the key shared?
     fn advisory_held_shared(&mut self, key: &str) -> QueryResult<bool>;
+    /// How many of `keys` some session of this database holds an advisory lock on (a read
+    /// of `pg_locks`: it takes nothing, and waits for nobody). `Advisory` permits count
+    /// their semaphore's taken slots so.
+    fn advisory_held_anywhere(&mut self, keys: &[String]) -> QueryResult<i64>;
 }
 
 /// A live holder as `admin_holders` reads it.

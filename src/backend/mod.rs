@@ -456,6 +456,8 @@ pub(crate) mod sealed {
     pub struct Spot {
         /// Live places ahead of it.
         pub ahead: i64,
+        /// The exclusive waiters' among them (what a reader or a permit must not pass).
+        pub exclusive: i64,
         /// A release granted it the key: its waiter confirms.
         pub granted: bool,
     }

@@ -109,13 +109,16 @@ pub(crate) struct One {
 
 /// What the line's renewals and looks answer (`Lines::line_renew`, `line_look`): whether the
 /// caller's place is there and live (`mine`, 0 or 1; for a renewal, renewed), how many live
-/// places are ahead, and whether it is live and granted (`granted`, 0 or 1).
+/// places are ahead, and the exclusive waiters' among them (`exclusive`), and whether it is
+/// live and granted (`granted`, 0 or 1).
 #[derive(diesel::QueryableByName)]
 pub(crate) struct Mine {
     #[diesel(sql_type = diesel::sql_types::BigInt)]
     pub(crate) mine: i64,
     #[diesel(sql_type = diesel::sql_types::BigInt)]
     pub(crate) ahead: i64,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    pub(crate) exclusive: i64,
     #[diesel(sql_type = diesel::sql_types::BigInt)]
     pub(crate) granted: i64,
 }
@@ -125,6 +128,7 @@ impl Mine {
     pub(crate) fn spot(self) -> Option<crate::backend::sealed::Spot> {
         (self.mine == 1 || self.granted == 1).then_some(crate::backend::sealed::Spot {
             ahead: self.ahead,
+            exclusive: self.exclusive,
             granted: self.granted == 1,
         })
     }

@@ -5,8 +5,11 @@
 //! line, `queue.rs`) takes a numbered place once it has found the key held, and keeps it
 //! alive while it waits. The acquiring statements take a free key only for the lowest live
 //! place (a newcomer, with no place, waits behind every one: no barging), and remove the
-//! winner's place. A waiter with places ahead of it does not try the key at all: it renews
-//! its place and counts those ahead. A release on PostgreSQL notifies the first live place's
+//! winner's place. An exclusive waiter with places ahead of it does not try the key at all:
+//! it renews its place and counts those ahead. A reader's or permit's waiter, whom no
+//! release hands the key, tries at every look while it is within reach (`in_reach`: no
+//! exclusive place, and fewer places than the key's permits, ahead of it); its acquisition
+//! takes a permit only while more are free than places are ahead. A release on PostgreSQL notifies the first live place's
 //! `Locker` only (its listener's channel is stored with the place); elsewhere the first
 //! polls. A place whose waiter died lapses at its expiry; one whose wait ended otherwise
 //! (deadline, cancel, error, panic) is given up when its `Place` is dropped.
@@ -60,6 +63,14 @@ pub(super) struct Place<'a, C: LockConnection> {
     ahead_at_first_look: Option<i64>,
     /// The live places ahead of this one at the last look; `None` before the first.
     ahead: Option<i64>,
+    /// The exclusive waiters' places among them.
+    exclusive_ahead: i64,
+    /// A reader's or permit's tries found the key busy this many times in a row since the
+    /// line ahead last moved: its looks (each a try) slow down, up to `HEAD_TRY`.
+    busy: u32,
+    /// A reader's or permit's place: how many of its kind the key may have at once
+    /// (`RawLock::room`); `None` for an exclusive waiter's.
+    room: Option<u32>,
     /// Since when `ahead` has been what it is.
     since: Instant,
     /// Set once the place went with an acquisition (the acquiring statement removed it).
@@ -82,6 +93,7 @@ impl<'a, C: LockConnection> Place<'a, C> {
     ) -> crate::Result<Place<'a, C>> {
         let ttl_us = crate::strategy::micros(ttl).unwrap_or(i64::MAX);
         let renewed = Instant::now();
+        let room = shared.then(|| raw.room());
         let holder = crate::random::holder_id();
         let id = conn
             .sql()
@@ -102,14 +114,25 @@ impl<'a, C: LockConnection> Place<'a, C> {
             joined: renewed,
             ahead_at_first_look: None,
             ahead: None,
+            exclusive_ahead: 0,
+            busy: 0,
+            room,
             since: renewed,
             used: false,
         })
     }
 
-    /// Whether the waiter is first in line: nobody was ahead at the last look.
-    pub(super) fn first(&self) -> bool {
-        self.ahead == Some(0)
+    /// Whether the waiter may be let in now, as far as the line tells (at the last look):
+    /// first in line for an exclusive waiter; for a reader or a permit, no exclusive
+    /// waiter ahead and fewer places ahead than the key may have holders of its kind (its
+    /// acquisition then decides, counting what is free). Such a waiter tries at every look,
+    /// and looks as often as the first in line.
+    pub(super) fn in_reach(&self) -> bool {
+        match (self.room, self.ahead) {
+            (_, None) => false,
+            (None, Some(ahead)) => ahead == 0,
+            (Some(room), Some(ahead)) => self.exclusive_ahead == 0 && ahead < i64::from(room),
+        }
     }
 
     /// Whether a release granted this place the key (at the last look).
@@ -160,9 +183,11 @@ impl<'a, C: LockConnection> Place<'a, C> {
             // Given up by the caller (`leave`), which joins again.
             return Ok(false);
         };
+        self.exclusive_ahead = spot.map_or(0, |s| s.exclusive);
         self.ahead_at_first_look.get_or_insert(ahead);
         if self.ahead != Some(ahead) {
             self.since = sent;
+            self.busy = 0;
             if ahead == 0 {
                 self.tried = None; // just became first: try the key at once
             }
@@ -172,19 +197,37 @@ impl<'a, C: LockConnection> Place<'a, C> {
     }
 
     /// How long to pause before the next look, for a waiter that hears no notifications.
-    /// The first in line, and the next (whose turn comes as soon as the first has had the
+    /// The first in line (or a reader or permit within reach, `in_reach`, or soon to be:
+    /// behind fewer than twice its room, none of them exclusive, whose turn comes as soon
+    /// as a few of those ahead are let in, several at once, which the line's pace so far
+    /// does not foretell), and the next (whose turn comes as soon as the first has had the
     /// key), look ever less often the longer the line has stood still (an eighth of that
     /// time, from 250 µs up to `max`): quick to follow a quick holder, quiet behind a slow
     /// one. One further back, once the line has moved, expects its turn after that many
     /// hand-overs less one at the pace the line has moved since it joined, and looks at half
     /// that time (before that, as the first does).
     pub(super) fn pause(&self, max: Duration) -> Duration {
-        if self.first() {
+        let near = match (self.room, self.ahead) {
+            (Some(room), Some(ahead)) => {
+                self.exclusive_ahead == 0 && ahead < i64::from(room).saturating_mul(2)
+            }
+            _ => false,
+        };
+        if self.in_reach() || near {
             // Every `HEAD_POLL` while the line moves; behind a holder that keeps the key,
             // ever less often (a 32nd of the time the line has stood still), up to
             // `HEAD_POLL_SLOW`: a quick hand-over is seen within a millisecond, and a long
             // wait costs little CPU.
             let pause = (self.since.elapsed() / 32).clamp(HEAD_POLL, HEAD_POLL_SLOW);
+            // A reader's or permit's look within reach is a try (a transaction that locks
+            // the key's rows on `Lease`): after busy ones in a row, it waits twice as long
+            // each time, up to `HEAD_TRY` (the line moving ahead starts it over).
+            let pause = match self.room {
+                Some(_) if self.in_reach() && self.busy > 0 => {
+                    (HEAD_POLL * 2u32.saturating_pow(self.busy.min(8))).clamp(pause, HEAD_TRY)
+                }
+                _ => pause,
+            };
             return pause.min(max.max(Duration::from_micros(250)));
         }
         let floor = Duration::from_micros(250);
@@ -204,6 +247,11 @@ impl<'a, C: LockConnection> Place<'a, C> {
             _ => still,
         };
         pause.clamp(floor, max.max(floor))
+    }
+
+    /// A reader's or permit's try within reach found the key busy.
+    pub(super) fn busy(&mut self) {
+        self.busy = self.busy.saturating_add(1);
     }
 
     /// The acquisition that went with this place removed it.

@@ -304,7 +304,10 @@ impl<C: LockConnection> Locker<C> {
             }
         }
         // A reader or a permit may be let in past places ahead of its own (other readers;
-        // as many as there are free permits): its acquisition decides, not the count.
+        // as many as there are free permits): within reach (`Place::in_reach`) it tries at
+        // every look, and its acquisition decides. Releases do not hand readers and permits
+        // the key, so nothing else would let them in: pacing their tries as the first
+        // exclusive waiter's (`HEAD_TRY`) left free permits idle.
         let joined = match place.as_mut() {
             Some(p) if p.granted() => {
                 // A release handed this place the key: confirm it.
@@ -336,9 +339,9 @@ impl<C: LockConnection> Locker<C> {
                     }
                 };
             }
-            Some(p) if !p.first() && raw.exclusive() => return Ok(None),
+            Some(p) if !p.in_reach() => return Ok(None),
             Some(p) => {
-                if !p.try_due() {
+                if raw.exclusive() && !p.try_due() {
                     return Ok(None);
                 }
                 conn.place = p.id;
@@ -348,6 +351,11 @@ impl<C: LockConnection> Locker<C> {
             None => false,
         };
         let taken = raw.try_acquire(conn, key, retry || joined, Wait::No)?;
+        if joined && taken.is_none() && !raw.exclusive() {
+            if let Some(p) = place.as_mut() {
+                p.busy();
+            }
+        }
         if taken.is_none() || joined {
             self.inner.shared.queues.mark_contended(key);
         }

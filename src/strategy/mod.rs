@@ -471,6 +471,16 @@ pub(crate) trait RawLock<C: LockConnection>: Send + Sync + 'static {
     fn removes_place(&self) -> bool {
         true
     }
+
+    /// For a lock that is not `exclusive` and `lines`: how many holders of its kind the key
+    /// may have at once (a semaphore's permits; `u32::MAX` for readers). A waiter of this
+    /// kind tries as soon as fewer live places than that are ahead of it and none of them is
+    /// an exclusive waiter's (the acquisition then decides, counting the free permits): a
+    /// release of several permits lets as many waiters in at once, and readers all
+    /// together. Not asked of exclusive locks, whose waiter tries only when first.
+    fn room(&self) -> u32 {
+        1
+    }
 }
 
 /// The kinds of lock beside a strategy's own exclusive one (`Locker::read`, `write`,

@@ -5,8 +5,9 @@
 //! free one locked `FOR UPDATE SKIP LOCKED` in the guard's transaction. `Advisory`: one
 //! advisory lock per slot (PostgreSQL `pg_try_advisory_lock` on the hash of the key and the
 //! slot's number), tried in turn. Neither waits on the server: with every slot taken, the
-//! waiter takes a place in the key's line (`locker/line.rs`) and tries again when it is
-//! first there (a newcomer tries only while nobody waits): first come, first served. The number of permits is kept with the key as a
+//! waiter takes a place in the key's line (`locker/line.rs`) and tries again while more
+//! slots are free than live places are ahead of it (a newcomer: all of them): first come,
+//! first served, and as many waiters in at once as slots are free. The number of permits is kept with the key as a
 //! `Lease` semaphore's (`dlock_shared_keys`); each permit's token comes from the strategy's
 //! global source.
 //!
@@ -148,6 +149,21 @@ impl<C: LockConnection> SlotLock<C> {
         )
     }
 
+    /// How many of the key's slots no holder has, counting at most `upto`.
+    fn free_slots(&self, conn: &mut Conn<C>, key: &str, upto: i64) -> Result<i64> {
+        match self.core.kind {
+            SlotKind::ForUpdate(_) => Ok(share(&mut **conn)?.permit_slots_free(key, upto)?),
+            SlotKind::Advisory => {
+                let Some(shared) = conn.sql().shared_sessions() else {
+                    return Err(no_shared_mode(key));
+                };
+                let slots: Vec<String> = (0..self.permits).map(|i| slot_key(key, i)).collect();
+                let held = shared.advisory_held_anywhere(&slots)?;
+                Ok((i64::from(self.permits) - held).clamp(0, upto))
+            }
+        }
+    }
+
     fn advisory(&self, conn: &mut Conn<C>, key: &str) -> Result<Option<Taken>> {
         let Some(shared) = conn.sql().shared_sessions() else {
             return Err(no_shared_mode(key));
@@ -218,12 +234,18 @@ impl<C: LockConnection> RawLock<C> for SlotLock<C> {
             return Err(no_shared_mode(key));
         }
         self.setup(&mut **conn, key)?;
-        // First come, first served: only the first live place of the key's line tries the
-        // slots, and a newcomer (`NO_PLACE`) only while nobody waits. (A check just before
-        // the try: a place joined after it is not seen, so a newcomer's attempt racing a
-        // waiter's joining may still win; the waiter then tries again at once behind it.)
+        // First come, first served: a place (or a newcomer, `NO_PLACE`, behind every live
+        // place) tries the slots only while more are free than live places are ahead of it,
+        // so that it never takes a slot that one who asked earlier is waiting for; as many
+        // waiters as slots are free go in at once. (Checks just before the try: a place
+        // joined after them is not seen, so a newcomer's attempt racing a waiter's joining
+        // may still win; the waiter then tries again at once behind it.)
         let place = conn.place;
-        if conn.sql().line_ahead(key, place)?.ahead > 0 {
+        let ahead = conn.sql().line_ahead(key, place)?.ahead;
+        if ahead >= i64::from(self.permits) {
+            return Ok(None);
+        }
+        if ahead > 0 && self.free_slots(conn, key, ahead + 1)? <= ahead {
             return Ok(None);
         }
         match self.core.kind {
@@ -248,6 +270,10 @@ impl<C: LockConnection> RawLock<C> for SlotLock<C> {
     /// lapses at its expiry instead).
     fn removes_place(&self) -> bool {
         matches!(self.core.kind, SlotKind::Advisory)
+    }
+
+    fn room(&self) -> u32 {
+        self.permits
     }
 }
 

@@ -107,6 +107,18 @@ impl ForShareLocks for MysqlConnection {
         row_lock(self, key, Wait::No, flavor, SLOT, SLOT)
     }
 
+    fn permit_slots_free(&mut self, key: &str, upto: i64) -> QueryResult<i64> {
+        // Autocommit: the share locks go with the statement.
+        stmt(
+            "SELECT CAST(COUNT(*) AS SIGNED) AS one FROM (SELECT slot FROM dlock_permit_slots \
+             WHERE lock_key = ? ORDER BY slot LIMIT ? LOCK IN SHARE MODE SKIP LOCKED) s",
+        )
+        .bind::<Text, _>(key)
+        .bind::<BigInt, _>(upto)
+        .get_result::<One>(self)
+        .map(|r| r.one)
+    }
+
     fn for_share_held(&mut self, key: &str, proof: i64) -> QueryResult<bool> {
         self.for_update_held(key, proof)
     }

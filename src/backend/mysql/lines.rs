@@ -78,10 +78,13 @@ impl Lines for MysqlConnection {
                       AS mine, \
                     CAST(COALESCE(SUM(id < ? AND expires_at > UTC_TIMESTAMP(6)), 0) AS SIGNED) \
                       AS ahead, \
+                    CAST(COALESCE(SUM(id < ? AND expires_at > UTC_TIMESTAMP(6) AND shared = 0), 0) \
+                      AS SIGNED) AS exclusive, \
                     CAST(COALESCE(SUM(id = ? AND expires_at > UTC_TIMESTAMP(6) \
                                       AND granted_at IS NOT NULL), 0) AS SIGNED) AS granted \
              FROM dlock_waiters WHERE lock_key = ? AND id <= ?",
         )
+        .bind::<BigInt, _>(id)
         .bind::<BigInt, _>(id)
         .bind::<BigInt, _>(id)
         .bind::<BigInt, _>(id)

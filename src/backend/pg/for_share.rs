@@ -142,6 +142,17 @@ impl ForShareLocks for PgConnection {
         Ok(locked(row))
     }
 
+    fn permit_slots_free(&mut self, key: &str, upto: i64) -> QueryResult<i64> {
+        stmt(
+            "SELECT count(*) AS one FROM (SELECT slot FROM dlock_permit_slots \
+             WHERE lock_key = ? ORDER BY slot LIMIT ? FOR SHARE SKIP LOCKED) s",
+        )
+        .bind::<Text, _>(key)
+        .bind::<BigInt, _>(upto)
+        .get_result::<One>(self)
+        .map(|r| r.one)
+    }
+
     fn needs_writer_mark(&self) -> bool {
         true
     }

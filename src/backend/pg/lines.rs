@@ -74,9 +74,14 @@ impl Lines for PgConnection {
                     (SELECT count(*) FROM dlock_waiters \
                      WHERE lock_key = ? AND id < ? AND expires_at > now()) AS ahead, \
                     (SELECT count(*) FROM dlock_waiters \
+                     WHERE lock_key = ? AND id < ? AND expires_at > now() AND shared = 0) \
+                      AS exclusive, \
+                    (SELECT count(*) FROM dlock_waiters \
                      WHERE id = ? AND expires_at > now() AND granted_at IS NOT NULL) AS granted",
         )
         .bind::<BigInt, _>(ttl_us)
+        .bind::<BigInt, _>(id)
+        .bind::<Text, _>(key)
         .bind::<BigInt, _>(id)
         .bind::<Text, _>(key)
         .bind::<BigInt, _>(id)
@@ -89,10 +94,13 @@ impl Lines for PgConnection {
         stmt(
             "SELECT count(*) FILTER (WHERE id = ? AND expires_at > now()) AS mine, \
                     count(*) FILTER (WHERE id < ? AND expires_at > now()) AS ahead, \
+                    count(*) FILTER (WHERE id < ? AND expires_at > now() AND shared = 0) \
+                      AS exclusive, \
                     count(*) FILTER (WHERE id = ? AND expires_at > now() \
                                      AND granted_at IS NOT NULL) AS granted \
              FROM dlock_waiters WHERE lock_key = ? AND id <= ?",
         )
+        .bind::<BigInt, _>(id)
         .bind::<BigInt, _>(id)
         .bind::<BigInt, _>(id)
         .bind::<BigInt, _>(id)

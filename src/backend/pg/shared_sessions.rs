@@ -36,6 +36,21 @@ impl SharedSessionLocks for PgConnection {
             .map(|r| r.released)
     }
 
+    fn advisory_held_anywhere(&mut self, keys: &[String]) -> QueryResult<i64> {
+        // A bigint advisory lock shows as classid (its high 32 bits) and objid (the low
+        // ones) with objsubid 1.
+        let hashes: Vec<i64> = keys.iter().map(|k| crate::key_hash(k)).collect();
+        stmt(
+            "SELECT count(*) AS one FROM pg_locks \
+             WHERE locktype = 'advisory' AND granted AND objsubid = 1 \
+               AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+               AND ((classid::int8 << 32) | objid::int8) = ANY(?)",
+        )
+        .bind::<diesel::sql_types::Array<BigInt>, _>(hashes)
+        .get_result::<One>(self)
+        .map(|r| r.one)
+    }
+
     fn advisory_held_shared(&mut self, key: &str) -> QueryResult<bool> {
         let (classid, objid) = advisory_lock_ids(key);
         exists(

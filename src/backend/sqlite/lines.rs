@@ -82,10 +82,13 @@ impl Lines for SqliteConnection {
                       AS mine, \
                     COALESCE(SUM(id < ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')), 0) \
                       AS ahead, \
+                    COALESCE(SUM(id < ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
+                                 AND shared = 0), 0) AS exclusive, \
                     COALESCE(SUM(id = ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
                                  AND granted_at IS NOT NULL), 0) AS granted \
              FROM dlock_waiters WHERE lock_key = ? AND id <= ?",
         )
+        .bind::<BigInt, _>(id)
         .bind::<BigInt, _>(id)
         .bind::<BigInt, _>(id)
         .bind::<BigInt, _>(id)

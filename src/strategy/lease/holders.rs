@@ -124,4 +124,12 @@ impl<C: LockConnection> RawLock<C> for HolderLock<C> {
     fn lines(&self) -> bool {
         true
     }
+
+    /// A semaphore's permits; readers are not counted.
+    fn room(&self) -> u32 {
+        match self.mode {
+            HolderMode::Permit => self.permits,
+            HolderMode::Read => u32::MAX,
+        }
+    }
 }

@@ -394,3 +394,64 @@ fn mysql_try_lock_beside_purges_takes_free_keys() {
     };
     try_lock_beside_purges_takes_free_keys(&h);
 }
+
+/// MySQL's named locks are the server's, not a database's: the purge's lock and the
+/// `ForUpdate` purge gate are named after the database (`CONCAT(prefix, MD5(DATABASE()))`).
+/// Held by a session whose current database is another (`information_schema`: what a purge
+/// of that database would hold), they hold up neither a purge here nor a `ForUpdate`
+/// `try_lock` of a held key; held by a session in this database, the purge waits for them.
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_purge_locks_are_the_databases_own() {
+    use diesel::Connection;
+    use std::time::Instant;
+    let Some(h) = common::mysql() else { return };
+    let locker = h.locker(Strategy::ForUpdate);
+    let names = "SELECT GET_LOCK(CONCAT('dlock_purge:', MD5(DATABASE())), 0), \
+                 GET_LOCK(CONCAT('dlock_purge_gate:', MD5(DATABASE())), 0)";
+    let mut other = diesel::MysqlConnection::establish(&h.url).unwrap();
+    other
+        .batch_execute(&format!("USE information_schema; {names}"))
+        .unwrap();
+    let start = Instant::now();
+    locker.purge(Duration::ZERO).unwrap();
+    let took = start.elapsed();
+    assert!(
+        took < Duration::from_secs(2),
+        "a purge here waited {took:?} for another database's purge locks"
+    );
+    let key = unique_key("purge-names");
+    let held = locker.lock(&key).unwrap();
+    let start = Instant::now();
+    assert!(h
+        .locker(Strategy::ForUpdate)
+        .try_lock(&key)
+        .unwrap()
+        .is_none());
+    let took = start.elapsed();
+    assert!(
+        took < Duration::from_secs(2),
+        "a busy try_lock waited {took:?} for another database's purge gate"
+    );
+    drop(held);
+    drop(other);
+
+    // The same names held in this database: the purge waits until they go.
+    let mut same = diesel::MysqlConnection::establish(&h.url).unwrap();
+    same.batch_execute(names).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let purger = h.locker(Strategy::ForUpdate);
+    let t = std::thread::spawn(move || {
+        let start = Instant::now();
+        purger.purge(Duration::ZERO).unwrap();
+        tx.send(start.elapsed()).unwrap();
+    });
+    assert!(
+        rx.recv_timeout(Duration::from_millis(1500)).is_err(),
+        "the purge did not wait for its database's purge lock"
+    );
+    drop(same);
+    let took = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+    t.join().unwrap();
+    assert!(took >= Duration::from_millis(1500), "{took:?}");
+}

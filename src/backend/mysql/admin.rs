@@ -99,23 +99,31 @@ impl Admin for MysqlConnection {
         // purge's batch has locked, while that batch waits for an acquisition queued behind
         // the raise: a deadlock whose victim could be the acquisition. Within one purge the
         // raise and the batches never overlap. Session-scoped: a purger that dies frees it.
-        stmt("SELECT CAST(GET_LOCK('dlock_purge', 3600) AS SIGNED) AS one")
-            .get_result::<One>(self)
-            .and_then(|r| {
-                if r.one == 1 {
-                    Ok(())
-                } else {
-                    Err(diesel::result::Error::QueryBuilderError(
-                        "another purge ran for an hour; not purging".into(),
-                    ))
-                }
-            })
+        stmt(concat!(
+            "SELECT CAST(GET_LOCK(",
+            super::per_database!("dlock_purge:"),
+            ", 3600) AS SIGNED) AS one"
+        ))
+        .get_result::<One>(self)
+        .and_then(|r| {
+            if r.one == 1 {
+                Ok(())
+            } else {
+                Err(diesel::result::Error::QueryBuilderError(
+                    "another purge ran for an hour; not purging".into(),
+                ))
+            }
+        })
     }
 
     fn purge_end(&mut self) -> QueryResult<()> {
-        stmt("DO RELEASE_LOCK('dlock_purge')")
-            .execute(self)
-            .map(drop)
+        stmt(concat!(
+            "DO RELEASE_LOCK(",
+            super::per_database!("dlock_purge:"),
+            ")"
+        ))
+        .execute(self)
+        .map(drop)
     }
 
     fn purge_highest(&mut self) -> QueryResult<i64> {
@@ -213,7 +221,7 @@ impl Admin for MysqlConnection {
             // its key row locked): the rows nobody holds are locked first by a read that
             // skips the others, then exactly those are deleted, in short transactions
             // (`purge_key_rows`). Only rows older than the grace (`idle_us`), as on
-            // PostgreSQL. Each transaction holds the purge gate (`PURGE_GATE`, a named lock)
+            // PostgreSQL. Each transaction holds the purge gate (`purge_gate!`, a named lock of the database's own)
             // from before it locks a row until it has committed: an acquisition that finds
             // its row locked tells a purge from a holder by it
             // (`SessionLocks::for_update_present`).
@@ -272,7 +280,7 @@ fn delete_keys(c: &mut MysqlConnection, sql: &'static str, keys: Vec<Key>) -> Qu
 const KEY_ROWS_CHUNK: i64 = 100;
 
 /// `purge_batch` of `KeyRows` on MySQL: in transactions of at most [`KEY_ROWS_CHUNK`]
-/// rows, each holding the purge gate (`PURGE_GATE`) from before it locks a row until it
+/// rows, each holding the purge gate (`purge_gate!`) from before it locks a row until it
 /// has committed, the rows of the range older than the grace that nobody has locked.
 fn purge_key_rows(
     c: &mut MysqlConnection,
@@ -283,9 +291,12 @@ fn purge_key_rows(
     let mut from = after.to_owned();
     let mut deleted = 0;
     loop {
-        let gate = stmt("SELECT CAST(COALESCE(GET_LOCK(?, 60), 0) AS SIGNED) AS one")
-            .bind::<Text, _>(super::PURGE_GATE)
-            .get_result::<One>(c)?;
+        let gate = stmt(concat!(
+            "SELECT CAST(COALESCE(GET_LOCK(",
+            super::purge_gate!(),
+            ", 60), 0) AS SIGNED) AS one"
+        ))
+        .get_result::<One>(c)?;
         if gate.one != 1 {
             return Err(diesel::result::Error::QueryBuilderError(
                 "the ForUpdate purge gate stayed taken for a minute".into(),
@@ -316,9 +327,7 @@ fn purge_key_rows(
                     Ok((n, last.filter(|_| full)))
                 })
             });
-        let released = stmt("DO RELEASE_LOCK(?)")
-            .bind::<Text, _>(super::PURGE_GATE)
-            .execute(c);
+        let released = stmt(concat!("DO RELEASE_LOCK(", super::purge_gate!(), ")")).execute(c);
         let (n, next) = chunk?;
         released?;
         deleted += n;

@@ -58,12 +58,26 @@ const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/mysql");
 super::shared::acquired_row!(Datetime, NaiveDateTime, |t| t.and_utc());
 
 /// True if `e` says the lock is someone else's (see `SessionLocks::is_lock_unavailable`).
+/// A `GET_LOCK` name that is the current database's own: `$prefix` then the MD5 of the
+/// database's name (named locks are the server's; 64 characters at most, which a database
+/// name alone could fill). A SQL expression, written where the statements take a lock name.
+macro_rules! per_database {
+    ($prefix:literal) => {
+        concat!("CONCAT('", $prefix, "', MD5(COALESCE(DATABASE(), '')))")
+    };
+}
+pub(crate) use per_database;
+
 /// The named lock that a `ForUpdate` purge's batch holds from before it locks a key row
 /// until it has committed, and that an acquisition which found its row locked looks at
-/// (`SessionLocks::for_update_present`). Named locks are the server's, not the database's:
-/// a purge of another database on the same server makes such an acquisition wait for it
-/// too (only a wait: it then reads its row again).
-pub(crate) const PURGE_GATE: &str = "dlock_purge_gate";
+/// (`SessionLocks::for_update_present`): the database's own (`per_database!`), so a purge of
+/// another database on the same server holds up nothing here.
+macro_rules! purge_gate {
+    () => {
+        $crate::backend::mysql::per_database!("dlock_purge_gate:")
+    };
+}
+pub(crate) use purge_gate;
 
 fn lock_unavailable(e: &diesel::result::Error) -> bool {
     // diesel maps neither error to a kind of its own (DatabaseErrorKind::Unknown) and
@@ -177,8 +191,12 @@ impl Dialect for MysqlConnection {
 
     fn run_migrations(&mut self) -> Result<()> {
         // GET_LOCK serialises concurrent migrate() calls from many processes.
-        let got = stmt("SELECT CAST(GET_LOCK('diesel_lock.migrate', 60) AS SIGNED) AS one")
-            .get_result::<One>(self)?;
+        let got = stmt(concat!(
+            "SELECT CAST(GET_LOCK(",
+            per_database!("diesel_lock.migrate:"),
+            ", 60) AS SIGNED) AS one"
+        ))
+        .get_result::<One>(self)?;
         if got.one != 1 {
             return Err(Error::Migration(
                 "another process held the migration lock for 60 s".into(),
@@ -189,8 +207,12 @@ impl Dialect for MysqlConnection {
                 .map(drop)
                 .map_err(Error::Migration)
         });
-        let unlocked = stmt("SELECT CAST(RELEASE_LOCK('diesel_lock.migrate') AS SIGNED) AS one")
-            .get_result::<One>(self);
+        let unlocked = stmt(concat!(
+            "SELECT CAST(RELEASE_LOCK(",
+            per_database!("diesel_lock.migrate:"),
+            ") AS SIGNED) AS one"
+        ))
+        .get_result::<One>(self);
         result?;
         unlocked?;
         Ok(())

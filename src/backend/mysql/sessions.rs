@@ -228,19 +228,23 @@ impl SessionLocks for MysqlConnection {
         // A purge's batch under way holds the gate until it has committed: wait for it (at
         // most 2 s) and try again. Free: the read below, a statement of its own (a read
         // view of its own), tells whether the row is still there.
-        let free = stmt("SELECT CAST(COALESCE(IS_FREE_LOCK(?), 0) AS SIGNED) AS one")
-            .bind::<Text, _>(super::PURGE_GATE)
+        let free = stmt(concat!(
+            "SELECT CAST(COALESCE(IS_FREE_LOCK(",
+            super::purge_gate!(),
+            "), 0) AS SIGNED) AS one"
+        ))
+        .get_result::<One>(self)?
+        .one;
+        if free != 1 {
+            let got = stmt(concat!(
+                "SELECT CAST(COALESCE(GET_LOCK(",
+                super::purge_gate!(),
+                ", 2), 0) AS SIGNED) AS one"
+            ))
             .get_result::<One>(self)?
             .one;
-        if free != 1 {
-            let got = stmt("SELECT CAST(COALESCE(GET_LOCK(?, 2), 0) AS SIGNED) AS one")
-                .bind::<Text, _>(super::PURGE_GATE)
-                .get_result::<One>(self)?
-                .one;
             if got == 1 {
-                stmt("DO RELEASE_LOCK(?)")
-                    .bind::<Text, _>(super::PURGE_GATE)
-                    .execute(self)?;
+                stmt(concat!("DO RELEASE_LOCK(", super::purge_gate!(), ")")).execute(self)?;
             }
             return Ok(false);
         }

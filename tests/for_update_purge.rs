@@ -233,3 +233,48 @@ fn mysql_purge_beside_acquisitions() {
     };
     purge_beside_acquisitions(&h, rounds());
 }
+
+/// A purge batch that keeps the gate (its purger stopped, or a session holding it by hand,
+/// as here) costs a busy `try_lock` of a held key one bounded wait for the gate (2 s), not
+/// one per retry: it took 32 s (16 × 2 s) before, found by the purge's adversary.
+fn stuck_gate_costs_one_wait<C: LockConnection>(h: &Harness<C>, hold_gate: &str) {
+    let locker = h.locker(Strategy::ForUpdate);
+    let key = unique_key("stuck-gate");
+    let held = locker.lock(&key).unwrap();
+    let mut gate = C::establish(&h.url).unwrap();
+    gate.batch_execute(hold_gate).unwrap();
+    let other = h.locker(Strategy::ForUpdate);
+    let start = std::time::Instant::now();
+    assert!(
+        other.try_lock(&key).unwrap().is_none(),
+        "a held key was taken"
+    );
+    let took = start.elapsed();
+    eprintln!("a busy try_lock beside a stuck purge gate took {took:?}");
+    assert!(took < Duration::from_secs(6), "{took:?}");
+    drop(gate);
+    drop(held);
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn pg_stuck_purge_gate_costs_one_wait() {
+    if let Some(h) = common::pg() {
+        // The gate's two int4 keys ("dloc", "purg"), held by an open transaction.
+        stuck_gate_costs_one_wait(
+            &h,
+            "BEGIN; SELECT pg_advisory_xact_lock(1684828003, 1886745191);",
+        );
+    }
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_stuck_purge_gate_costs_one_wait() {
+    if let Some(h) = common::mysql() {
+        stuck_gate_costs_one_wait(
+            &h,
+            "SELECT GET_LOCK(CONCAT('dlock_purge_gate:', MD5(DATABASE())), 0);",
+        );
+    }
+}

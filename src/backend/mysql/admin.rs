@@ -1,5 +1,6 @@
 //! MySQL's admin reads, force release, purge and optimistic versions.
 
+use crate::backend::holders::STALL_CAP;
 use crate::backend::sealed::Admin;
 use crate::backend::shared;
 use crate::backend::shared::{Key, One};
@@ -229,7 +230,10 @@ impl Admin for MysqlConnection {
             // The same, for reader-writer kinds without a live mark or anything else of
             // their key. The existence checks are plain reads (a subquery of a locking
             // statement would take shared locks, and wait for holders).
-            PurgeTable::Kinds => self.transaction(|c| {
+            // Bounded on the server: a purger stopped inside keeps the kinds it locked
+            // (up to 1,000) at most `STALL_CAP`.
+            PurgeTable::Kinds => super::with_transaction_bounds(self, STALL_CAP, None, |c| {
+                c.transaction(|c| {
                 let keys = range(
                     "SELECT lock_key FROM dlock_shared_keys \
                      WHERE lock_key > ? AND (? IS NULL OR lock_key <= ?) AND permit_count = 0 \
@@ -258,6 +262,7 @@ impl Admin for MysqlConnection {
                     }
                 }
                 delete_keys(c, "DELETE FROM dlock_shared_keys WHERE lock_key = ?", idle)
+                })
             }),
         }
     }
@@ -304,29 +309,36 @@ fn purge_key_rows(
         }
         // READ COMMITTED (no gap locks, which would hold up inserts of new keys), set
         // again: the GET_LOCK above was the next transaction.
-        let chunk = stmt("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
-            .execute(c)
-            .and_then(|_| {
-                c.transaction(|c| {
-                    let keys = stmt(
-                        "SELECT lock_key FROM dlock_for_update \
+        // Bounded on the server: a purger stopped inside keeps the chunk's rows at most
+        // `STALL_CAP` (the gate, a named lock, goes with its session).
+        let chunk = super::with_transaction_bounds(c, STALL_CAP, None, |c| {
+            stmt("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                .execute(c)
+                .and_then(|_| {
+                    c.transaction(|c| {
+                        let keys = stmt(
+                            "SELECT lock_key FROM dlock_for_update \
                          WHERE lock_key > ? AND (? IS NULL OR lock_key <= ?) \
                            AND created_at <= CURRENT_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
                          ORDER BY lock_key LIMIT ? FOR UPDATE SKIP LOCKED",
-                    )
-                    .bind::<Text, _>(&from)
-                    .bind::<Nullable<Text>, _>(upto)
-                    .bind::<Nullable<Text>, _>(upto)
-                    .bind::<BigInt, _>(idle_us)
-                    .bind::<BigInt, _>(KEY_ROWS_CHUNK)
-                    .load::<Key>(c)?;
-                    let last = keys.last().map(|k| k.lock_key.clone());
-                    let full = keys.len() as i64 == KEY_ROWS_CHUNK;
-                    let n =
-                        delete_keys(c, "DELETE FROM dlock_for_update WHERE lock_key = ?", keys)?;
-                    Ok((n, last.filter(|_| full)))
+                        )
+                        .bind::<Text, _>(&from)
+                        .bind::<Nullable<Text>, _>(upto)
+                        .bind::<Nullable<Text>, _>(upto)
+                        .bind::<BigInt, _>(idle_us)
+                        .bind::<BigInt, _>(KEY_ROWS_CHUNK)
+                        .load::<Key>(c)?;
+                        let last = keys.last().map(|k| k.lock_key.clone());
+                        let full = keys.len() as i64 == KEY_ROWS_CHUNK;
+                        let n = delete_keys(
+                            c,
+                            "DELETE FROM dlock_for_update WHERE lock_key = ?",
+                            keys,
+                        )?;
+                        Ok((n, last.filter(|_| full)))
+                    })
                 })
-            });
+        });
         let released = stmt(concat!("DO RELEASE_LOCK(", super::purge_gate!(), ")")).execute(c);
         let (n, next) = chunk?;
         released?;

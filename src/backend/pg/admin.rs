@@ -174,6 +174,9 @@ impl Admin for PgConnection {
             // until it commits: an acquisition that finds its row locked tells a purge from
             // a holder by it (`SessionLocks::for_update_present`).
             PurgeTable::KeyRows => self.transaction(|c| {
+                // Bounded on the server: a purger stopped inside keeps its batch's rows
+                // and the gate at most this long.
+                super::bound_transaction(c, crate::backend::holders::STALL_CAP, None)?;
                 stmt("SELECT pg_advisory_xact_lock(?, ?)")
                     .bind::<diesel::sql_types::Integer, _>(super::PURGE_GATE.0)
                     .bind::<diesel::sql_types::Integer, _>(super::PURGE_GATE.1)

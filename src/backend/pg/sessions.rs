@@ -240,7 +240,8 @@ impl SessionLocks for PgConnection {
     }
     fn for_update_present(&mut self, key: &str) -> QueryResult<bool> {
         // Waits (at most 2 s) for a purge's batch under way: it holds the gate until it
-        // commits, and the lock is released only once its deletes are visible. Two
+        // commits, and the lock is released only once its deletes are visible; still held
+        // after that, the row counts as present (busy). Two
         // statements: the read below must take its snapshot after the wait.
         let waited = stmt(
             "SELECT CASE WHEN set_config('lock_timeout', '2000', true) IS NOT NULL \
@@ -251,8 +252,10 @@ impl SessionLocks for PgConnection {
         .execute(self);
         match waited {
             Ok(_) => {}
-            // A purge still under way: try again.
-            Err(e) if lock_unavailable(&e) => return Ok(false),
+            // A purge's batch still holds the gate after 2 s (its purger stopped: the
+            // server ends its transaction after its idle bound): busy for this attempt, not
+            // one more 2 s wait per retry.
+            Err(e) if lock_unavailable(&e) => return Ok(true),
             Err(e) => return Err(e),
         }
         exists(

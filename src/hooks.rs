@@ -15,6 +15,7 @@ enum At {
     BeforeLeave,
     InHoldersAcquire,
     InRenewBatch,
+    BeforeConfirm,
 }
 
 fn hooks() -> &'static Mutex<HashMap<(At, String), Hook>> {
@@ -64,6 +65,17 @@ pub fn set_in_renew_batch(key: &str, hook: Hook) {
         .insert((At::InRenewBatch, key.to_owned()), hook);
 }
 
+/// Runs `hook` on the heartbeat thread about to confirm a `Lease` grant of `key` (the lease
+/// a release granted to a waiter's place, which the waiter took with a read), before the
+/// confirming statement is sent: the instant where a stopped or starved heartbeat would
+/// leave the lease to expire with the place.
+pub fn set_before_confirm(key: &str, hook: Hook) {
+    hooks()
+        .lock()
+        .unpoisoned()
+        .insert((At::BeforeConfirm, key.to_owned()), hook);
+}
+
 /// Removes the hooks of `key`.
 pub fn clear(key: &str) {
     hooks().lock().unpoisoned().retain(|(_, k), _| k != key);
@@ -71,6 +83,10 @@ pub fn clear(key: &str) {
 
 pub(crate) fn before_leave(key: &str) {
     run(At::BeforeLeave, key);
+}
+
+pub(crate) fn before_confirm(key: &str) {
+    run(At::BeforeConfirm, key);
 }
 
 pub(crate) fn in_holders_acquire(key: &str) {

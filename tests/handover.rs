@@ -109,24 +109,44 @@ fn release_hands_over(backend: &str, s: &str) {
     if backend == "mysql" {
         // MySQL's confirmation lapses the place rather than deleting it; the holder's
         // release deletes it: nothing of the key's line is left, not even a lapsed place.
-        assert_eq!(mysql_places(&url, &key), 0, "places left in the line");
+        assert_eq!(places(backend, &url, &key), 0, "places left in the line");
     }
 }
 
-/// All the places of `key` in the line on MySQL, live or lapsed.
-fn mysql_places(url: &str, key: &str) -> i64 {
+/// All the places of `key` in the line, live, lapsed or granted, read with a connection of
+/// the test's own.
+fn places(backend: &str, url: &str, key: &str) -> i64 {
+    use diesel::sql_types::{BigInt, Text};
     use diesel::{Connection, RunQueryDsl};
     #[derive(diesel::QueryableByName)]
     struct N {
-        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        #[diesel(sql_type = BigInt)]
         n: i64,
     }
-    let mut c = diesel::MysqlConnection::establish(url).unwrap();
-    diesel::sql_query("SELECT COUNT(*) AS n FROM dlock_waiters WHERE lock_key = ?")
-        .bind::<diesel::sql_types::Text, _>(key)
-        .get_result::<N>(&mut c)
-        .unwrap()
-        .n
+    match backend {
+        "sqlite" => {
+            let mut c = diesel::SqliteConnection::establish(url).unwrap();
+            diesel::sql_query("SELECT COUNT(*) AS n FROM dlock_waiters WHERE lock_key = ?")
+                .bind::<Text, _>(key)
+                .get_result::<N>(&mut c)
+        }
+        "mysql" => {
+            let mut c = diesel::MysqlConnection::establish(url).unwrap();
+            diesel::sql_query("SELECT COUNT(*) AS n FROM dlock_waiters WHERE lock_key = ?")
+                .bind::<Text, _>(key)
+                .get_result::<N>(&mut c)
+        }
+        _ => {
+            // The library's own URL parameters (`dlock_pooler`) are no libpq's.
+            let plain = url.split('?').next().unwrap();
+            let mut c = diesel::PgConnection::establish(plain).unwrap();
+            diesel::sql_query("SELECT COUNT(*) AS n FROM dlock_waiters WHERE lock_key = $1")
+                .bind::<Text, _>(key)
+                .get_result::<N>(&mut c)
+        }
+    }
+    .unwrap()
+    .n
 }
 
 /// How the giving-up waiter of `gives_up_as_granted` ends its wait.
@@ -316,6 +336,204 @@ fn forced_release_beside_the_line(backend: &str, s: &str) {
         w.join().unwrap();
     }
     assert_eq!(holder_and_waiting(&admin_pool, &key), (None, 0));
+}
+
+/// A `Lease` waiter granted the key takes it with a read, and its heartbeat confirms the
+/// grant later (`CONFIRM_AFTER`, 100 ms). A holder that releases before then leaves nothing
+/// in the line (its release removes the granted place), is never told its lease was lost,
+/// and the key is free for a newcomer at once.
+fn granted_lease_released_at_once(backend: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(url) = url(backend, &dir) else {
+        return;
+    };
+    let a = locker(&url, "lease", "holder-a");
+    a.migrate().unwrap();
+    let b = locker(&url, "lease", "waiter-b");
+    let admin_pool = connect(&url).unwrap();
+    let key = common::unique_key("handover-quick");
+    let g = a.lock(&key).unwrap();
+    let waiter = {
+        let (b, key) = (b.clone(), key.clone());
+        std::thread::spawn(move || {
+            let g = b.lock(&key).unwrap();
+            g.check().unwrap();
+            let lost = g.loss_watch();
+            let t = g.token();
+            g.release().unwrap();
+            (t, lost.status() == diesel_lock::LockStatus::Lost)
+        })
+    };
+    until_waiting(&admin_pool, &key, 1);
+    let first = g.token();
+    g.release().unwrap();
+    let (token, lost) = waiter.join().unwrap();
+    assert!(token > first);
+    assert!(!lost, "a granted lease released at once was reported lost");
+    assert_eq!(
+        places(backend, &url, &key),
+        0,
+        "the granted place was left behind"
+    );
+    let c = locker(&url, "lease", "newcomer-c");
+    let g = c.try_lock(&key).unwrap();
+    assert!(g.is_some(), "the key was not free after the release");
+    assert!(g.unwrap().token() > token);
+}
+
+/// A granted `Lease` kept past the grant's deadline (its place's expiry, 2 s from the
+/// place's last renewal with this configuration): the heartbeat's confirmation gives it
+/// the lease's own ttl (10 s), and it is still held after the deadline.
+fn granted_lease_kept_is_confirmed(backend: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(url) = url(backend, &dir) else {
+        return;
+    };
+    let a = locker(&url, "lease", "holder-a");
+    a.migrate().unwrap();
+    let b = locker(&url, "lease", "keeper-b");
+    let admin_pool = connect(&url).unwrap();
+    let key = common::unique_key("handover-kept");
+    let g = a.lock(&key).unwrap();
+    let (got_tx, got_rx) = mpsc::channel();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let waiter = {
+        let (b, key) = (b.clone(), key.clone());
+        std::thread::spawn(move || {
+            let g = b.lock(&key).unwrap();
+            got_tx.send(Instant::now()).unwrap();
+            done_rx.recv().unwrap();
+            let held = g.check();
+            g.release().unwrap();
+            held
+        })
+    };
+    until_waiting(&admin_pool, &key, 1);
+    g.release().unwrap();
+    let granted = got_rx.recv().unwrap();
+    // Confirmed: the lease runs its own ttl (more than the place's 2 s left).
+    let start = Instant::now();
+    loop {
+        let mut c = admin_pool.get().unwrap();
+        let info = admin::lock_info(&mut *c, &key).unwrap();
+        let left = info.iter().find_map(|i| i.remaining());
+        if left.is_some_and(|l| l > Duration::from_secs(5)) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the grant was not confirmed: {left:?} left"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Past the grant's own deadline.
+    std::thread::sleep(Duration::from_millis(2500).saturating_sub(granted.elapsed()));
+    done_tx.send(()).unwrap();
+    waiter
+        .join()
+        .unwrap()
+        .expect("the confirmed lease was lost");
+    assert_eq!(holder_and_waiting(&admin_pool, &key), (None, 0));
+}
+
+/// A granted `Lease` whose confirmation never comes (the heartbeat stopped right before
+/// it, by the test hook): the guard says lost by the grant's deadline (its place's expiry,
+/// 2 s), and only after that can a newcomer take the key. Never two holders.
+fn unconfirmed_grant_is_lost_with_its_place(backend: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(url) = url(backend, &dir) else {
+        return;
+    };
+    let a = locker(&url, "lease", "holder-a");
+    a.migrate().unwrap();
+    let b = locker(&url, "lease", "stalled-b");
+    let c = locker(&url, "lease", "newcomer-c");
+    let admin_pool = connect(&url).unwrap();
+    let key = common::unique_key("handover-stalled");
+    let (at_tx, at_rx) = mpsc::channel::<()>();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let once = Arc::new(Mutex::new(Some((at_tx, go_rx))));
+    diesel_lock::__test_hooks::set_before_confirm(
+        &key,
+        Arc::new(move || {
+            let taken = once.lock().unwrap().take();
+            if let Some((at, go)) = taken {
+                at.send(()).unwrap();
+                go.recv().unwrap();
+            }
+        }),
+    );
+    let g = a.lock(&key).unwrap();
+    let (lost_tx, lost_rx) = mpsc::channel();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let waiter = {
+        let (b, key) = (b.clone(), key.clone());
+        std::thread::spawn(move || {
+            let g = b.lock(&key).unwrap();
+            let granted = Instant::now();
+            let lost = g.wait_lost(Duration::from_secs(10));
+            lost_tx.send((lost, Instant::now(), granted)).unwrap();
+            done_rx.recv().unwrap();
+            g.check().is_err()
+        })
+    };
+    until_waiting(&admin_pool, &key, 1);
+    g.release().unwrap();
+    // The heartbeat stands right before the confirmation.
+    at_rx.recv_timeout(Duration::from_secs(20)).unwrap();
+    let newcomer = c
+        .try_lock_for(&key, Duration::from_secs(10))
+        .unwrap()
+        .expect("the newcomer never got the key of the lapsed grant");
+    let taken = Instant::now();
+    let (lost, lost_at, granted) = lost_rx.recv().unwrap();
+    assert!(lost, "the unconfirmed grant was never reported lost");
+    assert!(
+        lost_at <= taken,
+        "B said lost {:?} after C took the key",
+        lost_at - taken
+    );
+    assert!(
+        lost_at - granted < Duration::from_millis(2500),
+        "lost only {:?} after the grant",
+        lost_at - granted
+    );
+    // The confirmation, let go now, finds the lease C's: B stays lost.
+    go_tx.send(()).unwrap();
+    done_tx.send(()).unwrap();
+    assert!(
+        waiter.join().unwrap(),
+        "B's check said held after C took the key"
+    );
+    newcomer.check().unwrap();
+    drop(newcomer);
+    diesel_lock::__test_hooks::clear(&key);
+}
+
+macro_rules! lease_grant_suite {
+    ($($name:ident: $backend:literal;)+) => {$(
+        mod $name {
+            #[test]
+            fn granted_lease_released_at_once() {
+                super::granted_lease_released_at_once($backend);
+            }
+            #[test]
+            fn granted_lease_kept_is_confirmed() {
+                super::granted_lease_kept_is_confirmed($backend);
+            }
+            #[test]
+            fn unconfirmed_grant_is_lost_with_its_place() {
+                super::unconfirmed_grant_is_lost_with_its_place($backend);
+            }
+        }
+    )+};
+}
+
+lease_grant_suite! {
+    sqlite_grant: "sqlite";
+    pg_grant: "pg";
+    pgbouncer_grant: "pgbouncer";
+    mysql_grant: "mysql";
 }
 
 macro_rules! handover_suite {

@@ -188,6 +188,8 @@ pub mod pg {
                 .bind::<Text, _>(key)
                 .bind::<Text, _>(HOLDER)
                 .bind::<Text, _>(key)
+                .bind::<BigInt, _>(diesel_lock::__bench_sql::NO_PLACE)
+                .bind::<Text, _>(HOLDER)
                 .get_result::<One>(c)
                 .expect("lease release")
                 .one as usize

@@ -3,6 +3,9 @@
 //! Exposed as `diesel_lock::__bench_sql`, hidden and outside the API: the texts change
 //! whenever the library's SQL does. Parameters are `?`, bound in the order they appear.
 
+/// The place number a statement is given for a caller with no place in a key's line.
+pub const NO_PLACE: i64 = crate::backend::NO_PLACE;
+
 /// Statements that are the same on several backends.
 pub mod shared {
     pub use crate::backend::shared::{LEASE_RELEASE, ROW_RELEASE};

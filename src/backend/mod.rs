@@ -388,6 +388,18 @@ pub(crate) mod sealed {
         /// of the key's line is waiting, the key goes to the first one instead, in the same
         /// statement or transaction (a grant: see `Lines`).
         fn lease_release(&mut self, key: &str, holder: &str) -> QueryResult<bool>;
+        /// `lease_release` of a lease a release granted to place `place` (taken with
+        /// `lease_granted`), whose confirmation, which removes the place, may not have run
+        /// yet: the place goes too (PostgreSQL, by its id in the same statement; SQLite's
+        /// trigger and MySQL's release remove it by the holder id whatever the caller says).
+        fn lease_release_granted(
+            &mut self,
+            key: &str,
+            holder: &str,
+            _place: i64,
+        ) -> QueryResult<bool> {
+            self.lease_release(key, holder)
+        }
         /// Confirms a grant, as `row_confirm`: the lease, still `holder`'s and unexpired,
         /// runs `ttl_us` from now, and place `place` goes.
         fn lease_confirm(
@@ -398,6 +410,11 @@ pub(crate) mod sealed {
             ttl_us: i64,
         ) -> QueryResult<Option<Acquired>>;
         fn lease_held(&mut self, key: &str, holder: &str) -> QueryResult<bool>;
+        /// The token and acquisition time of `key`'s lease if `holder` holds it, unexpired:
+        /// a read, by which a waiter whose place a release granted the key learns what it
+        /// was given (the confirmation, `lease_confirm`, then runs off the waiter's path, on
+        /// the heartbeat: `strategy/lease`).
+        fn lease_granted(&mut self, key: &str, holder: &str) -> QueryResult<Option<Acquired>>;
     }
 
     /// The statements of `optimistic::transaction`, of the admin functions and of
@@ -432,11 +449,20 @@ pub(crate) mod sealed {
         /// `None` if the place is gone or lapsed (others have been let past it meanwhile:
         /// its waiter joins again, at the end, rather than jump back ahead of them).
         /// A granted place is not renewed: its grant's deadline is its expiry.
-        fn line_renew(&mut self, key: &str, id: i64, ttl_us: i64) -> QueryResult<Option<Spot>>;
+        /// `floor`: no place below it can be live any more (`Spot::floor` of an earlier
+        /// answer; 0 for none): the count starts there.
+        fn line_renew(
+            &mut self,
+            key: &str,
+            id: i64,
+            ttl_us: i64,
+            floor: i64,
+        ) -> QueryResult<Option<Spot>>;
         /// Counts the live places ahead of place `id`, with a read only (no write: on SQLite
         /// a write would queue for the database's one write lock); `None` if the place is
         /// gone.
-        fn line_look(&mut self, key: &str, id: i64) -> QueryResult<Option<Spot>>;
+        /// `floor` as for `line_renew`.
+        fn line_look(&mut self, key: &str, id: i64, floor: i64) -> QueryResult<Option<Spot>>;
         /// Gives place `id` up. On PostgreSQL the first live place left is notified, in case
         /// the key is free and it was waiting behind this one. True if the place had been
         /// granted the key: the caller then gives the key back (`row_give_back`, `lease_release`), which hands it
@@ -460,6 +486,13 @@ pub(crate) mod sealed {
         pub exclusive: i64,
         /// A release granted it the key: its waiter confirms.
         pub granted: bool,
+        /// The lowest live place waiting at or below it (PostgreSQL; `None` elsewhere): a
+        /// place below it never lives again (a place's expiry moves only while it is live,
+        /// its number is never reused), so later counts may start there. On PostgreSQL a
+        /// count over the key's index entries from the bottom read every place the key had
+        /// since the last vacuum (a hand-over leaves two dead: 1,199 read by one look after a
+        /// 4 s run, 0.35 ms).
+        pub floor: Option<i64>,
     }
 
     /// The places ahead of one, as `Lines::line_ahead` counts them.

@@ -121,6 +121,8 @@ pub(crate) struct Mine {
     pub(crate) exclusive: i64,
     #[diesel(sql_type = diesel::sql_types::BigInt)]
     pub(crate) granted: i64,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>)]
+    pub(crate) floor: Option<i64>,
 }
 
 impl Mine {
@@ -130,6 +132,7 @@ impl Mine {
             ahead: self.ahead,
             exclusive: self.exclusive,
             granted: self.granted == 1,
+            floor: self.floor,
         })
     }
 }

@@ -75,6 +75,8 @@ pub(super) struct Place<'a, C: LockConnection> {
     since: Instant,
     /// Set once the place went with an acquisition (the acquiring statement removed it).
     used: bool,
+    /// No place below this one lives again (`Spot::floor`): the looks count from here.
+    floor: i64,
 }
 
 impl<'a, C: LockConnection> Place<'a, C> {
@@ -119,6 +121,7 @@ impl<'a, C: LockConnection> Place<'a, C> {
             room,
             since: renewed,
             used: false,
+            floor: 0,
         })
     }
 
@@ -140,6 +143,16 @@ impl<'a, C: LockConnection> Place<'a, C> {
         self.granted
     }
 
+    /// A grant of the key to this place: its deadline to confirm by is the place's
+    /// expiry, no earlier than the last join or renewal sent plus the ttl (a granted place
+    /// is not renewed).
+    pub(super) fn grant(&self) -> crate::strategy::Grant {
+        crate::strategy::Grant {
+            renewed: self.renewed,
+            ttl: self.ttl,
+        }
+    }
+
     /// Whether the first in line should try the key itself now (see `HEAD_TRY`): at once
     /// when it becomes first, then now and then; it notes the try.
     pub(super) fn try_due(&mut self) -> bool {
@@ -158,7 +171,9 @@ impl<'a, C: LockConnection> Place<'a, C> {
     pub(super) fn refresh(&mut self, conn: &mut C) -> crate::Result<bool> {
         let sent = Instant::now();
         let spot = if !self.granted && sent.duration_since(self.renewed) >= self.ttl / 3 {
-            let spot = conn.sql().line_renew(self.key, self.id, self.ttl_us)?;
+            let spot = conn
+                .sql()
+                .line_renew(self.key, self.id, self.ttl_us, self.floor)?;
             if spot.is_some_and(|s| !s.granted) {
                 self.renewed = sent;
             }
@@ -166,13 +181,16 @@ impl<'a, C: LockConnection> Place<'a, C> {
                 // Not renewed: lapsed, gone, or granted by a release that committed while
                 // the renewal waited for the place (PostgreSQL's renewal then reads the rest
                 // of its answer from before that commit): a look of its own tells.
-                None => conn.sql().line_look(self.key, self.id)?,
+                None => conn.sql().line_look(self.key, self.id, self.floor)?,
                 spot => spot,
             }
         } else {
-            conn.sql().line_look(self.key, self.id)?
+            conn.sql().line_look(self.key, self.id, self.floor)?
         };
         self.granted = spot.is_some_and(|s| s.granted);
+        if let Some(floor) = spot.and_then(|s| s.floor) {
+            self.floor = self.floor.max(floor);
+        }
         let ahead = spot.map(|s| s.ahead);
         let Some(ahead) = ahead else {
             log::debug!(

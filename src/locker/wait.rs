@@ -310,12 +310,12 @@ impl<C: LockConnection> Locker<C> {
         // exclusive waiter's (`HEAD_TRY`) left free permits idle.
         let joined = match place.as_mut() {
             Some(p) if p.granted() => {
-                // A release handed this place the key: confirm it.
+                // A release handed this place the key: take it (confirmed by the strategy).
                 conn.place = p.id;
                 conn.holder = Some(p.holder.clone());
-                conn.granted = true;
+                conn.granted = Some(p.grant());
                 let confirmed = raw.try_acquire(conn, key, true, Wait::No);
-                conn.granted = false;
+                conn.granted = None;
                 return match confirmed {
                     Ok(Some(taken)) => {
                         if let Some(p) = place.take() {

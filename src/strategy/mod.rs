@@ -516,6 +516,15 @@ pub(crate) type Interrupter = Box<dyn Fn() -> Option<Box<dyn FnOnce() + Send>> +
 ///
 /// It also carries what a strategy that waits inside a transaction needs to let a
 /// cancellation end the right session ([`session::TxnTarget`]).
+/// A grant of the key to the caller's place: the database's expiry of the place, the
+/// grant's deadline to confirm by, is no earlier than `renewed` (when the place's last join
+/// or renewal was sent) plus `ttl`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Grant {
+    pub(crate) renewed: std::time::Instant,
+    pub(crate) ttl: Duration,
+}
+
 pub(crate) struct Conn<C: LockConnection> {
     conn: Option<Pooled<C>>,
     target: Option<std::sync::Arc<session::TxnTarget>>,
@@ -524,9 +533,10 @@ pub(crate) struct Conn<C: LockConnection> {
     pub(crate) place: i64,
     /// The holder id the caller's place was taken with (a grant names it), if it has one.
     pub(crate) holder: Option<String>,
-    /// The caller's place was granted the key by a release: the attempt confirms the grant
-    /// (`Locks::row_confirm`, `lease_confirm`) instead of acquiring.
-    pub(crate) granted: bool,
+    /// The caller's place was granted the key by a release: the attempt takes the grant
+    /// (`Row`: confirms it, `Locks::row_confirm`; `Lease`: reads it, and its heartbeat
+    /// confirms it, `Locks::lease_granted`, `lease_confirm`) instead of acquiring.
+    pub(crate) granted: Option<Grant>,
     /// Whether a cancellation may end this attempt's session (the waiting code registered
     /// the strategy's interrupter): such a session must not be shared with other locks.
     pub(crate) cancellable: bool,
@@ -539,7 +549,7 @@ impl<C: LockConnection> Conn<C> {
             target: None,
             place: crate::backend::NO_PLACE,
             holder: None,
-            granted: false,
+            granted: None,
             cancellable: false,
         }
     }

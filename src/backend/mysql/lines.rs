@@ -51,14 +51,20 @@ impl Lines for MysqlConnection {
             "SELECT CAST(COUNT(*) AS SIGNED) AS ahead, \
                     CAST(COALESCE(SUM(shared = 0), 0) AS SIGNED) AS exclusive \
              FROM dlock_waiters \
-             WHERE lock_key = ? AND id < ? AND expires_at > UTC_TIMESTAMP(6)",
+             WHERE lock_key = ? AND id < ? AND expires_at > UTC_TIMESTAMP(6) AND granted_at IS NULL",
         )
         .bind::<Text, _>(key)
         .bind::<BigInt, _>(place)
         .get_result(self)
     }
 
-    fn line_renew(&mut self, key: &str, id: i64, ttl_us: i64) -> QueryResult<Option<Spot>> {
+    fn line_renew(
+        &mut self,
+        key: &str,
+        id: i64,
+        ttl_us: i64,
+        floor: i64,
+    ) -> QueryResult<Option<Spot>> {
         // A granted place is not renewed (its expiry is its grant's deadline): the look
         // below then reports it granted.
         stmt(
@@ -68,20 +74,21 @@ impl Lines for MysqlConnection {
         .bind::<BigInt, _>(ttl_us)
         .bind::<BigInt, _>(id)
         .execute(self)?;
-        self.line_look(key, id)
+        self.line_look(key, id, floor)
     }
 
-    fn line_look(&mut self, key: &str, id: i64) -> QueryResult<Option<Spot>> {
+    fn line_look(&mut self, key: &str, id: i64, _floor: i64) -> QueryResult<Option<Spot>> {
         // A consistent (non-locking) read of the key's places up to this one.
         stmt(
             "SELECT CAST(COALESCE(SUM(id = ? AND expires_at > UTC_TIMESTAMP(6)), 0) AS SIGNED) \
                       AS mine, \
-                    CAST(COALESCE(SUM(id < ? AND expires_at > UTC_TIMESTAMP(6)), 0) AS SIGNED) \
+                    CAST(COALESCE(SUM(id < ? AND expires_at > UTC_TIMESTAMP(6) AND granted_at IS NULL), 0) AS SIGNED) \
                       AS ahead, \
-                    CAST(COALESCE(SUM(id < ? AND expires_at > UTC_TIMESTAMP(6) AND shared = 0), 0) \
+                    CAST(COALESCE(SUM(id < ? AND expires_at > UTC_TIMESTAMP(6) AND granted_at IS NULL AND shared = 0), 0) \
                       AS SIGNED) AS exclusive, \
                     CAST(COALESCE(SUM(id = ? AND expires_at > UTC_TIMESTAMP(6) \
-                                      AND granted_at IS NOT NULL), 0) AS SIGNED) AS granted \
+                                      AND granted_at IS NOT NULL), 0) AS SIGNED) AS granted, \
+                    CAST(NULL AS SIGNED) AS floor \
              FROM dlock_waiters WHERE lock_key = ? AND id <= ?",
         )
         .bind::<BigInt, _>(id)

@@ -2,7 +2,7 @@
 // Its statements' texts are `pub` for `__bench_sql` (feature `bench-sql`) only.
 #![cfg_attr(not(feature = "bench-sql"), allow(unreachable_pub))]
 
-use super::{with_lock_wait_timeout, with_transaction_bounds};
+use super::{with_lock_wait_timeout, with_transaction_bounds, AcquiredRow};
 use crate::backend::holders::stall_bound;
 use crate::backend::sealed::Locks;
 use crate::backend::shared;
@@ -73,7 +73,7 @@ fn refused_for_the_old_trigger(e: &diesel::result::Error) -> bool {
 /// newcomer, which does not look first), and the row is deleted again.
 pub const ROW_READ_BACK: &str = "SELECT r.id, r.token, r.acquired_at, \
        (SELECT COUNT(*) FROM dlock_waiters w WHERE w.lock_key = r.lock_key AND w.id < ? \
-          AND w.expires_at > UTC_TIMESTAMP(6)) AS ahead \
+          AND w.expires_at > UTC_TIMESTAMP(6) AND w.granted_at IS NULL) AS ahead \
      FROM dlock_rows r WHERE r.id = LAST_INSERT_ID()";
 
 /// Whether the lease row an upsert met is free: no live exclusive lease and no live reader
@@ -130,7 +130,7 @@ pub const LEASE_UPSERT: &str = concat!(
 /// The lease just taken, and the live places ahead of the caller's, as `ROW_READ_BACK`.
 pub const LEASE_READ_BACK: &str = "SELECT CAST(0 AS SIGNED) AS id, l.token, l.acquired_at, \
        (SELECT COUNT(*) FROM dlock_waiters w WHERE w.lock_key = l.lock_key AND w.id < ? \
-          AND w.expires_at > UTC_TIMESTAMP(6)) AS ahead \
+          AND w.expires_at > UTC_TIMESTAMP(6) AND w.granted_at IS NULL) AS ahead \
      FROM dlock_leases l WHERE l.lock_key = ? AND l.holder_id = ?";
 
 /// What the read-backs answer.
@@ -414,7 +414,7 @@ impl Locks for MysqlConnection {
                     "SELECT CAST(1 AS SIGNED) AS one FROM DUAL \
                      WHERE EXISTS (SELECT 1 FROM dlock_rows WHERE lock_key = ?) \
                         OR EXISTS (SELECT 1 FROM dlock_waiters WHERE lock_key = ? AND id < ? \
-                                   AND expires_at > UTC_TIMESTAMP(6))",
+                                   AND expires_at > UTC_TIMESTAMP(6) AND granted_at IS NULL)",
                 )
                 .bind::<Text, _>(key)
                 .bind::<Text, _>(key)
@@ -622,6 +622,18 @@ impl Locks for MysqlConnection {
             .optional(),
         )
     }
+
+    fn lease_granted(&mut self, key: &str, holder: &str) -> QueryResult<Option<Acquired>> {
+        stmt(
+            "SELECT CAST(0 AS SIGNED) AS id, token, acquired_at FROM dlock_leases \
+                 WHERE lock_key = ? AND holder_id = ? AND expires_at > UTC_TIMESTAMP(6)",
+        )
+        .bind::<Text, _>(key)
+        .bind::<Text, _>(holder)
+        .get_result::<AcquiredRow>(self)
+        .optional()
+        .map(|r| r.map(Into::into))
+    }
 }
 
 /// A plain consistent read: is the lease held and unexpired right now (exclusively, or by
@@ -634,7 +646,7 @@ fn lease_visibly_held(conn: &mut MysqlConnection, key: &str, place: i64) -> Quer
                            AND (holder_id IS NOT NULL AND expires_at > UTC_TIMESTAMP(6) \
                                 OR shared_until > UTC_TIMESTAMP(6))) \
                 OR EXISTS (SELECT 1 FROM dlock_waiters WHERE lock_key = ? AND id < ? \
-                           AND expires_at > UTC_TIMESTAMP(6))",
+                           AND expires_at > UTC_TIMESTAMP(6) AND granted_at IS NULL)",
         )
         .bind::<Text, _>(key)
         .bind::<Text, _>(key)
@@ -699,10 +711,11 @@ pub const ROW_FIRST_PLACE: &str = concat!(
     confirmed!("(SELECT lock_key FROM dlock_rows WHERE id = ?)"),
 );
 
-/// The releaser's own place, if a release granted it the key and its
-/// confirmation left it lapsed (`confirmed_place!`), by the key (`$key`, SQL) and the
-/// holder id (bound), which a grant gave the lock from the place (a holder id is 128
-/// random bits, drawn for this one acquisition). A consistent read.
+/// The releaser's own place, if a release granted it the key: lapsed by its confirmation
+/// (`confirmed_place!`), or still live if a `Lease` holder releases before its heartbeat
+/// confirmed the grant. By the key (`$key`, SQL) and the holder id (bound), which a grant
+/// gave the lock from the place (a holder id is 128 random bits, drawn for this one
+/// acquisition). A consistent read.
 macro_rules! confirmed {
     ($key:literal) => {
         concat!(
@@ -710,7 +723,7 @@ macro_rules! confirmed {
              FROM dlock_waiters \
              WHERE lock_key = ",
             $key,
-            " AND holder = ? AND granted_at IS NOT NULL AND expires_at <= UTC_TIMESTAMP(6)"
+            " AND holder = ? AND granted_at IS NOT NULL"
         )
     };
 }

@@ -58,53 +58,63 @@ impl Lines for PgConnection {
         stmt(
             "SELECT count(*) AS ahead, count(*) FILTER (WHERE shared = 0) AS exclusive \
              FROM dlock_waiters \
-             WHERE lock_key = ? AND id < ? AND expires_at > statement_timestamp()",
+             WHERE lock_key = ? AND id < ? AND expires_at > statement_timestamp() AND granted_at IS NULL",
         )
         .bind::<Text, _>(key)
         .bind::<BigInt, _>(place)
         .get_result(self)
     }
 
-    fn line_renew(&mut self, key: &str, id: i64, ttl_us: i64) -> QueryResult<Option<Spot>> {
+    fn line_renew(
+        &mut self,
+        key: &str,
+        id: i64,
+        ttl_us: i64,
+        floor: i64,
+    ) -> QueryResult<Option<Spot>> {
         stmt(
             "WITH u AS (UPDATE dlock_waiters \
                         SET expires_at = clock_timestamp() + ? * interval '1 microsecond' \
                         WHERE id = ? AND expires_at > now() AND granted_at IS NULL RETURNING id) \
+             , w AS (SELECT id, shared FROM dlock_waiters \
+                     WHERE lock_key = ? AND id >= ? AND id <= ? AND expires_at > now() \
+                       AND granted_at IS NULL) \
              SELECT (SELECT count(*) FROM u) AS mine, \
+                    (SELECT count(*) FROM w WHERE id < ?) AS ahead, \
+                    (SELECT count(*) FROM w WHERE id < ? AND shared = 0) AS exclusive, \
                     (SELECT count(*) FROM dlock_waiters \
-                     WHERE lock_key = ? AND id < ? AND expires_at > now()) AS ahead, \
-                    (SELECT count(*) FROM dlock_waiters \
-                     WHERE lock_key = ? AND id < ? AND expires_at > now() AND shared = 0) \
-                      AS exclusive, \
-                    (SELECT count(*) FROM dlock_waiters \
-                     WHERE id = ? AND expires_at > now() AND granted_at IS NOT NULL) AS granted",
+                     WHERE id = ? AND expires_at > now() AND granted_at IS NOT NULL) AS granted, \
+                    (SELECT min(id) FROM w) AS floor",
         )
         .bind::<BigInt, _>(ttl_us)
         .bind::<BigInt, _>(id)
         .bind::<Text, _>(key)
+        .bind::<BigInt, _>(floor)
         .bind::<BigInt, _>(id)
-        .bind::<Text, _>(key)
+        .bind::<BigInt, _>(id)
         .bind::<BigInt, _>(id)
         .bind::<BigInt, _>(id)
         .get_result::<Mine>(self)
         .map(Mine::spot)
     }
 
-    fn line_look(&mut self, key: &str, id: i64) -> QueryResult<Option<Spot>> {
+    fn line_look(&mut self, key: &str, id: i64, floor: i64) -> QueryResult<Option<Spot>> {
         stmt(
             "SELECT count(*) FILTER (WHERE id = ? AND expires_at > now()) AS mine, \
-                    count(*) FILTER (WHERE id < ? AND expires_at > now()) AS ahead, \
-                    count(*) FILTER (WHERE id < ? AND expires_at > now() AND shared = 0) \
+                    count(*) FILTER (WHERE id < ? AND expires_at > now() AND granted_at IS NULL) AS ahead, \
+                    count(*) FILTER (WHERE id < ? AND expires_at > now() AND granted_at IS NULL AND shared = 0) \
                       AS exclusive, \
                     count(*) FILTER (WHERE id = ? AND expires_at > now() \
-                                     AND granted_at IS NOT NULL) AS granted \
-             FROM dlock_waiters WHERE lock_key = ? AND id <= ?",
+                                     AND granted_at IS NOT NULL) AS granted, \
+                    min(id) FILTER (WHERE expires_at > now() AND granted_at IS NULL) AS floor \
+             FROM dlock_waiters WHERE lock_key = ? AND id >= ? AND id <= ?",
         )
         .bind::<BigInt, _>(id)
         .bind::<BigInt, _>(id)
         .bind::<BigInt, _>(id)
         .bind::<BigInt, _>(id)
         .bind::<Text, _>(key)
+        .bind::<BigInt, _>(floor)
         .bind::<BigInt, _>(id)
         .get_result::<Mine>(self)
         .map(Mine::spot)
@@ -118,7 +128,7 @@ impl Lines for PgConnection {
             "WITH d AS (DELETE FROM dlock_waiters WHERE id = ? RETURNING granted_at), \
              n AS (SELECT pg_notify(f.channel, f.lock_key) FROM ( \
                SELECT channel, lock_key FROM dlock_waiters \
-               WHERE lock_key = ? AND id <> ? AND expires_at > now() ORDER BY id LIMIT 1) f \
+               WHERE lock_key = ? AND id <> ? AND expires_at > now() AND granted_at IS NULL ORDER BY id LIMIT 1) f \
              WHERE f.channel IS NOT NULL AND EXISTS (SELECT 1 FROM d)) \
              SELECT (SELECT count(*) FROM n) AS id, \
                     (SELECT count(*) FROM d WHERE granted_at IS NOT NULL) AS granted",

@@ -272,7 +272,7 @@ impl HolderLocks for SqliteConnection {
             let bells = stmt(
                 "SELECT channel FROM dlock_waiters \
                  WHERE lock_key = ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
-                   AND channel IS NOT NULL \
+                   AND granted_at IS NULL AND channel IS NOT NULL \
                  ORDER BY id LIMIT ?",
             )
             .bind::<Text, _>(key)

@@ -52,14 +52,20 @@ impl Lines for SqliteConnection {
         stmt(
             "SELECT COUNT(*) AS ahead, COALESCE(SUM(shared = 0), 0) AS exclusive \
              FROM dlock_waiters WHERE lock_key = ? AND id < ? \
-               AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')",
+               AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') AND granted_at IS NULL",
         )
         .bind::<Text, _>(key)
         .bind::<BigInt, _>(place)
         .get_result(self)
     }
 
-    fn line_renew(&mut self, key: &str, id: i64, ttl_us: i64) -> QueryResult<Option<Spot>> {
+    fn line_renew(
+        &mut self,
+        key: &str,
+        id: i64,
+        ttl_us: i64,
+        floor: i64,
+    ) -> QueryResult<Option<Spot>> {
         // A granted place is not renewed (its expiry is its grant's deadline): the look
         // below then reports it granted.
         short_write(self, |c| {
@@ -72,20 +78,21 @@ impl Lines for SqliteConnection {
             .bind::<BigInt, _>(id)
             .execute(c)
         })?;
-        self.line_look(key, id)
+        self.line_look(key, id, floor)
     }
 
-    fn line_look(&mut self, key: &str, id: i64) -> QueryResult<Option<Spot>> {
+    fn line_look(&mut self, key: &str, id: i64, _floor: i64) -> QueryResult<Option<Spot>> {
         // A read: in WAL mode it never waits for the writer.
         stmt(
             "SELECT COALESCE(SUM(id = ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')), 0) \
                       AS mine, \
-                    COALESCE(SUM(id < ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')), 0) \
+                    COALESCE(SUM(id < ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') AND granted_at IS NULL), 0) \
                       AS ahead, \
-                    COALESCE(SUM(id < ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
+                    COALESCE(SUM(id < ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') AND granted_at IS NULL \
                                  AND shared = 0), 0) AS exclusive, \
                     COALESCE(SUM(id = ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
-                                 AND granted_at IS NOT NULL), 0) AS granted \
+                                 AND granted_at IS NOT NULL), 0) AS granted, \
+                    CAST(NULL AS INTEGER) AS floor \
              FROM dlock_waiters WHERE lock_key = ? AND id <= ?",
         )
         .bind::<BigInt, _>(id)

@@ -43,7 +43,7 @@ pub const ROW_ACQUIRE: &str = concat!(
              strftime('%Y-%m-%d %H:%M:%f', 'now'), \
              strftime('%Y-%m-%d %H:%M:%f', 'now', ?) \
      WHERE NOT EXISTS (SELECT 1 FROM dlock_waiters WHERE lock_key = ? AND id < ? \
-                       AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')) \
+                       AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') AND granted_at IS NULL) \
      ON CONFLICT (lock_key) DO NOTHING \
      RETURNING id, token, acquired_at"
 );
@@ -59,7 +59,7 @@ pub const LEASE_ACQUIRE: &str = concat!(
              strftime('%Y-%m-%d %H:%M:%f', 'now'), \
              strftime('%Y-%m-%d %H:%M:%f', 'now', ?) \
      WHERE NOT EXISTS (SELECT 1 FROM dlock_waiters WHERE lock_key = ? AND id < ? \
-                       AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')) \
+                       AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') AND granted_at IS NULL) \
      ON CONFLICT (lock_key) DO UPDATE SET \
        owner = excluded.owner, holder_id = excluded.holder_id, \
        token = dlock_leases.token + 1, \
@@ -249,7 +249,7 @@ impl Locks for SqliteConnection {
                 self,
                 "SELECT 1 AS one WHERE EXISTS (SELECT 1 FROM dlock_rows WHERE lock_key = ?) \
                    OR EXISTS (SELECT 1 FROM dlock_waiters WHERE lock_key = ? AND id < ? \
-                              AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now'))",
+                              AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') AND granted_at IS NULL)",
                 key,
                 place,
             )?
@@ -316,7 +316,7 @@ impl Locks for SqliteConnection {
                           AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
                           OR shared_until > strftime('%Y-%m-%d %H:%M:%f', 'now'))) \
                    OR EXISTS (SELECT 1 FROM dlock_waiters WHERE lock_key = ? AND id < ? \
-                              AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now'))",
+                              AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') AND granted_at IS NULL)",
                 key,
                 place,
             )?
@@ -396,6 +396,18 @@ impl Locks for SqliteConnection {
             .get_result::<One>(self)
             .optional(),
         )
+    }
+
+    fn lease_granted(&mut self, key: &str, holder: &str) -> QueryResult<Option<Acquired>> {
+        stmt(
+            "SELECT 0 AS id, token, acquired_at FROM dlock_leases WHERE lock_key = ? \
+                 AND holder_id = ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')",
+        )
+        .bind::<Text, _>(key)
+        .bind::<Text, _>(holder)
+        .get_result::<AcquiredRow>(self)
+        .optional()
+        .map(|r| r.map(Into::into))
     }
 }
 

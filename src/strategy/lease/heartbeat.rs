@@ -172,6 +172,9 @@ struct Entry {
     /// thread and connection while the healthy leases run out.
     failing: bool,
     lease: Arc<Validity>,
+    /// The place of the key's line a release granted this lease to, while the grant is
+    /// unconfirmed (`Heartbeat::register_granted`): its renewal is the confirmation.
+    confirm: Option<i64>,
 }
 
 #[derive(Debug, Default)]
@@ -192,6 +195,10 @@ impl Shared {
 /// for shared leases and permits (`strategy/holders.rs`).
 pub(crate) type Renew<C> = fn(&mut C, &str, &str, i64, Duration) -> diesel::QueryResult<bool>;
 
+/// The statement that confirms a grant (`Locks::lease_confirm`: key, place, holder id,
+/// ttl): whether the lease was still the holder's.
+pub(crate) type Confirm<C> = fn(&mut C, &str, i64, &str, i64) -> diesel::QueryResult<bool>;
+
 /// The statement that renews many leases at once, skipping those whose rows another session
 /// has locked (`Locks::lease_renew_many`): the holder ids renewed.
 pub(crate) type RenewMany<C> =
@@ -204,6 +211,23 @@ fn renew_leases<C: LockConnection>(
 ) -> diesel::QueryResult<Vec<String>> {
     c.sql().lease_renew_many(leases, ttl_us)
 }
+
+fn confirm_lease<C: LockConnection>(
+    c: &mut C,
+    key: &str,
+    place: i64,
+    holder: &str,
+    ttl_us: i64,
+) -> diesel::QueryResult<bool> {
+    c.sql()
+        .lease_confirm(key, place, holder, ttl_us)
+        .map(|a| a.is_some())
+}
+
+/// How soon after a grant its confirmation runs, at most (and at most an eighth of the time
+/// the grant leaves): a holder that releases sooner never sends it (its release removes the
+/// place), and one that holds longer has most of the grant's time left to confirm in.
+const CONFIRM_AFTER: Duration = Duration::from_millis(100);
 
 fn renew_lease<C: LockConnection>(
     c: &mut C,
@@ -221,6 +245,8 @@ pub(crate) struct Heartbeat<C: LockConnection> {
     renew: Renew<C>,
     /// Renews healthy leases in batches, if the rows have such a statement.
     renew_many: Option<RenewMany<C>>,
+    /// Confirms grants (`register_granted`), if the rows are ever granted.
+    confirm: Option<Confirm<C>>,
     pool: r2d2::Pool<ConnectionManager<C>>,
     interval: Duration,
     ttl: Duration,
@@ -281,13 +307,15 @@ impl<C: LockConnection> Heartbeat<C> {
         interval: Duration,
         ttl: Duration,
     ) -> Self {
-        Self::with_renewal(
+        let mut h = Self::with_renewal(
             pool,
             interval,
             ttl,
             renew_lease::<C>,
             Some(renew_leases::<C>),
-        )
+        );
+        h.confirm = Some(confirm_lease::<C>);
+        h
     }
 
     /// A heartbeat whose renewals run `renew`, and `renew_many` for batches of healthy
@@ -302,6 +330,7 @@ impl<C: LockConnection> Heartbeat<C> {
         Heartbeat {
             renew,
             renew_many,
+            confirm: None,
             shared: Arc::default(),
             max_threads: pool.max_size().max(1) as usize,
             pool,
@@ -314,6 +343,46 @@ impl<C: LockConnection> Heartbeat<C> {
     /// acquiring statement was sent: the lease cannot have started before it.
     pub(crate) fn register(&self, key: &str, holder: &str, sent: Instant) -> Beat {
         let lease = Arc::new(Validity::new(sent, self.ttl));
+        self.enter(key, holder, lease, Instant::now() + self.interval, None)
+    }
+
+    /// Starts keeping a lease that a release granted to `place` of the key's line, which
+    /// was last joined or renewed with a statement sent at `renewed` and lives `place_ttl`
+    /// from then: the grant's deadline to confirm by is the place's expiry, and the guard
+    /// counts the lease held until then (less the margin of `validity.rs`). The lease's
+    /// first renewal is the confirmation (`Locks::lease_confirm`: the lease's own ttl, and
+    /// the place removed), due `CONFIRM_AFTER` from now (sooner if the grant leaves less
+    /// than eight times that), renewed alone, not in a batch. A holder that releases first
+    /// never sends it: its release removes the place. Without a confirming statement (a
+    /// heartbeat made for readers and permits, whose places are never granted), `register`.
+    pub(crate) fn register_granted(
+        &self,
+        key: &str,
+        holder: &str,
+        place: i64,
+        renewed: Instant,
+        place_ttl: Duration,
+    ) -> Beat {
+        if self.confirm.is_none() {
+            return self.register(key, holder, renewed);
+        }
+        let lease = Arc::new(Validity::granted(renewed, place_ttl, self.ttl));
+        let now = Instant::now();
+        let left = lease
+            .deadline()
+            .map_or(Duration::ZERO, |d| d.saturating_duration_since(now));
+        let due = now + CONFIRM_AFTER.min(left / 8);
+        self.enter(key, holder, lease, due, Some(place))
+    }
+
+    fn enter(
+        &self,
+        key: &str,
+        holder: &str,
+        lease: Arc<Validity>,
+        due: Instant,
+        confirm: Option<i64>,
+    ) -> Beat {
         let id = {
             let mut st = self.shared.lock();
             st.next_id += 1;
@@ -323,10 +392,12 @@ impl<C: LockConnection> Heartbeat<C> {
                 Entry {
                     key: key.to_owned(),
                     holder: holder.to_owned(),
-                    due: Instant::now() + self.interval,
+                    due,
                     renewing: false,
-                    failing: false,
+                    // Renewed alone: a grant's confirmation is a statement of its own.
+                    failing: confirm.is_some(),
                     lease: lease.clone(),
+                    confirm,
                 },
             );
             id
@@ -380,6 +451,7 @@ impl<C: LockConnection> Heartbeat<C> {
         Worker {
             renew: self.renew,
             renew_many: self.renew_many,
+            confirm: self.confirm,
             shared: self.shared.clone(),
             pool: self.pool.clone(),
             interval: self.interval,
@@ -418,6 +490,7 @@ impl<C: LockConnection> Drop for Heartbeat<C> {
 struct Worker<C: LockConnection> {
     renew: Renew<C>,
     renew_many: Option<RenewMany<C>>,
+    confirm: Option<Confirm<C>>,
     shared: Arc<Shared>,
     pool: r2d2::Pool<ConnectionManager<C>>,
     interval: Duration,
@@ -534,6 +607,7 @@ impl<C: LockConnection> Worker<C> {
         Worker {
             renew: self.renew,
             renew_many: self.renew_many,
+            confirm: self.confirm,
             shared: self.shared.clone(),
             pool: self.pool.clone(),
             interval: self.interval,
@@ -660,19 +734,35 @@ impl<C: LockConnection> Worker<C> {
         // statement itself may hang (a partition): the deadline passes all the same, and a
         // success reported after it does not count.
         let left = deadline.saturating_duration_since(sent);
-        let renewed = self
-            .pool
-            .get_timeout(interval.min(left).max(Duration::from_millis(1)))
-            .map_err(crate::Error::from)
-            .and_then(|mut c| {
-                // At most a quarter interval behind another session's row lock.
-                crate::instrument::renewal_statement();
-                (self.renew)(&mut *c, key, holder, ttl_us, interval / 4).map_err(Into::into)
-            });
+        // A granted lease's first renewal confirms the grant.
+        let confirm = shared
+            .lock()
+            .entries
+            .get(&id)
+            .and_then(|e| e.confirm)
+            .zip(self.confirm);
+        let renewed =
+            self.pool
+                .get_timeout(interval.min(left).max(Duration::from_millis(1)))
+                .map_err(crate::Error::from)
+                .and_then(|mut c| {
+                    crate::instrument::renewal_statement();
+                    match confirm {
+                        Some((place, confirm)) => crate::strategy::with_pooled(c, |c| {
+                            #[cfg(feature = "test-hooks")]
+                            crate::hooks::before_confirm(key);
+                            confirm(c, key, place, holder, ttl_us)
+                        }),
+                        // At most a quarter interval behind another session's row lock.
+                        None => (self.renew)(&mut *c, key, holder, ttl_us, interval / 4)
+                            .map_err(Into::into),
+                    }
+                });
         match renewed {
             Ok(true) if lease.renewed(sent) => {
                 if let Some(entry) = shared.lock().entries.get_mut(&id) {
                     entry.failing = false;
+                    entry.confirm = None;
                 }
                 log::trace!("lock {key:?}: lease renewed");
             }
@@ -681,9 +771,16 @@ impl<C: LockConnection> Worker<C> {
                 log::warn!("lock {key:?}: the lease was renewed only after its local deadline; the lock counts as lost");
             }
             Ok(false) => {
-                lease.lose();
-                forget();
-                log::warn!("lock {key:?}: the lease expired or was taken before it could be renewed; the lock is lost");
+                // Unless its guard was released meanwhile: a release stops the renewals
+                // (removes the entry) before it clears the lease, so an entry still here
+                // means the lease was not ours before the release began.
+                let mut st = shared.lock();
+                if st.entries.contains_key(&id) {
+                    lease.lose();
+                    st.remove(id);
+                    drop(st);
+                    log::warn!("lock {key:?}: the lease expired or was taken before it could be renewed; the lock is lost");
+                }
             }
             Err(e) if lease.is_lost() => {
                 forget();
@@ -695,7 +792,9 @@ impl<C: LockConnection> Worker<C> {
                 // Try again soon; the lease still has time left.
                 log::warn!("lock {key:?}: lease renewal failed: {e}; retrying");
                 if let Some(entry) = shared.lock().entries.get_mut(&id) {
-                    entry.due = Instant::now() + (interval / 4).max(Duration::from_millis(1));
+                    // Sooner if the lease has less than that left (a grant's short one).
+                    let soon = (interval / 4).min(left / 4);
+                    entry.due = Instant::now() + soon.max(Duration::from_millis(1));
                     entry.failing = true;
                 }
             }
@@ -715,6 +814,7 @@ mod tests {
             renewing: false,
             failing: false,
             lease: Arc::new(Validity::new(Instant::now(), Duration::from_secs(30))),
+            confirm: None,
         }
     }
 

@@ -90,6 +90,7 @@ impl<C: LockConnection> HolderLock<C> {
                 Ok(Some(Taken {
                     hold: Box::new(LeaseHold {
                         rows: Rows::Holder,
+                        granted: None,
                         pool: core.pool.clone(),
                         holder,
                         beat: Some(beat),

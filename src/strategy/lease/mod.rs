@@ -6,7 +6,7 @@ mod holders;
 mod validity;
 
 use super::{check_duration, contention_is_busy, micros, with_conn, with_pooled};
-use super::{Conn, Taken};
+use super::{Conn, Grant, Taken};
 use super::{Hold, Mode, ModeLock, Pool, RawLock, Setup};
 use crate::backend::holders::HolderMode;
 use crate::backend::{LockConnection, PurgeTable, Sql, Wait};
@@ -57,16 +57,22 @@ impl<C: LockConnection> LeaseLock<C> {
         retry: bool,
         place: i64,
         holder: Option<String>,
-        granted: bool,
+        granted: Option<Grant>,
     ) -> Result<Option<Taken>> {
         let holder = holder.unwrap_or_else(crate::random::holder_id);
-        if granted {
-            // A release gave this waiter's place the key: confirm within its deadline.
-            let sent = Instant::now();
-            return Ok(conn
-                .sql()
-                .lease_confirm(key, place, &holder, self.ttl_us)?
-                .map(|a| self.taken(key, holder, sent, a)));
+        if let Some(grant) = granted {
+            // A release gave this waiter's place the key, with the place's expiry as the
+            // lease's, the deadline to confirm by. A read tells what was given; the
+            // confirmation (the lease's own ttl, the place removed) is the heartbeat's first
+            // renewal, off the waiter's path, and a holder that releases before it is due
+            // never sends it (its release removes the place). `None`: the grant lapsed, or
+            // was taken away (a forced release).
+            return Ok(conn.sql().lease_granted(key, &holder)?.map(|a| {
+                let beat =
+                    self.heartbeat
+                        .register_granted(key, &holder, place, grant.renewed, grant.ttl);
+                self.hold(holder, beat, a, Some(place))
+            }));
         }
         let mut backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(16));
         let mut tries = 0;
@@ -127,9 +133,21 @@ impl<C: LockConnection> LeaseLock<C> {
         a: crate::backend::Acquired,
     ) -> Taken {
         let beat = self.heartbeat.register(key, &holder, sent);
+        self.hold(holder, beat, a, None)
+    }
+
+    /// The hold of a lease kept by `beat`; `granted`: the place a release granted it to.
+    fn hold(
+        &self,
+        holder: String,
+        beat: Beat,
+        a: crate::backend::Acquired,
+        granted: Option<i64>,
+    ) -> Taken {
         Taken {
             hold: Box::new(LeaseHold {
                 rows: Rows::Lease,
+                granted,
                 pool: self.pool.clone(),
                 holder,
                 beat: Some(beat),
@@ -211,10 +229,18 @@ enum Rows {
 }
 
 impl Rows {
-    fn release<C: LockConnection>(self, c: &mut C, key: &str, holder: &str) -> QueryResult<bool> {
-        match self {
-            Rows::Lease => c.sql().lease_release(key, holder),
-            Rows::Holder => c.sql().holders_release(key, holder),
+    /// `granted`: the place a release granted the lease to (see `LeaseHold::granted`).
+    fn release<C: LockConnection>(
+        self,
+        c: &mut C,
+        key: &str,
+        holder: &str,
+        granted: Option<i64>,
+    ) -> QueryResult<bool> {
+        match (self, granted) {
+            (Rows::Lease, Some(place)) => c.sql().lease_release_granted(key, holder, place),
+            (Rows::Lease, None) => c.sql().lease_release(key, holder),
+            (Rows::Holder, _) => c.sql().holders_release(key, holder),
         }
     }
 
@@ -230,6 +256,9 @@ impl Rows {
 /// with the heartbeat that renews it.
 struct LeaseHold<C: LockConnection> {
     rows: Rows,
+    /// The place of the key's line a release granted this lease to, if it came so: its
+    /// release removes the place, should the heartbeat not have confirmed the grant yet.
+    granted: Option<i64>,
     pool: Pool<C>,
     holder: String,
     /// `None` once released.
@@ -267,9 +296,9 @@ impl<C: LockConnection> Hold for LeaseHold<C> {
             // partition it could hang for a quarter of an hour), but a lease the database
             // still keeps for us (renewed just before the deadline) is freed if it can be.
             let (k, holder, rows) = (key.to_owned(), self.holder.clone(), self.rows);
-            let pool = self.pool.clone();
+            let (pool, granted) = (self.pool.clone(), self.granted);
             self.heartbeat.call(Box::new(move || {
-                if let Err(e) = with_conn(&pool, |c| rows.release(c, &k, &holder)) {
+                if let Err(e) = with_conn(&pool, |c| rows.release(c, &k, &holder, granted)) {
                     log::debug!("lock {k:?}: the release of the lost lease failed: {e}");
                 }
             }));
@@ -278,7 +307,7 @@ impl<C: LockConnection> Hold for LeaseHold<C> {
         // Inline, as a release is part of every lock cycle and a thread would cost as much
         // as the statement on SQLite; waiting for a connection is bounded by the deadline.
         match self.pool.get_timeout(pool_wait(&self.pool, until)) {
-            Ok(c) => with_pooled(c, |c| self.rows.release(c, key, &self.holder)),
+            Ok(c) => with_pooled(c, |c| self.rows.release(c, key, &self.holder, self.granted)),
             // None free before the deadline: the lease expires by itself.
             Err(_) if Instant::now() >= until => Ok(false),
             Err(e) => Err(e.into()),

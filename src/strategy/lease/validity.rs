@@ -65,6 +65,18 @@ impl Validity {
         }
     }
 
+    /// A lease a release granted to a waiter's place (`Heartbeat::register_granted`): it
+    /// expires with the place, whose last join or renewal was sent at `renewed` and which
+    /// lives `place_ttl` from then on the database clock, until the grant is confirmed (a
+    /// renewal: `renewed`, counted with `ttl`).
+    pub(crate) fn granted(renewed: Instant, place_ttl: Duration, ttl: Duration) -> Self {
+        let v = Self::new(renewed, place_ttl);
+        Validity {
+            validity: local_validity(ttl),
+            ..v
+        }
+    }
+
     /// The loss status of the guard, which this marks.
     pub(crate) fn loss(&self) -> Arc<Loss> {
         self.loss.clone()
@@ -145,6 +157,22 @@ mod tests {
         assert_eq!(v.deadline(), Some(later + local_validity(TTL)));
         assert!(v.renewed(sent));
         assert_eq!(v.deadline(), Some(later + local_validity(TTL)));
+    }
+
+    /// A granted lease counts as held until its place's expiry, and a confirmation (a
+    /// renewal) gives it the lease's own ttl.
+    #[test]
+    fn a_granted_lease_runs_to_its_place_expiry_until_confirmed() {
+        let renewed = Instant::now();
+        let place_ttl = Duration::from_secs(2);
+        let v = Validity::granted(renewed, place_ttl, TTL);
+        assert_eq!(v.deadline(), Some(renewed + local_validity(place_ttl)));
+        let sent = renewed + Duration::from_millis(100);
+        assert!(v.renewed(sent));
+        assert_eq!(v.deadline(), Some(sent + local_validity(TTL)));
+        // A place renewed a whole place ttl ago: its grant may have lapsed already.
+        let v = Validity::granted(ago(place_ttl), place_ttl, TTL);
+        assert!(v.is_lost());
     }
 
     #[test]

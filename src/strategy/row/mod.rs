@@ -155,7 +155,7 @@ impl<C: LockConnection> RowLock<C> {
     fn attempt(&self, conn: &mut Conn<C>, key: &str, retry: bool) -> Result<Option<Taken>> {
         self.forget_orphans(conn, key)?;
         let holder = conn.holder.clone().unwrap_or_else(crate::random::holder_id);
-        if conn.granted {
+        if conn.granted.is_some() {
             // A release gave this waiter's place the key: confirm within its deadline.
             let place = conn.place;
             return Ok(conn

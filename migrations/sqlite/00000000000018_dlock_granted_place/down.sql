@@ -1,0 +1,1 @@
+DROP TRIGGER IF EXISTS dlock_leases_granted_place;

@@ -278,3 +278,70 @@ fn mysql_stuck_purge_gate_costs_one_wait() {
         );
     }
 }
+
+/// An acquirer waiting for the purge gate never takes it (MariaDB): a `dlock run` of a held
+/// `ForUpdate` key, started while a stand-in for a purge batch holds the gate and stopped
+/// (SIGSTOP) during its wait, leaves the gate free once the batch lets go. It used to wait
+/// in `GET_LOCK(gate, 2)`, which the server granted to the stopped session at the batch's
+/// release: the gate stayed taken as long as the process was stopped, and `dlock purge`
+/// failed after a minute (found by the purge's adversary).
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_a_stopped_acquirer_keeps_no_purge_gate() {
+    use diesel::connection::SimpleConnection;
+    use diesel::{Connection, RunQueryDsl};
+    use nix::sys::signal::{kill, Signal};
+    let Some(h) = common::mysql() else {
+        return;
+    };
+    #[derive(diesel::QueryableByName)]
+    struct Free {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        free: i64,
+    }
+    let gate_free = |c: &mut diesel::MysqlConnection| {
+        diesel::sql_query(
+            "SELECT CAST(COALESCE(IS_FREE_LOCK(CONCAT('dlock_purge_gate:', MD5(DATABASE()))), 0) \
+             AS SIGNED) AS free",
+        )
+        .get_result::<Free>(c)
+        .unwrap()
+        .free
+    };
+    let locker = h.locker(Strategy::ForUpdate);
+    let key = unique_key("gate-stopped");
+    let held = locker.lock(&key).unwrap();
+    let mut batch = diesel::MysqlConnection::establish(&h.url).unwrap();
+    batch
+        .batch_execute("DO GET_LOCK(CONCAT('dlock_purge_gate:', MD5(DATABASE())), 0);")
+        .unwrap();
+    let mut acquirer = std::process::Command::new(env!("CARGO_BIN_EXE_dlock"))
+        .args([
+            "--url",
+            &h.url,
+            "run",
+            "--strategy",
+            "for-update",
+            "--key",
+            &key,
+        ])
+        .args(["--", "true"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = nix::unistd::Pid::from_raw(acquirer.id() as i32);
+    // Inside its wait for the gate (which lasts up to 2 s): the process has connected and
+    // found the key held by then.
+    std::thread::sleep(Duration::from_millis(700));
+    kill(pid, Signal::SIGSTOP).unwrap();
+    batch
+        .batch_execute("DO RELEASE_LOCK(CONCAT('dlock_purge_gate:', MD5(DATABASE())));")
+        .unwrap();
+    let mut probe = diesel::MysqlConnection::establish(&h.url).unwrap();
+    let free = gate_free(&mut probe);
+    kill(pid, Signal::SIGKILL).unwrap();
+    let _ = acquirer.wait();
+    assert_eq!(free, 1, "the stopped acquirer kept the purge gate");
+    drop(held);
+}

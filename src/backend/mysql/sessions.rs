@@ -214,6 +214,10 @@ pub(super) fn row_lock(
     }))
 }
 
+/// How long an acquisition waits for a purge's batch to let go of the purge gate
+/// (`for_update_present`).
+const GATE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl SessionLocks for MysqlConnection {
     fn is_lock_unavailable(&self, e: &diesel::result::Error) -> bool {
         lock_unavailable(e)
@@ -227,30 +231,39 @@ impl SessionLocks for MysqlConnection {
     fn for_update_present(&mut self, key: &str) -> QueryResult<bool> {
         // A purge's batch under way holds the gate until it has committed: wait for it (at
         // most 2 s) and try again. Free: the read below, a statement of its own (a read
-        // view of its own), tells whether the row is still there.
-        let free = stmt(concat!(
-            "SELECT CAST(COALESCE(IS_FREE_LOCK(",
-            super::purge_gate!(),
-            "), 0) AS SIGNED) AS one"
-        ))
-        .get_result::<One>(self)?
-        .one;
-        if free != 1 {
-            let got = stmt(concat!(
-                "SELECT CAST(COALESCE(GET_LOCK(",
+        // view of its own), tells whether the row is still there. The wait looks at the
+        // gate (`IS_FREE_LOCK`, every 1 ms growing to 50 ms) and never takes it: a named
+        // lock is the session's, so an acquirer stopped (SIGSTOP, a partition) right after
+        // its `GET_LOCK` was granted kept the gate for as long as it was stopped, and every
+        // purge and every busy try of a `ForUpdate` key with it (found by the purge's
+        // adversary: `dlock purge` failed after a minute, busy tries took 2 s).
+        let start = std::time::Instant::now();
+        let mut pause = std::time::Duration::from_millis(1);
+        let mut waited = false;
+        loop {
+            let free = stmt(concat!(
+                "SELECT CAST(COALESCE(IS_FREE_LOCK(",
                 super::purge_gate!(),
-                ", 2), 0) AS SIGNED) AS one"
+                "), 0) AS SIGNED) AS one"
             ))
             .get_result::<One>(self)?
             .one;
-            if got == 1 {
-                stmt(concat!("DO RELEASE_LOCK(", super::purge_gate!(), ")")).execute(self)?;
-                return Ok(false);
+            if free == 1 {
+                break;
             }
-            // Still held after 2 s (a purger stopped between taking the gate and its
-            // transaction, whose idle bound then ends nothing): busy for this attempt, not
-            // one more 2 s wait per retry.
-            return Ok(true);
+            if start.elapsed() >= GATE_WAIT {
+                // Still held after 2 s (a purger stopped between taking the gate and its
+                // transaction, whose idle bound then ends nothing): busy for this attempt,
+                // not one more 2 s wait per retry.
+                return Ok(true);
+            }
+            waited = true;
+            std::thread::sleep(pause.min(GATE_WAIT.saturating_sub(start.elapsed())));
+            pause = (pause * 2).min(std::time::Duration::from_millis(50));
+        }
+        if waited {
+            // The gate was held and is free now: the purge's batch has committed; try again.
+            return Ok(false);
         }
         exists(
             stmt("SELECT CAST(1 AS SIGNED) AS one FROM dlock_for_update WHERE lock_key = ?")

@@ -13,7 +13,7 @@
 //! of this process and of the server's sessions of this database (PostgreSQL: the backend
 //! processes `pg_stat_activity` lists for the database; MariaDB: the threads
 //! `information_schema.PROCESSLIST.TID` lists for it, read in `/proc/<mariadbd>/task`), the
-//! process's threads. Resident memory and the pool's connections (checked out / open) while
+//! process's threads and the pool's connections (checked out, open). Resident memory while
 //! all N are held. A `Row` key force-released among the N: time until its watch says
 //! `Lost`. A child process holding N locks the same way, SIGKILLed: time until all N are
 //! free.
@@ -170,6 +170,9 @@ struct Window {
     cpu_pct: f64,
     server_cpu_pct: Option<f64>,
     threads: u64,
+    /// The pool's connections checked out and open at the window's end.
+    in_use: u32,
+    open: u32,
 }
 
 fn window(a: &Args) -> Window {
@@ -188,6 +191,8 @@ fn window(a: &Args) -> Window {
         spent as f64 / 100.0 / took * 100.0
     });
     Window {
+        in_use: 0,
+        open: 0,
         statements_s: (s1 - s0) as f64 / took,
         commits_s: k0.zip(k1).map(|(k0, k1)| (k1 - k0) as f64 / took),
         cpu_pct: (c1 - c0) / took * 100.0,
@@ -202,8 +207,6 @@ struct Held {
     n: usize,
     pool: u32,
     acquire: Duration,
-    in_use: u32,
-    open: u32,
     rss_mb: f64,
     bare: Window,
     watched: Window,
@@ -234,18 +237,18 @@ fn measure(a: &Args, name: &'static str, n: usize, pool: u32) -> Held {
         cpu_pct: f[i + 2].unwrap(),
         server_cpu_pct: f[i + 3],
         threads: f[i + 4].unwrap() as u64,
+        in_use: f[i + 5].unwrap() as u32,
+        open: f[i + 6].unwrap() as u32,
     };
     Held {
         strategy: name,
         n,
         pool,
         acquire: Duration::from_secs_f64(f[0].unwrap()),
-        in_use: f[1].unwrap() as u32,
-        open: f[2].unwrap() as u32,
-        rss_mb: f[3].unwrap(),
-        bare: w(4),
+        rss_mb: f[1].unwrap(),
+        bare: w(2),
         watched: w(9),
-        told: f[14].map(Duration::from_secs_f64),
+        told: f[16].map(Duration::from_secs_f64),
         thread_names: names.trim().to_string(),
         // The Advisory part above measures its SIGKILL (pg_locks / IS_USED_LOCK, all 10⁴).
         freed: if name == "advisory" {
@@ -270,19 +273,19 @@ pub(crate) fn measure_child(a: &Args, spec: &str) {
     let o = |v: Option<f64>| v.map_or("-".into(), |v| v.to_string());
     let w = |w: &Window| {
         format!(
-            "{} {} {} {} {}",
+            "{} {} {} {} {} {} {}",
             w.statements_s,
             o(w.commits_s),
             w.cpu_pct,
             o(w.server_cpu_pct),
-            w.threads
+            w.threads,
+            w.in_use,
+            w.open
         )
     };
     println!(
-        "{} {} {} {} {} {} {} | {}",
+        "{} {} {} {} {} | {}",
         h.acquire.as_secs_f64(),
-        h.in_use,
-        h.open,
         h.rss_mb,
         w(&h.bare),
         w(&h.watched),
@@ -300,13 +303,18 @@ fn hold(a: &Args, name: &'static str, n: usize, pool: u32) -> Held {
         .map(|i| l.lock(&format!("{prefix}-{i}")).unwrap())
         .collect();
     let acquire = start.elapsed();
-    let state = l.pool().state();
     let rss_mb = status("VmRSS:") as f64 / 1024.0;
+    let with_pool = |mut w: Window| {
+        let state = l.pool().state();
+        w.in_use = state.connections - state.idle_connections;
+        w.open = state.connections;
+        w
+    };
     std::thread::sleep(SETTLE);
-    let bare = window(a);
+    let bare = with_pool(window(a));
     let watches: Vec<_> = guards.iter().map(|g| g.loss_watch()).collect();
     std::thread::sleep(SETTLE);
-    let watched = window(a);
+    let watched = with_pool(window(a));
     let thread_names = thread_names();
     // A Row key deleted behind the holder's back: told at the watcher's next probe of it.
     let told = (name == "row").then(|| {
@@ -340,8 +348,6 @@ fn hold(a: &Args, name: &'static str, n: usize, pool: u32) -> Held {
         n,
         pool,
         acquire,
-        in_use: state.connections - state.idle_connections,
-        open: state.connections,
         rss_mb,
         bare,
         watched,
@@ -557,20 +563,22 @@ pub(crate) fn report(a: &Args) -> String {
     );
     let _ = writeln!(
         s,
-        "Each pair is *without watch / with a loss watch on each guard*; the connections are the pool's right after all N were taken.\n\n\
-         | strategy | N | pool | acquire all | connections checked out / open | threads | RSS MB | statements/s | server commits/s | holder CPU % | server CPU % | Row key deleted: told after | all free after SIGKILL |\n\
-         |---|---:|---:|---:|---|---|---:|---|---|---|---|---:|---|"
+        "Each pair is *without watch / with a loss watch on each guard*; connections: the pool's at each window's end.\n\n\
+         | strategy | N | pool | acquire all | connections open | connections checked out | threads | RSS MB | statements/s | server commits/s | holder CPU % | server CPU % | Row key deleted: told after | all free after SIGKILL |\n\
+         |---|---:|---:|---:|---|---|---|---:|---|---|---|---|---:|---|"
     );
     for r in &rows {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {:.2} s | {} / {} | {} / {} | {:.1} | {:.1} / {:.1} | {} / {} | {:.2} / {:.2} | {} / {} | {} | {} |",
+            "| {} | {} | {} | {:.2} s | {} / {} | {} / {} | {} / {} | {:.1} | {:.1} / {:.1} | {} / {} | {:.2} / {:.2} | {} / {} | {} | {} |",
             r.strategy,
             r.n,
             r.pool,
             r.acquire.as_secs_f64(),
-            r.in_use,
-            r.open,
+            r.bare.open,
+            r.watched.open,
+            r.bare.in_use,
+            r.watched.in_use,
             r.bare.threads,
             r.watched.threads,
             r.rss_mb,
@@ -623,12 +631,13 @@ pub(crate) fn report(a: &Args) -> String {
         if let Some((x, y)) = pair {
             let _ = writeln!(
                 s,
-                "- `{name}`, N = {} over N = {}: statements/s {} / {} (without / with watch), connections open {}, threads {} / {}, holder CPU {} / {}.",
+                "- `{name}`, N = {} over N = {}: statements/s {} / {} (without / with watch), connections open {} / {}, threads {} / {}, holder CPU {} / {}.",
                 y.n,
                 x.n,
                 ratio(x.bare.statements_s, y.bare.statements_s),
                 ratio(x.watched.statements_s, y.watched.statements_s),
-                ratio(x.open as f64, y.open as f64),
+                ratio(x.bare.open as f64, y.bare.open as f64),
+                ratio(x.watched.open as f64, y.watched.open as f64),
                 ratio(x.bare.threads as f64, y.bare.threads as f64),
                 ratio(x.watched.threads as f64, y.watched.threads as f64),
                 ratio(x.bare.cpu_pct, y.bare.cpu_pct),

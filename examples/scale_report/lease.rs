@@ -2,7 +2,9 @@
 //! each guard. Per N: time to acquire all N one after another; then, over two renewal
 //! intervals, the process's threads, resident memory, CPU (utime + stime, all of it spent
 //! renewing and watching: nothing else runs), renewal statements per second (counted by the
-//! library: a batch counts once) and, on PostgreSQL, the database's commits per second
+//! library: a batch counts once), every statement the process sent per second (the others
+//! part's count: `BEGIN`, `COMMIT` and r2d2's checkout ping included), the pool's
+//! connections checked out and open, and, on PostgreSQL, the database's commits per second
 //! (`pg_stat_database.xact_commit`); how soon a key taken over by force is told; and, for
 //! a child process holding N watched leases that is SIGKILLed, the time until all N are free.
 //! With `--kind read`, N readers (one per key) instead of N exclusive leases.
@@ -35,7 +37,7 @@ fn locker(url: &str, ttl: Duration) -> Locker<AnyConnection> {
 }
 
 /// A line of /proc/self/status, its first number (kB for memory).
-fn status(field: &str) -> u64 {
+pub(crate) fn status(field: &str) -> u64 {
     let s = std::fs::read_to_string("/proc/self/status").unwrap();
     s.lines()
         .find(|l| l.starts_with(field))
@@ -45,7 +47,7 @@ fn status(field: &str) -> u64 {
 }
 
 /// utime + stime of this process, in seconds (clock ticks of 1/100 s).
-fn cpu() -> f64 {
+pub(crate) fn cpu() -> f64 {
     let s = std::fs::read_to_string("/proc/self/stat").unwrap();
     let after = &s[s.rfind(')').unwrap() + 2..];
     let f: Vec<&str> = after.split_whitespace().collect();
@@ -54,7 +56,7 @@ fn cpu() -> f64 {
 }
 
 /// The database's commits so far (PostgreSQL), for commits per second.
-fn server_commits(a: &Args) -> Option<i64> {
+pub(crate) fn server_commits(a: &Args) -> Option<i64> {
     #[cfg(feature = "postgres")]
     if a.backend == "pg" {
         use diesel::{Connection, QueryableByName, RunQueryDsl};
@@ -85,6 +87,10 @@ struct Row {
     commits_s: Option<f64>,
     told: Duration,
     freed: Duration,
+    /// Every statement the process sent, per second (the others part's count).
+    all_s: f64,
+    /// The pool's connections checked out and open, after the window.
+    connections: (u32, u32),
 }
 
 fn measure(a: &Args, n: usize) -> Row {
@@ -99,6 +105,7 @@ fn measure(a: &Args, n: usize) -> Row {
     let watches: Vec<_> = guards.iter().map(|g| g.loss_watch()).collect();
     // One interval for the renewals of keys taken at different times to come together.
     std::thread::sleep(interval);
+    let all0 = crate::others::statements();
     let (s0, c0, k0, t0) = (
         diesel_lock::__renewal_statements(),
         cpu(),
@@ -108,12 +115,14 @@ fn measure(a: &Args, n: usize) -> Row {
     std::thread::sleep(interval * 2);
     let took = t0.elapsed().as_secs_f64();
     let statements_s = (diesel_lock::__renewal_statements() - s0) as f64 / took;
+    let all_s = (crate::others::statements() - all0) as f64 / took;
     let cpu_pct = (cpu() - c0) / took * 100.0;
     let commits_s = k0
         .zip(server_commits(a))
         .map(|(k0, k1)| (k1 - k0) as f64 / took);
     let threads = status("Threads:");
     let rss_mb = status("VmRSS:") as f64 / 1024.0;
+    let pool = l.pool().state();
     // A key taken over by force: told at the next renewal.
     let victim = n / 2;
     let mut conn = l.pool().get().unwrap();
@@ -141,6 +150,8 @@ fn measure(a: &Args, n: usize) -> Row {
         commits_s,
         told,
         freed,
+        all_s,
+        connections: (pool.connections - pool.idle_connections, pool.connections),
     }
 }
 
@@ -214,19 +225,22 @@ pub(crate) fn report(a: &Args) -> String {
     );
     let _ = writeln!(
         s,
-        "| N | acquire all | threads | RSS MB | CPU % of a core | renewal statements/s | server commits/s | forced takeover told after | all free after SIGKILL |"
+        "| N | acquire all | connections checked out / open | threads | RSS MB | CPU % of a core | renewal statements/s | all statements/s | server commits/s | forced takeover told after | all free after SIGKILL |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         let _ = writeln!(
             s,
-            "| {} | {:.2} s | {} | {:.1} | {:.2} | {:.2} | {} | {:.2} s | {:.2} s |",
+            "| {} | {:.2} s | {} / {} | {} | {:.1} | {:.2} | {:.2} | {:.2} | {} | {:.2} s | {:.2} s |",
             r.n,
             r.acquire.as_secs_f64(),
+            r.connections.0,
+            r.connections.1,
             r.threads,
             r.rss_mb,
             r.cpu_pct,
             r.statements_s,
+            r.all_s,
             r.commits_s.map_or("–".into(), |c| format!("{c:.1}")),
             r.told.as_secs_f64(),
             r.freed.as_secs_f64()
@@ -245,8 +259,10 @@ pub(crate) fn report(a: &Args) -> String {
         };
         let _ = writeln!(
             s,
-            "\nN = 10⁴ over N = 10³: renewal statements/s ×{}, threads ×{}, CPU ×{}, RSS ×{}.",
+            "\nN = 10⁴ over N = 10³: renewal statements/s ×{}, all statements/s ×{}, connections open ×{}, threads ×{}, CPU ×{}, RSS ×{}.",
             ratio(small.statements_s, big.statements_s),
+            ratio(small.all_s, big.all_s),
+            ratio(small.connections.1 as f64, big.connections.1 as f64),
             ratio(small.threads as f64, big.threads as f64),
             ratio(small.cpu_pct, big.cpu_pct),
             ratio(small.rss_mb, big.rss_mb),

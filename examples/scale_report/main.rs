@@ -1,7 +1,9 @@
 //! The scale report (issue 25): what it costs one process to hold many locks, and how the
 //! cost grows with their number. A thin dispatcher; each part is a module of its own
 //! (`lease.rs`: `Lease` locks with a loss watch on each guard; `advisory.rs`: `Advisory`
-//! locks on the shared sessions, PostgreSQL and MariaDB at once, `--part advisory`).
+//! locks on the shared sessions, PostgreSQL and MariaDB at once, `--part advisory`;
+//! `others.rs`: `Row`, `ForUpdate` and `AdvisoryXact`, and what each backend refuses,
+//! `--part others`, each N measured in a child process of its own).
 //!
 //! ```text
 //! cargo run --release --all-features --example scale_report -- \
@@ -9,11 +11,14 @@
 //!     [--out docs/scale.md]
 //! ```
 //! `--backend` is `sqlite` (`--url` a file path), `pg` or `mysql`. `--kind read`: the lease
-//! part holds N readers (`Locker::read`, one per key) instead of N exclusive leases. The markdown table goes to
-//! stdout, or is appended to `--out`.
+//! part holds N readers (`Locker::read`, one per key) instead of N exclusive leases.
+//! `--part others` takes `--backend`, `--url` and `--n` (the `Row` sizes; `ForUpdate` and
+//! `AdvisoryXact` are measured at fixed sizes on a pool of their size). The markdown table
+//! goes to stdout, or is appended to `--out`.
 
 mod advisory;
 mod lease;
+mod others;
 
 use std::time::Duration;
 
@@ -79,8 +84,16 @@ fn main() {
     if let Ok(spec) = std::env::var("DLOCK_SCALE_CHILD") {
         return lease::child(&spec);
     }
+    // Every connection opened from here on counts its statements (the others part).
+    others::count_statements();
+    if let Ok(spec) = std::env::var("DLOCK_SCALE_OTHERS_CHILD") {
+        return others::child(&spec);
+    }
     advisory::child_if_asked();
     let a = args();
+    if let Ok(spec) = std::env::var("DLOCK_SCALE_OTHERS_MEASURE") {
+        return others::measure_child(&a, &spec);
+    }
     let report = match a.part.as_str() {
         "lease" => lease::report(&a),
         // The Advisory part takes its URLs from DLOCK_TEST_PG_URL / DLOCK_TEST_MYSQL_URL.
@@ -88,6 +101,7 @@ fn main() {
             std::env::var("DLOCK_TEST_PG_URL").ok().as_deref(),
             std::env::var("DLOCK_TEST_MYSQL_URL").ok().as_deref(),
         ),
+        "others" => others::report(&a),
         other => panic!("unknown part {other}"),
     };
     match &a.out {

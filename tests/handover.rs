@@ -510,6 +510,79 @@ fn unconfirmed_grant_is_lost_with_its_place(backend: &str) {
     diesel_lock::__test_hooks::clear(&key);
 }
 
+/// Expires `key`'s lease at once, as if its holder had been stopped past its ttl (a test
+/// connection of its own writes the database's own expiry).
+fn expire_lease(backend: &str, url: &str, key: &str) {
+    use diesel::sql_types::Text;
+    use diesel::{Connection, RunQueryDsl};
+    let n = match backend {
+        "sqlite" => diesel::sql_query(
+            "UPDATE dlock_leases SET expires_at = strftime('%Y-%m-%d %H:%M:%f', 'now', '-1 seconds') \
+             WHERE lock_key = ?",
+        )
+        .bind::<Text, _>(key)
+        .execute(&mut diesel::SqliteConnection::establish(url).unwrap()),
+        "mysql" => diesel::sql_query(
+            "UPDATE dlock_leases SET expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND \
+             WHERE lock_key = ?",
+        )
+        .bind::<Text, _>(key)
+        .execute(&mut diesel::MysqlConnection::establish(url).unwrap()),
+        _ => diesel::sql_query(
+            "UPDATE dlock_leases SET expires_at = now() - interval '1 second' WHERE lock_key = $1",
+        )
+        .bind::<Text, _>(key)
+        .execute(&mut diesel::PgConnection::establish(url.split('?').next().unwrap()).unwrap()),
+    };
+    assert_eq!(n.unwrap(), 1);
+}
+
+/// A holder whose lease expired (stopped past its ttl) while a reader came in, and a writer
+/// then lined up behind the reader: the old holder's release hands the writer nothing while
+/// the reader holds (it matched the holder id only, and let the writer in beside the reader;
+/// found by the hand-over's adversary). The writer gets the key once the reader is gone.
+fn expired_release_lets_no_writer_past_readers(backend: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(url) = url(backend, &dir) else {
+        return;
+    };
+    let a = locker(&url, "lease", "expired-a");
+    a.migrate().unwrap();
+    let r = locker(&url, "lease", "reader-r");
+    let w = locker(&url, "lease", "writer-w");
+    let admin_pool = connect(&url).unwrap();
+    let key = common::unique_key("handover-expired");
+    let g = a.lock(&key).unwrap();
+    expire_lease(backend, &url, &key);
+    let reader = r
+        .try_read(&key)
+        .unwrap()
+        .expect("a reader of an expired lease");
+    let (got_tx, got_rx) = mpsc::channel();
+    let writer = {
+        let (w, key) = (w.clone(), key.clone());
+        std::thread::spawn(move || {
+            let g = w.lock(&key).unwrap();
+            got_tx.send(Instant::now()).unwrap();
+            g.release().unwrap();
+        })
+    };
+    until_waiting(&admin_pool, &key, 1);
+    // The expired holder releases (its guard may know it lost the lease already: then the
+    // release runs on its heartbeat thread).
+    drop(g);
+    assert!(
+        got_rx.recv_timeout(Duration::from_millis(1500)).is_err(),
+        "the writer got the key while the reader held it"
+    );
+    reader.check().unwrap();
+    let released = Instant::now();
+    drop(reader);
+    let got = got_rx.recv_timeout(Duration::from_secs(20)).unwrap();
+    assert!(got >= released);
+    writer.join().unwrap();
+}
+
 macro_rules! lease_grant_suite {
     ($($name:ident: $backend:literal;)+) => {$(
         mod $name {
@@ -524,6 +597,10 @@ macro_rules! lease_grant_suite {
             #[test]
             fn unconfirmed_grant_is_lost_with_its_place() {
                 super::unconfirmed_grant_is_lost_with_its_place($backend);
+            }
+            #[test]
+            fn expired_release_lets_no_writer_past_readers() {
+                super::expired_release_lets_no_writer_past_readers($backend);
             }
         }
     )+};

@@ -250,6 +250,7 @@ fn release_or_grant(
                 break;
             }
             Err(Passed::Gone) => after = w.id,
+            Err(Passed::Shared) => break,
             Err(Passed::Failed(e)) => return Err(e),
         }
     }
@@ -734,6 +735,9 @@ use confirmed;
 /// failed.
 enum Passed {
     Gone,
+    /// The releaser's lease had expired and readers or permits hold the key: the plain
+    /// release only, no waiter is let in beside them.
+    Shared,
     Failed(diesel::result::Error),
 }
 
@@ -760,6 +764,7 @@ const LEASE_GRANT: &str = concat!(
     "), l.acquired_at = UTC_TIMESTAMP(6), l.expires_at = w.expires_at, \
          w.granted_at = UTC_TIMESTAMP(6) \
      WHERE l.lock_key = ? AND l.holder_id = ? \
+       AND (l.shared_until IS NULL OR l.shared_until <= UTC_TIMESTAMP(6)) \
        AND w.id = ? AND w.lock_key = l.lock_key AND w.granted_at IS NULL \
        AND w.expires_at > UTC_TIMESTAMP(6) AND w.holder IS NOT NULL"
 );
@@ -811,20 +816,20 @@ fn grant_lease(
     if n > 0 {
         return Ok(true);
     }
-    let still_ours = exists(
-        stmt(
-            "SELECT CAST(1 AS SIGNED) AS one FROM dlock_leases \
-             WHERE lock_key = ? AND holder_id = ?",
-        )
-        .bind::<Text, _>(key)
-        .bind::<Text, _>(holder)
-        .get_result::<One>(c)
-        .optional(),
-    )?;
-    if still_ours {
-        Err(Passed::Gone)
-    } else {
-        Ok(false)
+    // Still ours: 1, with readers or permits live on the key (its lease expired, and they
+    // came in: no hand-over past them), 2.
+    let still_ours = stmt(
+        "SELECT CAST(1 + COALESCE(shared_until > UTC_TIMESTAMP(6), 0) AS SIGNED) AS one \
+         FROM dlock_leases WHERE lock_key = ? AND holder_id = ?",
+    )
+    .bind::<Text, _>(key)
+    .bind::<Text, _>(holder)
+    .get_result::<One>(c)
+    .optional()?;
+    match still_ours.map(|r| r.one) {
+        Some(2) => Err(Passed::Shared),
+        Some(_) => Err(Passed::Gone),
+        None => Ok(false),
     }
 }
 

@@ -166,6 +166,16 @@ const LEASE_ACQUIRE_IN_LINE: &str = concat!(
      UNION ALL SELECT 0::int8 AS id, token, acquired_at FROM i"
 );
 
+/// Whether `LEASE_RELEASE` hands the lease to the first place `w`: there is one, and no
+/// reader or permit holds the key (`shared_until`, on the lease's row as locked and re-read
+/// by the UPDATE: a releaser whose lease expired while readers came in lets no writer in
+/// beside them; found by the hand-over's adversary).
+macro_rules! handing {
+    () => {
+        "(w.id IS NOT NULL AND (l.shared_until IS NULL OR l.shared_until <= now()))"
+    };
+}
+
 /// `lease_release`, and the hand-over as `ROW_RELEASE`'s: with a live place waiting, the
 /// lease goes to the first (`u`: its owner and holder id, the next token, the time, and the
 /// place's expiry as the lease's, the deadline to confirm by), which is marked granted and
@@ -179,12 +189,14 @@ const LEASE_ACQUIRE_IN_LINE: &str = concat!(
 /// hand-over run.)
 pub const LEASE_RELEASE: &str = concat!(
     "WITH w AS MATERIALIZED (", first_place!("?"), "), \
-     u AS (UPDATE dlock_leases l SET owner = COALESCE(w.owner, l.owner), holder_id = w.holder, \
-             token = CASE WHEN w.id IS NULL THEN l.token ELSE ", pg_next_token!("l.token"), " END, \
-             acquired_at = CASE WHEN w.id IS NULL THEN l.acquired_at ELSE clock_timestamp() END, \
-             expires_at = w.expires_at \
+     u AS (UPDATE dlock_leases l SET owner = CASE WHEN ", handing!(), " THEN w.owner ELSE l.owner END, \
+             holder_id = CASE WHEN ", handing!(), " THEN w.holder END, \
+             token = CASE WHEN ", handing!(), " THEN ", pg_next_token!("l.token"), " ELSE l.token END, \
+             acquired_at = CASE WHEN ", handing!(), " THEN clock_timestamp() ELSE l.acquired_at END, \
+             expires_at = CASE WHEN ", handing!(), " THEN w.expires_at END \
            FROM (SELECT 1) o LEFT JOIN w ON true \
-           WHERE l.lock_key = ? AND l.holder_id = ? RETURNING l.lock_key, w.id AS wid), \
+           WHERE l.lock_key = ? AND l.holder_id = ? \
+           RETURNING l.lock_key, CASE WHEN ", handing!(), " THEN w.id END AS wid), \
      m AS (UPDATE dlock_waiters SET granted_at = clock_timestamp() FROM u \
            WHERE dlock_waiters.id = u.wid RETURNING dlock_waiters.channel, dlock_waiters.lock_key), \
      n AS (SELECT pg_notify(channel, lock_key) FROM m WHERE channel IS NOT NULL), \

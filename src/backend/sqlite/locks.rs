@@ -450,7 +450,9 @@ fn lease_hand_over(c: &mut SqliteConnection, key: &str, holder: &str) -> QueryRe
         let n = stmt(
             "UPDATE dlock_leases SET owner = ?, holder_id = ?, token = token + 1, \
                    acquired_at = strftime('%Y-%m-%d %H:%M:%f', 'now'), expires_at = ? \
-                 WHERE lock_key = ? AND holder_id = ?",
+                 WHERE lock_key = ? AND holder_id = ? \
+                   AND (shared_until IS NULL \
+                        OR shared_until <= strftime('%Y-%m-%d %H:%M:%f', 'now'))",
         )
         .bind::<Text, _>(&w.owner)
         .bind::<Text, _>(&w.holder)
@@ -462,7 +464,14 @@ fn lease_hand_over(c: &mut SqliteConnection, key: &str, holder: &str) -> QueryRe
             grant(c, w.id)?;
             return Ok((true, Some(w)));
         }
-        Ok((false, None))
+        // Not ours any more; or ours, expired, with readers or permits come in since: no
+        // writer is let in beside them, the plain release only (found by the hand-over's
+        // adversary).
+        stmt(shared::LEASE_RELEASE)
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(holder)
+            .execute(c)
+            .map(|n| (n == 1, None))
     })?;
     Ok(rung(granted))
 }

@@ -599,7 +599,14 @@ pub(crate) mod sealed {
         /// batch under way to end (bounded), then reads whether the row is still there.
         /// True: the row is there and no purge was deleting it, so a holder has it (busy);
         /// false: the row is gone or a purge was under way, and the caller tries again.
-        fn for_update_present(&mut self, key: &str) -> QueryResult<bool>;
+        /// `patience`: how long it may wait for the batch (what is left of the attempt's
+        /// one budget for such waits, `for_update::rows`); none left, a batch under way
+        /// makes the key busy at once.
+        fn for_update_present(
+            &mut self,
+            key: &str,
+            patience: std::time::Duration,
+        ) -> QueryResult<bool>;
         /// ForUpdate, inside the transaction the caller opened: locks the key's row, waiting
         /// as `wait` says, and draws a token from a source that a rollback does not undo (a
         /// token drawn by a holder that then died must never be issued again). A busy row is

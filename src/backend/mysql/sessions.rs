@@ -214,10 +214,6 @@ pub(super) fn row_lock(
     }))
 }
 
-/// How long an acquisition waits for a purge's batch to let go of the purge gate
-/// (`for_update_present`).
-const GATE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
-
 impl SessionLocks for MysqlConnection {
     fn is_lock_unavailable(&self, e: &diesel::result::Error) -> bool {
         lock_unavailable(e)
@@ -228,9 +224,13 @@ impl SessionLocks for MysqlConnection {
             .execute(self)
             .map(drop)
     }
-    fn for_update_present(&mut self, key: &str) -> QueryResult<bool> {
+    fn for_update_present(
+        &mut self,
+        key: &str,
+        patience: std::time::Duration,
+    ) -> QueryResult<bool> {
         // A purge's batch under way holds the gate until it has committed: wait for it (at
-        // most 2 s) and try again. Free: the read below, a statement of its own (a read
+        // most `patience`) and try again. Free: the read below, a statement of its own (a read
         // view of its own), tells whether the row is still there. The wait looks at the
         // gate (`IS_FREE_LOCK`, every 1 ms growing to 50 ms) and never takes it: a named
         // lock is the session's, so an acquirer stopped (SIGSTOP, a partition) right after
@@ -251,14 +251,14 @@ impl SessionLocks for MysqlConnection {
             if free == 1 {
                 break;
             }
-            if start.elapsed() >= GATE_WAIT {
+            if start.elapsed() >= patience {
                 // Still held after 2 s (a purger stopped between taking the gate and its
                 // transaction, whose idle bound then ends nothing): busy for this attempt,
                 // not one more 2 s wait per retry.
                 return Ok(true);
             }
             waited = true;
-            std::thread::sleep(pause.min(GATE_WAIT.saturating_sub(start.elapsed())));
+            std::thread::sleep(pause.min(patience.saturating_sub(start.elapsed())));
             pause = (pause * 2).min(std::time::Duration::from_millis(50));
         }
         if waited {

@@ -238,15 +238,22 @@ impl SessionLocks for PgConnection {
         .execute(self)
         .map(drop)
     }
-    fn for_update_present(&mut self, key: &str) -> QueryResult<bool> {
-        // Waits (at most 2 s) for a purge's batch under way: it holds the gate until it
-        // commits, and the lock is released only once its deletes are visible; still held
-        // after that, the row counts as present (busy). Two
-        // statements: the read below must take its snapshot after the wait.
+    fn for_update_present(
+        &mut self,
+        key: &str,
+        patience: std::time::Duration,
+    ) -> QueryResult<bool> {
+        // Waits (at most `patience`, 1 ms at least: a lock_timeout of 0 would wait for
+        // ever) for a purge's batch under way: it holds the gate until it commits, and the
+        // lock is released only once its deletes are visible; still held after that, the
+        // row counts as present (busy). Two statements: the read below must take its
+        // snapshot after the wait.
+        let ms = patience.as_millis().clamp(1, 60_000).to_string();
         let waited = stmt(
-            "SELECT CASE WHEN set_config('lock_timeout', '2000', true) IS NOT NULL \
+            "SELECT CASE WHEN set_config('lock_timeout', ?, true) IS NOT NULL \
              THEN pg_advisory_xact_lock_shared(?, ?)::text END AS s",
         )
+        .bind::<Text, _>(ms)
         .bind::<diesel::sql_types::Integer, _>(super::PURGE_GATE.0)
         .bind::<diesel::sql_types::Integer, _>(super::PURGE_GATE.1)
         .execute(self);

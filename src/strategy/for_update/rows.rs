@@ -11,7 +11,7 @@ use crate::strategy::{Conn, Hold, Taken};
 use crate::Result;
 use diesel::connection::{Connection, TransactionManager};
 use diesel::QueryResult;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 type Tm<C> = <C as Connection>::TransactionManager;
 
@@ -53,6 +53,14 @@ impl<C: LockConnection> Hold for ForShareHold<C> {
 /// with any grace beyond a round trip the first retry wins.
 const ROW_TRIES: usize = 16;
 
+/// How long one attempt waits, in all, for purge batches to let go of the purge gate
+/// (`SessionLocks::for_update_present`): one budget across its retries, so that a long
+/// purge, whose batches take the gate again one round trip after each other, costs a busy
+/// try at most this long (not this long per retry: on MariaDB, where a waiter looks at the
+/// gate now and then, tries of held keys took up to 6 s during a purge of 10⁵ rows, found
+/// by the purge-gate fix's adversary).
+const GATE_PATIENCE: Duration = Duration::from_secs(2);
+
 /// How many times a token that may not go out yet is made safe (a new life of the
 /// server, or a bound to raise) before giving up.
 const FENCE_TRIES: usize = 4;
@@ -90,6 +98,7 @@ pub(crate) fn row_lock<C: LockConnection>(
         _ => wait,
     };
     let (mut tries, mut fences) = (0, 0);
+    let gate_until = Instant::now() + GATE_PATIENCE;
     loop {
         let Some(locked) = session::lock_in_txn(conn, |c| lock(c, left()))? else {
             return Ok(None); // cancelled before it could wait
@@ -130,7 +139,8 @@ pub(crate) fn row_lock<C: LockConnection>(
                 }
                 // Locked: by a holder, or by a purge deleting the row?
                 tries += 1;
-                if tries > ROW_TRIES || conn.session_sql()?.for_update_present(key)? {
+                let patience = gate_until.saturating_duration_since(Instant::now());
+                if tries > ROW_TRIES || conn.session_sql()?.for_update_present(key, patience)? {
                     return Ok(None);
                 }
             }

@@ -137,7 +137,34 @@ fn processes(url: &str, s: &str) -> (f64, f64) {
     summary(&counts, WINDOW)
 }
 
+/// `DLOCK_QUERY_PROFILE=DIR`: every child counts the statements its connections run (by
+/// their text's start) and writes the counts to a file of its own in DIR once done: what a
+/// hand-over costs, statement by statement (divide by the hand-overs of the run).
+static QUERIES: std::sync::Mutex<Option<std::collections::BTreeMap<String, u64>>> =
+    std::sync::Mutex::new(None);
+
+fn count_queries() -> Option<Box<dyn diesel::connection::Instrumentation>> {
+    Some(Box::new(
+        |event: diesel::connection::InstrumentationEvent<'_>| {
+            if let diesel::connection::InstrumentationEvent::StartQuery { query, .. } = event {
+                let text = query.to_string();
+                let text = text.split("-- binds").next().unwrap_or("");
+                let text: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+                let text: String = text.chars().take(90).collect();
+                let mut q = QUERIES.lock().unwrap();
+                *q.get_or_insert_with(Default::default)
+                    .entry(text)
+                    .or_default() += 1;
+            }
+        },
+    ))
+}
+
 fn child(url: &str, s: &str, key: &str, go: &str) {
+    let profile = std::env::var("DLOCK_QUERY_PROFILE").ok();
+    if profile.is_some() {
+        diesel::connection::set_default_instrumentation(count_queries).unwrap();
+    }
     let l = locker(url, s);
     drop(l.lock(key).unwrap());
     println!("READY");
@@ -150,7 +177,16 @@ fn child(url: &str, s: &str, key: &str, go: &str) {
         std::thread::sleep(WINDOW);
         s2.store(true, Ordering::Relaxed);
     });
-    println!("{}", cycle(&l, key, &stop));
+    let n = cycle(&l, key, &stop);
+    if let Some(dir) = profile {
+        let q = QUERIES.lock().unwrap().take().unwrap_or_default();
+        let mut out = format!("acquisitions {n}\n");
+        for (text, count) in q {
+            out.push_str(&format!("{count}\t{text}\n"));
+        }
+        std::fs::write(format!("{dir}/{}.txt", std::process::id()), out).unwrap();
+    }
+    println!("{n}");
 }
 
 /// PostgreSQL: notifications per release while 8 `Locker`s contend (threads).

@@ -267,6 +267,17 @@ impl<'a, C: LockConnection> Place<'a, C> {
         pause.clamp(floor, max.max(floor))
     }
 
+    /// No place below `floor` lives again (one an earlier place of this `Locker` saw): the
+    /// looks count from there.
+    pub(super) fn start_at(&mut self, floor: i64) {
+        self.floor = self.floor.max(floor);
+    }
+
+    /// The floor the last look saw (see `Spot::floor`).
+    pub(super) fn floor(&self) -> i64 {
+        self.floor
+    }
+
     /// A reader's or permit's try within reach found the key busy.
     pub(super) fn busy(&mut self) {
         self.busy = self.busy.saturating_add(1);

@@ -20,7 +20,16 @@ pub(crate) struct Queues {
     /// INSERT, which on MySQL would take the key ahead of the line and give it back, and on
     /// SQLite queue for the write lock. Pruned as it grows.
     contended: Mutex<HashMap<String, Instant>>,
+    /// Per key, the highest `Spot::floor` a look of this `Locker` saw lately (and when):
+    /// no place of the key below it lives again, so a new place starts its counts there
+    /// instead of at the bottom of the key's index (on PostgreSQL that read every place the
+    /// key had since the last vacuum, thousands a look in a hand-over run: each new place
+    /// of a releaser re-entering the line began so). Pruned as it grows.
+    floors: Mutex<HashMap<String, (i64, Instant)>>,
 }
+
+/// How long a key's floor is kept without a look that raises or uses it.
+const FLOOR_FOR: Duration = Duration::from_secs(60);
 
 /// How long a key counts as contended after this `Locker` last found it so.
 const CONTENDED_FOR: Duration = Duration::from_secs(1);
@@ -122,6 +131,31 @@ impl Queues {
             m.retain(|_, at| at.elapsed() < CONTENDED_FOR);
         }
         m.insert(key.to_owned(), Instant::now());
+    }
+
+    /// The floor of `key`'s line seen lately (0: none known).
+    pub(super) fn floor(&self, key: &str) -> i64 {
+        let mut m = self.floors.lock().unpoisoned();
+        match m.get_mut(key) {
+            Some((floor, at)) if at.elapsed() < FLOOR_FOR => {
+                *at = Instant::now();
+                *floor
+            }
+            _ => 0,
+        }
+    }
+
+    /// A look saw `floor` in `key`'s line.
+    pub(super) fn raise_floor(&self, key: &str, floor: i64) {
+        if floor <= 0 {
+            return;
+        }
+        let mut m = self.floors.lock().unpoisoned();
+        if m.len() >= 1024 && !m.contains_key(key) {
+            m.retain(|_, (_, at)| at.elapsed() < FLOOR_FOR);
+        }
+        let e = m.entry(key.to_owned()).or_insert((0, Instant::now()));
+        *e = (e.0.max(floor), Instant::now());
     }
 
     /// Whether `key` was found contended within the last `CONTENDED_FOR`.

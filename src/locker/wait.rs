@@ -301,6 +301,8 @@ impl<C: LockConnection> Locker<C> {
                 if let Some(p) = place.take() {
                     p.leave(&mut **conn);
                 }
+            } else {
+                self.inner.shared.queues.raise_floor(key, p.floor());
             }
         }
         // A reader or a permit may be let in past places ahead of its own (other readers;
@@ -370,7 +372,7 @@ impl<C: LockConnection> Locker<C> {
         if deadline.remaining().is_some_and(|left| left.is_zero()) {
             return Ok(None);
         }
-        let p = Place::join(
+        let mut p = Place::join(
             &mut **conn,
             &self.inner.pool,
             raw,
@@ -380,6 +382,7 @@ impl<C: LockConnection> Locker<C> {
             place_ttl(self.inner.max_backoff),
             !raw.exclusive(),
         )?;
+        p.start_at(self.inner.shared.queues.floor(key));
         conn.place = p.id;
         conn.holder = Some(p.holder.clone());
         let taken = raw.try_acquire(conn, key, true, Wait::No)?;

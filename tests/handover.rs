@@ -149,6 +149,26 @@ fn places(backend: &str, url: &str, key: &str) -> i64 {
     .n
 }
 
+/// A test hook that stops the thread reaching it, the first time only: it says so on the
+/// returned receiver, then waits for a word on the returned sender.
+fn stop_once() -> (
+    diesel_lock::__test_hooks::Hook,
+    mpsc::Receiver<()>,
+    mpsc::Sender<()>,
+) {
+    let (at_tx, at_rx) = mpsc::channel::<()>();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let once = Arc::new(Mutex::new(Some((at_tx, go_rx))));
+    let hook: diesel_lock::__test_hooks::Hook = Arc::new(move || {
+        let taken = once.lock().unwrap().take();
+        if let Some((at, go)) = taken {
+            at.send(()).unwrap();
+            go.recv().unwrap();
+        }
+    });
+    (hook, at_rx, go_tx)
+}
+
 /// How the giving-up waiter of `gives_up_as_granted` ends its wait.
 #[derive(Clone, Copy)]
 enum GiveUp {
@@ -173,19 +193,8 @@ fn gives_up_as_granted(backend: &str, s: &str, how: GiveUp) {
     let admin_pool = connect(&url).unwrap();
     let key = common::unique_key(&format!("handover-race-{s}"));
     // The hook stops B (the only waiter that gives up) once, before it leaves the line.
-    let (at_tx, at_rx) = mpsc::channel::<()>();
-    let (go_tx, go_rx) = mpsc::channel::<()>();
-    let once = Arc::new(Mutex::new(Some((at_tx, go_rx))));
-    diesel_lock::__test_hooks::set_before_leave(
-        &key,
-        Arc::new(move || {
-            let taken = once.lock().unwrap().take();
-            if let Some((at, go)) = taken {
-                at.send(()).unwrap();
-                go.recv().unwrap();
-            }
-        }),
-    );
+    let (hook, at_rx, go_tx) = stop_once();
+    diesel_lock::__test_hooks::set_before_leave(&key, hook);
     let g = a.lock(&key).unwrap();
     let first = g.token();
     let cancel = Cancel::new();
@@ -450,19 +459,8 @@ fn unconfirmed_grant_is_lost_with_its_place(backend: &str) {
     let c = locker(&url, "lease", "newcomer-c");
     let admin_pool = connect(&url).unwrap();
     let key = common::unique_key("handover-stalled");
-    let (at_tx, at_rx) = mpsc::channel::<()>();
-    let (go_tx, go_rx) = mpsc::channel::<()>();
-    let once = Arc::new(Mutex::new(Some((at_tx, go_rx))));
-    diesel_lock::__test_hooks::set_before_confirm(
-        &key,
-        Arc::new(move || {
-            let taken = once.lock().unwrap().take();
-            if let Some((at, go)) = taken {
-                at.send(()).unwrap();
-                go.recv().unwrap();
-            }
-        }),
-    );
+    let (hook, at_rx, go_tx) = stop_once();
+    diesel_lock::__test_hooks::set_before_confirm(&key, hook);
     let g = a.lock(&key).unwrap();
     let (lost_tx, lost_rx) = mpsc::channel();
     let (done_tx, done_rx) = mpsc::channel::<()>();

@@ -114,7 +114,8 @@ impl<T> LockConnection for T where T: sealed::Sealed + diesel::r2d2::R2D2Connect
     allow(unused_imports)
 )]
 pub(crate) use sealed::{
-    Acquired, Dialect, Drawn, Flavor, ForUpdateLocked, PurgeTable, SessionLocks, Wait, XactLocked,
+    Acquired, Dialect, Drawn, Flavor, ForUpdateLocked, PurgeTable, SessionLocks, Spot, Wait,
+    XactLocked,
 };
 
 /// The `place` of an acquisition by a caller that has no place in the key's line (a
@@ -172,7 +173,7 @@ pub(crate) mod sealed {
     }
 
     /// What a successful acquisition returns from the database.
-    #[derive(Debug, Clone, Copy)]
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub struct Acquired {
         /// Row strategy: the row's id (release deletes by it). Lease: unused (0).
         pub id: i64,
@@ -388,8 +389,8 @@ pub(crate) mod sealed {
         /// of the key's line is waiting, the key goes to the first one instead, in the same
         /// statement or transaction (a grant: see `Lines`).
         fn lease_release(&mut self, key: &str, holder: &str) -> QueryResult<bool>;
-        /// `lease_release` of a lease a release granted to place `place` (taken with
-        /// `lease_granted`), whose confirmation, which removes the place, may not have run
+        /// `lease_release` of a lease a release granted to place `place` (taken with the
+        /// look that saw the grant, `Lines::line_look_lease`), whose confirmation, which removes the place, may not have run
         /// yet: the place goes too (PostgreSQL, by its id in the same statement; SQLite's
         /// trigger and MySQL's release remove it by the holder id whatever the caller says).
         fn lease_release_granted(
@@ -410,11 +411,6 @@ pub(crate) mod sealed {
             ttl_us: i64,
         ) -> QueryResult<Option<Acquired>>;
         fn lease_held(&mut self, key: &str, holder: &str) -> QueryResult<bool>;
-        /// The token and acquisition time of `key`'s lease if `holder` holds it, unexpired:
-        /// a read, by which a waiter whose place a release granted the key learns what it
-        /// was given (the confirmation, `lease_confirm`, then runs off the waiter's path, on
-        /// the heartbeat: `strategy/lease`).
-        fn lease_granted(&mut self, key: &str, holder: &str) -> QueryResult<Option<Acquired>>;
     }
 
     /// The statements of `optimistic::transaction`, of the admin functions and of
@@ -463,6 +459,16 @@ pub(crate) mod sealed {
         /// gone.
         /// `floor` as for `line_renew`.
         fn line_look(&mut self, key: &str, id: i64, floor: i64) -> QueryResult<Option<Spot>>;
+        /// `line_look` for a `Lease` waiter, in the same statement: if the place is granted,
+        /// the lease (token, acquisition time) the grant gave `holder` (`Spot::lease`; `None`
+        /// if it lapsed or was taken away): the waiter needs no read more to take it.
+        fn line_look_lease(
+            &mut self,
+            key: &str,
+            id: i64,
+            floor: i64,
+            holder: &str,
+        ) -> QueryResult<Option<Spot>>;
         /// Gives place `id` up. On PostgreSQL the first live place left is notified, in case
         /// the key is free and it was waiting behind this one. True if the place had been
         /// granted the key: the caller then gives the key back (`row_give_back`, `lease_release`), which hands it
@@ -493,6 +499,9 @@ pub(crate) mod sealed {
         /// since the last vacuum (a hand-over leaves two dead: 1,199 read by one look after a
         /// 4 s run, 0.35 ms).
         pub floor: Option<i64>,
+        /// Granted on `Lease`: the lease the grant gave the place's holder, read by the same
+        /// look (`Lines::line_look_lease`), so that the waiter need not read it again.
+        pub lease: Option<Acquired>,
     }
 
     /// The places ahead of one, as `Lines::line_ahead` counts them.

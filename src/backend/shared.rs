@@ -133,6 +133,7 @@ impl Mine {
             exclusive: self.exclusive,
             granted: self.granted == 1,
             floor: self.floor,
+            lease: None,
         })
     }
 }
@@ -165,6 +166,51 @@ macro_rules! acquired_row {
                     token: r.token,
                     acquired_at: utc(r.acquired_at),
                 }
+            }
+        }
+
+        /// A look (`Mine`) with the lease a grant gave the place's holder, if it holds one
+        /// (`Lines::line_look_lease`).
+        #[derive(diesel::QueryableByName)]
+        #[allow(dead_code)] // a build without Lease's look (none today) would not read it
+        struct LookRow {
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            mine: i64,
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            ahead: i64,
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            exclusive: i64,
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            granted: i64,
+            #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>)]
+            floor: Option<i64>,
+            #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::BigInt>)]
+            token: Option<i64>,
+            #[diesel(sql_type = diesel::sql_types::Nullable<$time_sql>)]
+            acquired_at: Option<$time>,
+        }
+
+        impl LookRow {
+            /// Where the place stands, with the lease it was granted (only if granted).
+            fn spot(self) -> Option<$crate::backend::sealed::Spot> {
+                let utc: fn($time) -> chrono::DateTime<chrono::Utc> = $utc;
+                let lease = match (self.granted, self.token, self.acquired_at) {
+                    (1, Some(token), Some(at)) => Some($crate::backend::Acquired {
+                        id: 0,
+                        token,
+                        acquired_at: utc(at),
+                    }),
+                    _ => None,
+                };
+                $crate::backend::shared::Mine {
+                    mine: self.mine,
+                    ahead: self.ahead,
+                    exclusive: self.exclusive,
+                    granted: self.granted,
+                    floor: self.floor,
+                }
+                .spot()
+                .map(|s| $crate::backend::sealed::Spot { lease, ..s })
             }
         }
     };

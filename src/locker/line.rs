@@ -77,6 +77,8 @@ pub(super) struct Place<'a, C: LockConnection> {
     used: bool,
     /// No place below this one lives again (`Spot::floor`): the looks count from here.
     floor: i64,
+    /// What the grant gave, if the last look read it (`Spot::lease`).
+    lease: Option<crate::backend::Acquired>,
 }
 
 impl<'a, C: LockConnection> Place<'a, C> {
@@ -122,6 +124,7 @@ impl<'a, C: LockConnection> Place<'a, C> {
             since: renewed,
             used: false,
             floor: 0,
+            lease: None,
         })
     }
 
@@ -150,6 +153,7 @@ impl<'a, C: LockConnection> Place<'a, C> {
         crate::strategy::Grant {
             renewed: self.renewed,
             ttl: self.ttl,
+            lease: self.lease,
         }
     }
 
@@ -180,14 +184,23 @@ impl<'a, C: LockConnection> Place<'a, C> {
             match spot {
                 // Not renewed: lapsed, gone, or granted by a release that committed while
                 // the renewal waited for the place (PostgreSQL's renewal then reads the rest
-                // of its answer from before that commit): a look of its own tells.
-                None => conn.sql().line_look(self.key, self.id, self.floor)?,
+                // of its answer from before that commit): a look of its own tells. A grant
+                // the renewal saw is looked at too: on `Lease` the look reads what it gave.
+                None => self
+                    .raw
+                    .look(conn, self.key, self.id, self.floor, &self.holder)?,
+                Some(s) if s.granted && s.lease.is_none() => {
+                    self.raw
+                        .look(conn, self.key, self.id, self.floor, &self.holder)?
+                }
                 spot => spot,
             }
         } else {
-            conn.sql().line_look(self.key, self.id, self.floor)?
+            self.raw
+                .look(conn, self.key, self.id, self.floor, &self.holder)?
         };
         self.granted = spot.is_some_and(|s| s.granted);
+        self.lease = spot.and_then(|s| s.lease);
         if let Some(floor) = spot.and_then(|s| s.floor) {
             self.floor = self.floor.max(floor);
         }

@@ -456,6 +456,20 @@ pub(crate) trait RawLock<C: LockConnection>: Send + Sync + 'static {
         false
     }
 
+    /// For a lock that `lines`: a waiter's look at its place `id` (`Lines::line_look`),
+    /// which a strategy whose grant the waiter reads (`Lease`) widens to read it too, in the
+    /// same statement (`Lines::line_look_lease`, `Spot::lease`).
+    fn look(
+        &self,
+        conn: &mut C,
+        key: &str,
+        id: i64,
+        floor: i64,
+        _holder: &str,
+    ) -> diesel::QueryResult<Option<crate::backend::Spot>> {
+        conn.sql().line_look(key, id, floor)
+    }
+
     /// Gives back the key a release may have granted to a place taken with `holder`, whose
     /// waiter gave up (its place is already removed): released as the strategy releases,
     /// which hands it on to the next place. Nothing where it holds nothing.
@@ -523,6 +537,9 @@ pub(crate) type Interrupter = Box<dyn Fn() -> Option<Box<dyn FnOnce() + Send>> +
 pub(crate) struct Grant {
     pub(crate) renewed: std::time::Instant,
     pub(crate) ttl: Duration,
+    /// `Lease`: what the grant gave, as the look that saw it read it (`Spot::lease`); `None`
+    /// if that look did not read it (then the attempt does).
+    pub(crate) lease: Option<crate::backend::Acquired>,
 }
 
 pub(crate) struct Conn<C: LockConnection> {
@@ -534,8 +551,9 @@ pub(crate) struct Conn<C: LockConnection> {
     /// The holder id the caller's place was taken with (a grant names it), if it has one.
     pub(crate) holder: Option<String>,
     /// The caller's place was granted the key by a release: the attempt takes the grant
-    /// (`Row`: confirms it, `Locks::row_confirm`; `Lease`: reads it, and its heartbeat
-    /// confirms it, `Locks::lease_granted`, `lease_confirm`) instead of acquiring.
+    /// (`Row`: confirms it, `Locks::row_confirm`; `Lease`: takes what the look that saw it
+    /// read, `Grant::lease`, and its heartbeat confirms it, `lease_confirm`) instead of
+    /// acquiring.
     pub(crate) granted: Option<Grant>,
     /// Whether a cancellation may end this attempt's session (the waiting code registered
     /// the strategy's interrupter): such a session must not be shared with other locks.
@@ -557,6 +575,15 @@ impl<C: LockConnection> Conn<C> {
     /// Takes the connection for a guard.
     pub(crate) fn take(&mut self) -> Pooled<C> {
         self.conn.take().expect("the connection was taken already")
+    }
+
+    /// The pooled connection back, for another attempt (`None` if a guard took it, or if
+    /// it carries a transaction's target: such a one goes back to the pool on drop).
+    pub(crate) fn into_pooled(mut self) -> Option<Pooled<C>> {
+        match self.target {
+            None => self.conn.take(),
+            Some(_) => None,
+        }
     }
 
     /// The connection, unless a guard took it.

@@ -8,6 +8,26 @@ use diesel::mysql::MysqlConnection;
 use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
+use super::LookRow;
+
+/// A look at place `id` of a key's line (`Lines::line_look`), a consistent (non-locking)
+/// read of the key's places up to it: binds the place four times, then the key and the
+/// place.
+macro_rules! look {
+    () => {
+        "SELECT CAST(COALESCE(SUM(id = ? AND expires_at > UTC_TIMESTAMP(6)), 0) AS SIGNED) \
+                  AS mine, \
+                CAST(COALESCE(SUM(id < ? AND expires_at > UTC_TIMESTAMP(6) AND granted_at IS NULL), 0) AS SIGNED) \
+                  AS ahead, \
+                CAST(COALESCE(SUM(id < ? AND expires_at > UTC_TIMESTAMP(6) AND granted_at IS NULL AND shared = 0), 0) \
+                  AS SIGNED) AS exclusive, \
+                CAST(COALESCE(SUM(id = ? AND expires_at > UTC_TIMESTAMP(6) \
+                                  AND granted_at IS NOT NULL), 0) AS SIGNED) AS granted, \
+                CAST(NULL AS SIGNED) AS floor \
+         FROM dlock_waiters WHERE lock_key = ? AND id <= ?"
+    };
+}
+
 #[derive(QueryableByName)]
 struct Count {
     #[diesel(sql_type = BigInt)]
@@ -78,27 +98,43 @@ impl Lines for MysqlConnection {
     }
 
     fn line_look(&mut self, key: &str, id: i64, _floor: i64) -> QueryResult<Option<Spot>> {
-        // A consistent (non-locking) read of the key's places up to this one.
-        stmt(
-            "SELECT CAST(COALESCE(SUM(id = ? AND expires_at > UTC_TIMESTAMP(6)), 0) AS SIGNED) \
-                      AS mine, \
-                    CAST(COALESCE(SUM(id < ? AND expires_at > UTC_TIMESTAMP(6) AND granted_at IS NULL), 0) AS SIGNED) \
-                      AS ahead, \
-                    CAST(COALESCE(SUM(id < ? AND expires_at > UTC_TIMESTAMP(6) AND granted_at IS NULL AND shared = 0), 0) \
-                      AS SIGNED) AS exclusive, \
-                    CAST(COALESCE(SUM(id = ? AND expires_at > UTC_TIMESTAMP(6) \
-                                      AND granted_at IS NOT NULL), 0) AS SIGNED) AS granted, \
-                    CAST(NULL AS SIGNED) AS floor \
-             FROM dlock_waiters WHERE lock_key = ? AND id <= ?",
-        )
+        stmt(look!())
+            .bind::<BigInt, _>(id)
+            .bind::<BigInt, _>(id)
+            .bind::<BigInt, _>(id)
+            .bind::<BigInt, _>(id)
+            .bind::<Text, _>(key)
+            .bind::<BigInt, _>(id)
+            .get_result::<Mine>(self)
+            .map(Mine::spot)
+    }
+
+    fn line_look_lease(
+        &mut self,
+        key: &str,
+        id: i64,
+        _floor: i64,
+        holder: &str,
+    ) -> QueryResult<Option<Spot>> {
+        // One consistent read: the release that granted the place gave the lease in the
+        // same transaction.
+        stmt(concat!(
+            "SELECT l.mine, l.ahead, l.exclusive, l.granted, l.floor, g.token, g.acquired_at \
+             FROM (",
+            look!(),
+            ") l LEFT JOIN dlock_leases g \
+               ON g.lock_key = ? AND g.holder_id = ? AND g.expires_at > UTC_TIMESTAMP(6)"
+        ))
         .bind::<BigInt, _>(id)
         .bind::<BigInt, _>(id)
         .bind::<BigInt, _>(id)
         .bind::<BigInt, _>(id)
         .bind::<Text, _>(key)
         .bind::<BigInt, _>(id)
-        .get_result::<Mine>(self)
-        .map(Mine::spot)
+        .bind::<Text, _>(key)
+        .bind::<Text, _>(holder)
+        .get_result::<LookRow>(self)
+        .map(LookRow::spot)
     }
 
     fn line_stats(&mut self, key: Option<&str>) -> QueryResult<Vec<LineStat>> {

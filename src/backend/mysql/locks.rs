@@ -2,7 +2,7 @@
 // Its statements' texts are `pub` for `__bench_sql` (feature `bench-sql`) only.
 #![cfg_attr(not(feature = "bench-sql"), allow(unreachable_pub))]
 
-use super::{with_lock_wait_timeout, with_transaction_bounds, AcquiredRow};
+use super::{with_lock_wait_timeout, with_transaction_bounds};
 use crate::backend::holders::stall_bound;
 use crate::backend::sealed::Locks;
 use crate::backend::shared;
@@ -622,18 +622,6 @@ impl Locks for MysqlConnection {
             .get_result::<One>(self)
             .optional(),
         )
-    }
-
-    fn lease_granted(&mut self, key: &str, holder: &str) -> QueryResult<Option<Acquired>> {
-        stmt(
-            "SELECT CAST(0 AS SIGNED) AS id, token, acquired_at FROM dlock_leases \
-                 WHERE lock_key = ? AND holder_id = ? AND expires_at > UTC_TIMESTAMP(6)",
-        )
-        .bind::<Text, _>(key)
-        .bind::<Text, _>(holder)
-        .get_result::<AcquiredRow>(self)
-        .optional()
-        .map(|r| r.map(Into::into))
     }
 }
 

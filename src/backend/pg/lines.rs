@@ -7,6 +7,25 @@ use diesel::pg::PgConnection;
 use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
+use super::LookRow;
+
+/// A look at place `id` of a key's line (`Lines::line_look`): binds the place four times,
+/// then the key, the floor and the place.
+macro_rules! look {
+    () => {
+        "SELECT count(*) FILTER (WHERE id = ? AND expires_at > now()) AS mine, \
+                count(*) FILTER (WHERE id < ? AND expires_at > now() AND granted_at IS NULL) AS ahead, \
+                count(*) FILTER (WHERE id < ? AND expires_at > now() AND granted_at IS NULL AND shared = 0) \
+                  AS exclusive, \
+                count(*) FILTER (WHERE id = ? AND expires_at > now() \
+                                 AND granted_at IS NOT NULL) AS granted, \
+                min(id) FILTER (WHERE expires_at > now() AND granted_at IS NULL) AS floor \
+         FROM dlock_waiters WHERE lock_key = ? AND id >= ? AND id <= ?"
+    };
+}
+
+const LOOK: &str = look!();
+
 #[derive(QueryableByName)]
 struct Id {
     #[diesel(sql_type = BigInt)]
@@ -99,16 +118,32 @@ impl Lines for PgConnection {
     }
 
     fn line_look(&mut self, key: &str, id: i64, floor: i64) -> QueryResult<Option<Spot>> {
-        stmt(
-            "SELECT count(*) FILTER (WHERE id = ? AND expires_at > now()) AS mine, \
-                    count(*) FILTER (WHERE id < ? AND expires_at > now() AND granted_at IS NULL) AS ahead, \
-                    count(*) FILTER (WHERE id < ? AND expires_at > now() AND granted_at IS NULL AND shared = 0) \
-                      AS exclusive, \
-                    count(*) FILTER (WHERE id = ? AND expires_at > now() \
-                                     AND granted_at IS NOT NULL) AS granted, \
-                    min(id) FILTER (WHERE expires_at > now() AND granted_at IS NULL) AS floor \
-             FROM dlock_waiters WHERE lock_key = ? AND id >= ? AND id <= ?",
-        )
+        stmt(LOOK)
+            .bind::<BigInt, _>(id)
+            .bind::<BigInt, _>(id)
+            .bind::<BigInt, _>(id)
+            .bind::<BigInt, _>(id)
+            .bind::<Text, _>(key)
+            .bind::<BigInt, _>(floor)
+            .bind::<BigInt, _>(id)
+            .get_result::<Mine>(self)
+            .map(Mine::spot)
+    }
+
+    fn line_look_lease(
+        &mut self,
+        key: &str,
+        id: i64,
+        floor: i64,
+        holder: &str,
+    ) -> QueryResult<Option<Spot>> {
+        stmt(concat!(
+            "SELECT l.mine, l.ahead, l.exclusive, l.granted, l.floor, g.token, g.acquired_at \
+             FROM (",
+            look!(),
+            ") l LEFT JOIN dlock_leases g \
+               ON g.lock_key = ? AND g.holder_id = ? AND g.expires_at > now()"
+        ))
         .bind::<BigInt, _>(id)
         .bind::<BigInt, _>(id)
         .bind::<BigInt, _>(id)
@@ -116,8 +151,10 @@ impl Lines for PgConnection {
         .bind::<Text, _>(key)
         .bind::<BigInt, _>(floor)
         .bind::<BigInt, _>(id)
-        .get_result::<Mine>(self)
-        .map(Mine::spot)
+        .bind::<Text, _>(key)
+        .bind::<Text, _>(holder)
+        .get_result::<LookRow>(self)
+        .map(LookRow::spot)
     }
 
     fn line_leave(&mut self, key: &str, id: i64) -> QueryResult<bool> {

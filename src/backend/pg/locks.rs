@@ -427,16 +427,4 @@ impl Locks for PgConnection {
             .optional(),
         )
     }
-
-    fn lease_granted(&mut self, key: &str, holder: &str) -> QueryResult<Option<Acquired>> {
-        stmt(
-            "SELECT 0::int8 AS id, token, acquired_at FROM dlock_leases \
-                 WHERE lock_key = ? AND holder_id = ? AND expires_at > now()",
-        )
-        .bind::<Text, _>(key)
-        .bind::<Text, _>(holder)
-        .get_result::<AcquiredRow>(self)
-        .optional()
-        .map(|r| r.map(Into::into))
-    }
 }

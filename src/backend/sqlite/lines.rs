@@ -9,7 +9,24 @@ use diesel::sqlite::SqliteConnection;
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
 use super::busy::short_write;
-use super::seconds;
+use super::{seconds, LookRow};
+
+/// A look at place `id` of a key's line (`Lines::line_look`), a read (in WAL mode it never
+/// waits for the writer): binds the place four times, then the key and the place.
+macro_rules! look {
+    () => {
+        "SELECT COALESCE(SUM(id = ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')), 0) \
+                  AS mine, \
+                COALESCE(SUM(id < ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') AND granted_at IS NULL), 0) \
+                  AS ahead, \
+                COALESCE(SUM(id < ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') AND granted_at IS NULL \
+                             AND shared = 0), 0) AS exclusive, \
+                COALESCE(SUM(id = ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
+                             AND granted_at IS NOT NULL), 0) AS granted, \
+                CAST(NULL AS INTEGER) AS floor \
+         FROM dlock_waiters WHERE lock_key = ? AND id <= ?"
+    };
+}
 
 #[derive(QueryableByName)]
 struct Count {
@@ -82,27 +99,44 @@ impl Lines for SqliteConnection {
     }
 
     fn line_look(&mut self, key: &str, id: i64, _floor: i64) -> QueryResult<Option<Spot>> {
-        // A read: in WAL mode it never waits for the writer.
-        stmt(
-            "SELECT COALESCE(SUM(id = ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')), 0) \
-                      AS mine, \
-                    COALESCE(SUM(id < ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') AND granted_at IS NULL), 0) \
-                      AS ahead, \
-                    COALESCE(SUM(id < ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') AND granted_at IS NULL \
-                                 AND shared = 0), 0) AS exclusive, \
-                    COALESCE(SUM(id = ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
-                                 AND granted_at IS NOT NULL), 0) AS granted, \
-                    CAST(NULL AS INTEGER) AS floor \
-             FROM dlock_waiters WHERE lock_key = ? AND id <= ?",
-        )
+        stmt(look!())
+            .bind::<BigInt, _>(id)
+            .bind::<BigInt, _>(id)
+            .bind::<BigInt, _>(id)
+            .bind::<BigInt, _>(id)
+            .bind::<Text, _>(key)
+            .bind::<BigInt, _>(id)
+            .get_result::<Mine>(self)
+            .map(Mine::spot)
+    }
+
+    fn line_look_lease(
+        &mut self,
+        key: &str,
+        id: i64,
+        _floor: i64,
+        holder: &str,
+    ) -> QueryResult<Option<Spot>> {
+        // One read (one snapshot): the release that granted the place gave the lease in
+        // the same transaction.
+        stmt(concat!(
+            "SELECT l.mine, l.ahead, l.exclusive, l.granted, l.floor, g.token, g.acquired_at \
+             FROM (",
+            look!(),
+            ") l LEFT JOIN dlock_leases g \
+               ON g.lock_key = ? AND g.holder_id = ? \
+              AND g.expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')"
+        ))
         .bind::<BigInt, _>(id)
         .bind::<BigInt, _>(id)
         .bind::<BigInt, _>(id)
         .bind::<BigInt, _>(id)
         .bind::<Text, _>(key)
         .bind::<BigInt, _>(id)
-        .get_result::<Mine>(self)
-        .map(Mine::spot)
+        .bind::<Text, _>(key)
+        .bind::<Text, _>(holder)
+        .get_result::<LookRow>(self)
+        .map(LookRow::spot)
     }
 
     fn line_leave(&mut self, _key: &str, id: i64) -> QueryResult<bool> {

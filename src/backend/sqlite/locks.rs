@@ -380,18 +380,6 @@ impl Locks for SqliteConnection {
             .optional(),
         )
     }
-
-    fn lease_granted(&mut self, key: &str, holder: &str) -> QueryResult<Option<Acquired>> {
-        stmt(
-            "SELECT 0 AS id, token, acquired_at FROM dlock_leases WHERE lock_key = ? \
-                 AND holder_id = ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')",
-        )
-        .bind::<Text, _>(key)
-        .bind::<Text, _>(holder)
-        .get_result::<AcquiredRow>(self)
-        .optional()
-        .map(|r| r.map(Into::into))
-    }
 }
 
 /// Whether a key is visibly held, or others are ahead of `place` in its line (`query`

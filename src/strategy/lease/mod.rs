@@ -62,12 +62,13 @@ impl<C: LockConnection> LeaseLock<C> {
         let holder = holder.unwrap_or_else(crate::random::holder_id);
         if let Some(grant) = granted {
             // A release gave this waiter's place the key, with the place's expiry as the
-            // lease's, the deadline to confirm by. A read tells what was given; the
+            // lease's, the deadline to confirm by. The look that saw the grant read what it
+            // gave (`Spot::lease`: no statement more on the waiter's path); the
             // confirmation (the lease's own ttl, the place removed) is the heartbeat's first
             // renewal, off the waiter's path, and a holder that releases before it is due
             // never sends it (its release removes the place). `None`: the grant lapsed, or
             // was taken away (a forced release).
-            return Ok(conn.sql().lease_granted(key, &holder)?.map(|a| {
+            return Ok(grant.lease.map(|a| {
                 let beat =
                     self.heartbeat
                         .register_granted(key, &holder, place, grant.renewed, grant.ttl);
@@ -189,6 +190,17 @@ impl<C: LockConnection> RawLock<C> for LeaseLock<C> {
 
     fn lines(&self) -> bool {
         true
+    }
+
+    fn look(
+        &self,
+        conn: &mut C,
+        key: &str,
+        id: i64,
+        floor: i64,
+        holder: &str,
+    ) -> diesel::QueryResult<Option<crate::backend::Spot>> {
+        conn.sql().line_look_lease(key, id, floor, holder)
     }
 
     fn give_back(&self, conn: &mut C, key: &str, holder: &str) -> Result<()> {

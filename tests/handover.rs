@@ -581,6 +581,183 @@ fn expired_release_lets_no_writer_past_readers(backend: &str) {
     writer.join().unwrap();
 }
 
+thread_local! {
+    /// The statements this thread's connections start, while recording (`recorded`).
+    static SEEN: std::cell::RefCell<Option<Vec<String>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Makes every connection opened from now on report the statements it starts to the
+/// recording of the thread that runs them (`recorded`). The other threads of the test, a
+/// `Locker`'s listener and heartbeat among them, record nothing.
+fn record_statements() {
+    fn record() -> Option<Box<dyn diesel::connection::Instrumentation>> {
+        Some(Box::new(
+            |event: diesel::connection::InstrumentationEvent<'_>| {
+                if let diesel::connection::InstrumentationEvent::StartQuery { query, .. } = event {
+                    SEEN.with(|s| {
+                        if let Some(seen) = s.borrow_mut().as_mut() {
+                            seen.push(query.to_string());
+                        }
+                    });
+                }
+            },
+        ))
+    }
+    diesel::connection::set_default_instrumentation(record).unwrap();
+}
+
+/// Runs `f`, and returns what it returns with the statements this thread ran meanwhile.
+fn recorded<T>(f: impl FnOnce() -> T) -> (T, Vec<String>) {
+    SEEN.with(|s| *s.borrow_mut() = Some(Vec::new()));
+    let out = f();
+    (out, SEEN.with(|s| s.borrow_mut().take().unwrap()))
+}
+
+/// The statements of `seen` whose text contains `part`.
+fn count_of(seen: &[String], part: &str) -> usize {
+    seen.iter().filter(|q| q.contains(part)).count()
+}
+
+/// A `Lease` waiter granted the key takes it with what its look read: the look that sees
+/// the grant reads the lease's token and time in the same statement, and the waiter
+/// returns with no statement after it (it used to read the lease once more).
+fn granted_lease_taken_by_its_look(backend: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(url) = url(backend, &dir) else {
+        return;
+    };
+    record_statements();
+    let a = locker(&url, "lease", "holder-a");
+    a.migrate().unwrap();
+    let b = locker(&url, "lease", "waiter-b");
+    let admin_pool = connect(&url).unwrap();
+    let key = common::unique_key("handover-look");
+    let g = a.lock(&key).unwrap();
+    let waiter = {
+        let (b, key) = (b.clone(), key.clone());
+        std::thread::spawn(move || {
+            let (g, seen) = recorded(|| b.lock(&key).unwrap());
+            let t = g.token();
+            g.release().unwrap();
+            (t, seen)
+        })
+    };
+    until_waiting(&admin_pool, &key, 1);
+    let first = g.token();
+    g.release().unwrap();
+    let (token, seen) = waiter.join().unwrap();
+    assert!(token > first, "token {token} after {first}");
+    let last = seen.last().expect("the waiter ran no statement");
+    assert!(
+        last.contains("LEFT JOIN dlock_leases g"),
+        "the waiter's last statement was not the look that read its grant: {last}\n(all: {seen:#?})"
+    );
+}
+
+/// A `Locker` that comes back for a key it found contended lately (here: it waited for it,
+/// and someone waits behind it as it releases) joins the line at once, without trying the
+/// key first (the try would find it granted to the next in line); it is then served after
+/// that waiter, in line order.
+fn contended_key_joins_without_a_try(backend: &str, s: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(url) = url(backend, &dir) else {
+        return;
+    };
+    record_statements();
+    let a = locker(&url, s, "back-a");
+    a.migrate().unwrap();
+    let b = locker(&url, s, "waiter-b");
+    let c = locker(&url, s, "first-c");
+    let admin_pool = connect(&url).unwrap();
+    let key = common::unique_key(&format!("handover-back-{s}"));
+    // `a` waits for the key, held by `c`: its `Locker` finds it contended.
+    let held_by_c = c.lock(&key).unwrap();
+    let a_waits = {
+        let (a, key) = (a.clone(), key.clone());
+        std::thread::spawn(move || a.lock(&key).unwrap())
+    };
+    until_waiting(&admin_pool, &key, 1);
+    held_by_c.release().unwrap();
+    let held_by_a = a_waits.join().unwrap();
+    // `b` waits behind `a`; `a` releases (granting `b` the key) and comes back at once.
+    let (b_tx, b_rx) = mpsc::channel::<i64>();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let b_waits = {
+        let (b, key) = (b.clone(), key.clone());
+        std::thread::spawn(move || {
+            let g = b.lock(&key).unwrap();
+            b_tx.send(g.token()).unwrap();
+            go_rx.recv().unwrap();
+            g.release().unwrap();
+        })
+    };
+    until_waiting(&admin_pool, &key, 1);
+    held_by_a.release().unwrap();
+    let a_back = {
+        let (a, key) = (a.clone(), key.clone());
+        std::thread::spawn(move || recorded(|| a.lock(&key).unwrap().token()))
+    };
+    let b_token = b_rx.recv().unwrap();
+    until_waiting(&admin_pool, &key, 1);
+    go_tx.send(()).unwrap();
+    b_waits.join().unwrap();
+    let (a_token, seen) = a_back.join().unwrap();
+    assert!(a_token > b_token, "a's token {a_token} after b's {b_token}");
+    // Coming back, `a` took its place in the line before any statement on the key's own
+    // row (an acquisition, or the read of one).
+    let joined = seen
+        .iter()
+        .position(|q| q.contains("INSERT INTO dlock_waiters"))
+        .expect("a never joined the line");
+    let tried = seen[..joined]
+        .iter()
+        .find(|q| q.contains("dlock_rows") || q.contains("dlock_leases"));
+    assert!(
+        tried.is_none(),
+        "a tried the key before joining the line: {tried:?}\n(all: {seen:#?})"
+    );
+}
+
+/// The first in line of a line it polls (MariaDB, PostgreSQL through PgBouncer: no
+/// notifications) keeps its pooled connection between its looks: r2d2 tests a connection
+/// (`SELECT 1`) only when one is taken from the pool, so its looks come without those.
+fn polling_head_keeps_its_connection(backend: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(url) = url(backend, &dir) else {
+        return;
+    };
+    record_statements();
+    let a = locker(&url, "lease", "holder-a");
+    a.migrate().unwrap();
+    let b = locker(&url, "lease", "waiter-b");
+    let admin_pool = connect(&url).unwrap();
+    let key = common::unique_key("handover-poll");
+    let g = a.lock(&key).unwrap();
+    let waiter = {
+        let (b, key) = (b.clone(), key.clone());
+        std::thread::spawn(move || {
+            let (g, seen) = recorded(|| b.lock(&key).unwrap());
+            g.release().unwrap();
+            seen
+        })
+    };
+    until_waiting(&admin_pool, &key, 1);
+    // Enough looks to count (one every 1 to 10 ms while the key is held).
+    std::thread::sleep(Duration::from_millis(300));
+    g.release().unwrap();
+    let seen = waiter.join().unwrap();
+    let looks = count_of(&seen, "FROM dlock_waiters WHERE lock_key");
+    let tests = seen
+        .iter()
+        .filter(|q| q.trim_start().starts_with("SELECT 1"))
+        .count();
+    assert!(looks >= 10, "only {looks} looks in 300 ms: {seen:#?}");
+    assert!(
+        tests <= 3,
+        "{tests} tests of a connection for {looks} looks: the head took a connection per look"
+    );
+}
+
 macro_rules! lease_grant_suite {
     ($($name:ident: $backend:literal;)+) => {$(
         mod $name {
@@ -599,6 +776,10 @@ macro_rules! lease_grant_suite {
             #[test]
             fn expired_release_lets_no_writer_past_readers() {
                 super::expired_release_lets_no_writer_past_readers($backend);
+            }
+            #[test]
+            fn granted_lease_taken_by_its_look() {
+                super::granted_lease_taken_by_its_look($backend);
             }
         }
     )+};
@@ -635,6 +816,10 @@ macro_rules! handover_suite {
             fn forced_release_beside_the_line() {
                 super::forced_release_beside_the_line($backend, $strategy);
             }
+            #[test]
+            fn contended_key_joins_without_a_try() {
+                super::contended_key_joins_without_a_try($backend, $strategy);
+            }
         }
     )+};
 }
@@ -648,4 +833,16 @@ handover_suite! {
     pgbouncer_lease: "pgbouncer", "lease";
     mysql_row: "mysql", "row";
     mysql_lease: "mysql", "lease";
+}
+
+/// Where the first in line polls (no notifications).
+mod polling_head {
+    #[test]
+    fn mysql_keeps_its_connection() {
+        super::polling_head_keeps_its_connection("mysql");
+    }
+    #[test]
+    fn pgbouncer_keeps_its_connection() {
+        super::polling_head_keeps_its_connection("pgbouncer");
+    }
 }

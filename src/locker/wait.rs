@@ -37,6 +37,7 @@ impl<C: LockConnection> Locker<C> {
                     false,
                     None,
                     &mut None,
+                    None,
                 )?
                 .map(|t| self.guard(raw, key, t)));
         }
@@ -88,12 +89,27 @@ impl<C: LockConnection> Locker<C> {
         // the server's lock queue, and what it needs set up first (a statement timeout, a
         // check of the client, the session id for a cancellation), is for a key found held.
         let mut tried = false;
+        // The first in line of a line it polls (no notifications heard) keeps its
+        // connection between its looks, which come every millisecond or so while the line
+        // moves: no checkout, and no test of the connection by the pool, per look.
+        // Declared after `place`, so dropped before it (giving the place up takes one).
+        let mut kept: Option<Pooled<C>> = None;
         loop {
             if cancel.is_some_and(Cancel::is_cancelled) {
                 return Ok(None);
             }
             let server_wait = std::mem::replace(&mut tried, true);
-            match self.attempt(raw, key, retry, deadline, server_wait, cancel, &mut place) {
+            let keep = (listening == Some(false)).then_some(&mut kept);
+            match self.attempt(
+                raw,
+                key,
+                retry,
+                deadline,
+                server_wait,
+                cancel,
+                &mut place,
+                keep,
+            ) {
                 Ok(Some(taken)) => {
                     if let Some(since) = outage {
                         log::warn!(
@@ -171,7 +187,12 @@ impl<C: LockConnection> Locker<C> {
         server_wait: bool,
         cancel: Option<&Cancel>,
         place: &mut Option<Place<'a, C>>,
+        kept: Option<&mut Option<Pooled<C>>>,
     ) -> Result<Option<Taken>> {
+        // `kept`: where a waiter that polls keeps its connection between looks (see
+        // `acquire_unmetered`): one kept there is used instead of a new checkout, and this
+        // one is kept there after the attempt if it only looked (or tried) and is first
+        // in line.
         #[cfg(all(test, feature = "postgres"))]
         tests::ATTEMPTS.with(|n| n.set(n.get() + 1));
         // Strategies that wait on the server use what is left of the deadline; a
@@ -218,8 +239,13 @@ impl<C: LockConnection> Locker<C> {
                 None => {}
             }
         }
-        let Some(mut conn) = self.connection(deadline, cancel)? else {
-            return Ok(None); // cancelled while waiting for a connection
+        let mut kept = kept;
+        let mut conn = match kept.as_mut().and_then(|k| k.take()) {
+            Some(c) => c,
+            None => match self.connection(deadline, cancel)? {
+                Some(c) => c,
+                None => return Ok(None), // cancelled while waiting for a connection
+            },
         };
         self.check_schema(&mut conn)?;
         let mut conn = Conn::new(conn);
@@ -263,7 +289,21 @@ impl<C: LockConnection> Locker<C> {
                 discard(&mut **c);
             }
         }
-        drop(conn);
+        match kept {
+            // Kept only while the pool has another connection idle or room to open one: a
+            // thread of this process that needs one (a holder's release, say) gets it at
+            // once, or at the next look at the latest (when this one goes back).
+            Some(k)
+                if !cancelled
+                    && !interruptible
+                    && matches!(attempt, Ok(None))
+                    && place.as_ref().is_some_and(|p| p.in_reach())
+                    && self.spare_connection() =>
+            {
+                *k = conn.into_pooled();
+            }
+            _ => drop(conn),
+        }
         if !cancelled && matches!(attempt, Ok(None)) {
             self.inner.shared.meter.contended();
         }
@@ -350,6 +390,17 @@ impl<C: LockConnection> Locker<C> {
                 conn.holder = Some(p.holder.clone());
                 true
             }
+            // A key this `Locker` found contended lately (`retry`), asked for by a wait:
+            // a try before joining would most likely find it held, or granted to the first
+            // in line (a releaser coming back for the key it just handed over). The waiter
+            // joins at once, and tries once in line below: one statement less.
+            None if retry
+                && raw.exclusive()
+                && !matches!(deadline, Deadline::Once)
+                && !deadline.remaining().is_some_and(|left| left.is_zero()) =>
+            {
+                return self.join_and_try(raw, conn, key, place);
+            }
             None => false,
         };
         let taken = raw.try_acquire(conn, key, retry || joined, Wait::No)?;
@@ -372,6 +423,18 @@ impl<C: LockConnection> Locker<C> {
         if deadline.remaining().is_some_and(|left| left.is_zero()) {
             return Ok(None);
         }
+        self.join_and_try(raw, conn, key, place)
+    }
+
+    /// Joins `key`'s line, then tries the key once with the new place (a release that came
+    /// before the joining notified nobody).
+    fn join_and_try<'a>(
+        &'a self,
+        raw: &'a dyn RawLock<C>,
+        conn: &mut Conn<C>,
+        key: &'a str,
+        place: &mut Option<Place<'a, C>>,
+    ) -> Result<Option<Taken>> {
         let mut p = Place::join(
             &mut **conn,
             &self.inner.pool,
@@ -389,6 +452,7 @@ impl<C: LockConnection> Locker<C> {
         if taken.is_some() {
             Self::took_with(raw, p);
         } else {
+            self.inner.shared.queues.mark_contended(key);
             *place = Some(p);
         }
         Ok(taken)
@@ -528,6 +592,14 @@ impl<C: LockConnection> Locker<C> {
                 Err(_) => {}
             }
         }
+    }
+
+    /// Whether a thread that asks the pool for a connection now gets one without waiting
+    /// (an idle one, or room to open one).
+    fn spare_connection(&self) -> bool {
+        let pool = &self.inner.pool;
+        let state = pool.state();
+        state.idle_connections > 0 || state.connections < pool.max_size()
     }
 
     /// True if waiters hear other processes' releases (and so poll only as a fallback);

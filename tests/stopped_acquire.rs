@@ -6,8 +6,9 @@
 //! stopped process sees an error or a busy key, never a second holder.
 //!
 //! The child stops itself through the `test-hooks` hook inside the transaction, after saying
-//! so; the parent waits for the stop (`waitpid` with `WUNTRACED`) and proves the rows locked
-//! (`FOR UPDATE NOWAIT` fails) before it measures anything.
+//! so (SIGSTOP raised at the hook's own thread: see `stop_here`); the parent waits for the
+//! stop (`waitpid` with `WUNTRACED`) and proves the rows locked (`FOR UPDATE NOWAIT` fails)
+//! before it measures anything.
 //!
 //! SQLite has no server to end a stopped writer's transaction (see the guide, "Shared
 //! locks"): not tested here.
@@ -21,7 +22,7 @@ use common::{unique_key, Harness};
 use diesel::sql_types::Text;
 use diesel::{Connection, RunQueryDsl};
 use diesel_lock::{LockConnection, LockGuard, Locker, Strategy};
-use nix::sys::signal::{kill, Signal};
+use nix::sys::signal::{kill, raise, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -102,8 +103,7 @@ fn child_main<C: LockConnection>(h: Harness<C>, ttl: Duration, key: &str, mode: 
         key,
         Arc::new(move || {
             if !stopped.swap(true, Ordering::SeqCst) {
-                say("STOPPING");
-                kill(Pid::this(), Signal::SIGSTOP).unwrap();
+                stop_here();
             }
         }),
     );
@@ -134,8 +134,7 @@ fn renewing_child<C: LockConnection>(locker: &Locker<C>, key: &str, ttl: Duratio
         key,
         Arc::new(move || {
             if !stopped.swap(true, Ordering::SeqCst) {
-                say("STOPPING");
-                kill(Pid::this(), Signal::SIGSTOP).unwrap();
+                stop_here();
             }
         }),
     );
@@ -144,6 +143,18 @@ fn renewing_child<C: LockConnection>(locker: &Locker<C>, key: &str, ttl: Duratio
         diesel_lock::LockStatus::Lost => say("RESULT lost"),
         other => say(&format!("RESULT {other:?}")),
     }
+}
+
+/// In the child, inside a hook: says `STOPPING` and stops the process, the calling thread
+/// before this returns, so that it sends nothing more (the rest of the transaction, its
+/// COMMIT) until continued. `raise` directs SIGSTOP at the calling thread, which takes it on
+/// its way back from the kernel. (`kill` of the own pid directs it at the process: the
+/// kernel hands it to the main thread, and the calling thread runs on until that one is
+/// scheduled and stops the group; on a loaded machine it had sent the COMMIT by then, and
+/// the parent found the rows free.)
+fn stop_here() {
+    say("STOPPING");
+    raise(Signal::SIGSTOP).unwrap();
 }
 
 /// Waits until the child has stopped.

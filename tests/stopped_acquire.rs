@@ -353,6 +353,8 @@ fn mysql_permit_stopped_inside_acquire() {
 fn mysql_heartbeat_stopped_inside_a_batch_renewal() {
     let Some(h) = common::mysql() else { return };
     let key = unique_key("stopped-renew");
+    // Built (and the schema migrated: the child does not migrate) before the child starts.
+    let newcomer = h.locker(lease());
     let mut kid = Kid::spawn("mysql", &h.url, RENEW_TTL.as_millis() as u64, &key, "renew");
     kid.expect("STOPPING");
     wait_stopped(&kid);
@@ -366,7 +368,6 @@ fn mysql_heartbeat_stopped_inside_a_batch_renewal() {
     // A newcomer waiting WAIT: its attempts wait for the row lock at most until the server
     // ends the stopped transaction; it may get the key once the lease ran out (a ttl from
     // the acquisition, under a ttl from the stop).
-    let newcomer = h.locker(lease());
     let start = Instant::now();
     let got = newcomer.try_lock_for(&key, WAIT).unwrap();
     let took = start.elapsed();

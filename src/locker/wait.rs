@@ -89,10 +89,11 @@ impl<C: LockConnection> Locker<C> {
         // the server's lock queue, and what it needs set up first (a statement timeout, a
         // check of the client, the session id for a cancellation), is for a key found held.
         let mut tried = false;
-        // The first in line of a line it polls (no notifications heard) keeps its
-        // connection between its looks, which come every millisecond or so while the line
-        // moves: no checkout, and no test of the connection by the pool, per look.
-        // Declared after `place`, so dropped before it (giving the place up takes one).
+        // A waiter in a line it polls (no notifications heard) keeps its connection
+        // between its looks, which come every millisecond or so for the first in line
+        // while the line moves, and a few times per turn for those behind: no checkout, and
+        // no test of the connection by the pool, per look. Declared after `place`, so
+        // dropped before it (giving the place up takes one).
         let mut kept: Option<Pooled<C>> = None;
         loop {
             if cancel.is_some_and(Cancel::is_cancelled) {
@@ -191,8 +192,8 @@ impl<C: LockConnection> Locker<C> {
     ) -> Result<Option<Taken>> {
         // `kept`: where a waiter that polls keeps its connection between looks (see
         // `acquire_unmetered`): one kept there is used instead of a new checkout, and this
-        // one is kept there after the attempt if it only looked (or tried) and is first
-        // in line.
+        // one is kept there after the attempt if it only looked (or tried) and waits in
+        // line.
         #[cfg(all(test, feature = "postgres"))]
         tests::ATTEMPTS.with(|n| n.set(n.get() + 1));
         // Strategies that wait on the server use what is left of the deadline; a
@@ -297,7 +298,7 @@ impl<C: LockConnection> Locker<C> {
                 if !cancelled
                     && !interruptible
                     && matches!(attempt, Ok(None))
-                    && place.as_ref().is_some_and(|p| p.in_reach())
+                    && place.is_some()
                     && self.spare_connection() =>
             {
                 *k = conn.into_pooled();

@@ -26,6 +26,11 @@ const HEAD_POLL: Duration = Duration::from_millis(1);
 /// The longest pause of the first in line between looks, behind a holder that keeps the key.
 const HEAD_POLL_SLOW: Duration = Duration::from_millis(10);
 
+/// The longest pause before its next look for which a waiter that polls keeps its pooled
+/// connection (`wait.rs`): the first in line while the line moves or stands still briefly,
+/// and those behind it while the line moves quickly. A longer pause gives it back.
+pub(super) const KEEP_WITHIN: Duration = HEAD_POLL_SLOW;
+
 /// How often the first in line also tries the key itself: releases hand the key over, so a
 /// try finds it free only when no release did (a holder that died, a grant that lapsed, a
 /// forced release, a purge).

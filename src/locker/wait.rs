@@ -4,7 +4,7 @@
 
 use super::cancel::Cancel;
 use super::deadline::Deadline;
-use super::line::{place_ttl, Place};
+use super::line::{place_ttl, Place, KEEP_WITHIN};
 use super::Locker;
 use crate::backend::{LockConnection, Sql, Wait};
 use crate::backoff::{self, Backoff};
@@ -291,14 +291,17 @@ impl<C: LockConnection> Locker<C> {
             }
         }
         match kept {
-            // Kept only while the pool has another connection idle or room to open one: a
-            // thread of this process that needs one (a holder's release, say) gets it at
-            // once, or at the next look at the latest (when this one goes back).
+            // Kept only for a pause of at most `KEEP_WITHIN` before the next look, and
+            // while the pool has another connection idle or room to open one: a thread of
+            // this process that needs one (a holder's release, say) gets it at once, or at
+            // the next look at the latest (when this one goes back), within `KEEP_WITHIN`.
             Some(k)
                 if !cancelled
                     && !interruptible
                     && matches!(attempt, Ok(None))
-                    && place.is_some()
+                    && place
+                        .as_ref()
+                        .is_some_and(|p| p.pause(self.inner.max_backoff) <= KEEP_WITHIN)
                     && self.spare_connection() =>
             {
                 *k = conn.into_pooled();

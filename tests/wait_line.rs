@@ -300,10 +300,12 @@ fn impatient_and_panicking_waiters_leave_no_place(backend: &str, s: &str) {
         "a cancelled waiter's place"
     );
 
-    // A pool whose next checkout panics once, armed once the waiter is in line.
+    // A pool whose next checkout panics once, armed once the waiter is in line. Of one
+    // connection: a waiter that polls keeps its connection between looks only while the
+    // pool has another to give, so this one takes it from the pool for every look.
     let armed = Arc::new(AtomicBool::new(false));
     let panicky = pool_builder(backend)
-        .max_size(4)
+        .max_size(1)
         .event_handler(Box::new(PanicOnce(armed.clone())))
         .build(ConnectionManager::<AnyConnection>::new(&url))
         .unwrap();

@@ -758,6 +758,30 @@ fn polling_head_keeps_its_connection(backend: &str) {
     );
 }
 
+/// A pool built by `connect` hands out a SQLite connection without testing it first (the
+/// file opened in this process, which nothing can close), and a server's connection after
+/// r2d2's test (`SELECT 1`): a hand-over takes three connections from the pool.
+fn checkout_tests(backend: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(url) = url(backend, &dir) else {
+        return;
+    };
+    record_statements();
+    let pool = connect(&url).unwrap();
+    drop(pool.get().unwrap()); // opens the connection (its set-up statements aside)
+    let ((), seen) = recorded(|| {
+        for _ in 0..3 {
+            drop(pool.get().unwrap());
+        }
+    });
+    let tests = seen
+        .iter()
+        .filter(|q| q.trim_start().starts_with("SELECT 1"))
+        .count();
+    let expected = if backend == "sqlite" { 0 } else { 3 };
+    assert_eq!(tests, expected, "{seen:#?}");
+}
+
 macro_rules! lease_grant_suite {
     ($($name:ident: $backend:literal;)+) => {$(
         mod $name {
@@ -844,5 +868,21 @@ mod polling_head {
     #[test]
     fn pgbouncer_keeps_its_connection() {
         super::polling_head_keeps_its_connection("pgbouncer");
+    }
+}
+
+/// What a checkout of `connect`'s pool costs.
+mod checkout {
+    #[test]
+    fn sqlite_runs_no_test() {
+        super::checkout_tests("sqlite");
+    }
+    #[test]
+    fn pg_tests_the_connection() {
+        super::checkout_tests("pg");
+    }
+    #[test]
+    fn mysql_tests_the_connection() {
+        super::checkout_tests("mysql");
     }
 }

@@ -206,6 +206,11 @@ pub(crate) fn pool(
         // still connecting when a short-lived program exits can crash in libpq's TLS code.
         .min_idle(Some(0))
         .connection_timeout(CONNECTION_TIMEOUT)
+        // r2d2 tests a connection it hands out (`SELECT 1`) in case the server closed it
+        // meanwhile. A SQLite connection is the database file opened in this process: it
+        // cannot have been closed by anyone, and the test was a statement more per checkout
+        // (three per hand-over across processes).
+        .test_on_check_out(!matches!(target.backend, Backend::Sqlite))
         .connection_customizer(Box::new(AnyTuning {
             behind_pooler: target.behind_pooler,
             failures: failures.clone(),
@@ -237,7 +242,9 @@ const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
 /// the pool's connections run without diesel's cache of named prepared statements, which
 /// such a pooler breaks (docs/guide.md, "Behind a connection pooler": which strategies work
 /// there). The pool holds at most 10 connections unless the URL says
-/// `dlock_pool_size=N` (taken out too), and waits at most 10 s for one. Its failures to
+/// `dlock_pool_size=N` (taken out too), and waits at most 10 s for one. It tests a server's
+/// connection before handing it out (r2d2's `SELECT 1`), not a SQLite one (the file opened
+/// in this process, which nothing else can close). Its failures to
 /// connect (a database restarting, say) are logged at `warn` at most once per 10 s, the rest
 /// at `debug`.
 ///

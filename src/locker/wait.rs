@@ -82,6 +82,9 @@ impl<C: LockConnection> Locker<C> {
         // The error of the last attempt, while the attempts fail for want of the database:
         // a wait that ends so is an error (`Error::Unreachable`), not "held elsewhere".
         let mut unreachable: Option<Error>;
+        // Whether the wait, its deadline passed, made its one more attempt after a last one
+        // that lost its connection.
+        let mut last_chance_taken = false;
         // This thread's place in the key's line in the database (strategies with a line),
         // taken once the key was found held; given up when dropped without the lock.
         let mut place: Option<Place<'_, C>> = None;
@@ -101,6 +104,7 @@ impl<C: LockConnection> Locker<C> {
             }
             let server_wait = std::mem::replace(&mut tried, true);
             let keep = (listening == Some(false)).then_some(&mut kept);
+            let reused = keep.as_ref().is_some_and(|k| k.is_some());
             match self.attempt(
                 raw,
                 key,
@@ -137,6 +141,16 @@ impl<C: LockConnection> Locker<C> {
                         continue; // now the wait in the server's queue, at once
                     }
                 }
+                // The connection kept since the last look died meanwhile (a session ended by
+                // the server or an administrator): r2d2 tests a connection only as it hands
+                // it out, and this one was not handed out again. Tried again at once on one
+                // from the pool (which this attempt did not keep), before counting an outage:
+                // the database itself may well answer (found by an adversary: a session
+                // killed just before a wait's deadline made it end `Unreachable`).
+                Err(e) if reused && crate::error::is_connection_lost(&e) => {
+                    log::debug!("lock {key:?}: the connection kept between looks was lost ({e}); trying again on another");
+                    continue;
+                }
                 Err(e) if self.lost_the_database(&e, reached) => {
                     reached = true;
                     // One line per outage, not one per attempt.
@@ -164,6 +178,17 @@ impl<C: LockConnection> Locker<C> {
             };
             if deadline.remaining().is_some_and(|left| left.is_zero()) {
                 return match unreachable {
+                    // The last attempt lost its connection (a session ended by the server or
+                    // an administrator, not necessarily a database gone): one more, at once,
+                    // on another connection (the pool opens one if it must, for up to a
+                    // second), says which; only a database that does not answer it makes
+                    // the wait `Unreachable`. (Found by an adversary: a session killed just
+                    // before the deadline.)
+                    Some(e) if !last_chance_taken && crate::error::is_connection_lost(&e) => {
+                        last_chance_taken = true;
+                        log::debug!("lock {key:?}: the last attempt lost its connection ({e}); one more on another");
+                        continue;
+                    }
                     Some(e) => Err(Error::Unreachable {
                         key: key.to_owned(),
                         source: Box::new(e),
@@ -556,10 +581,12 @@ impl<C: LockConnection> Locker<C> {
             Deadline::Never => pool.connection_timeout(),
             Deadline::At(_) => {
                 let state = pool.state();
-                if state.idle_connections == 0 && state.connections < pool.max_size() {
-                    // The pool opens a connection for us: on a loaded machine that is not
-                    // waiting for the lock, and a short deadline still gets a second for it
-                    // (opening one can take longer than a short deadline); but no more than
+                if state.idle_connections > 0 || state.connections < pool.max_size() {
+                    // The pool opens a connection for us (none is idle, or the idle ones
+                    // turn out dead when tested: a server restarted, sessions killed): on a
+                    // loaded machine that is not waiting for the lock, and a short deadline
+                    // still gets a second for it (opening one can take longer than a short
+                    // deadline; an idle one that is alive comes at once); but no more than
                     // the deadline beyond that, so that a server that does not answer holds
                     // the call up by at most that second, not the pool's whole timeout.
                     deadline

@@ -35,6 +35,12 @@ fn the_listener_thread_ends_with_the_locker() {
         .try_lock_for(&key, Duration::from_millis(50))
         .unwrap()
         .is_none());
+    // Spawned by that wait; a thread takes its name itself once it first runs, which on a
+    // loaded machine can come a moment after the wait returned (seen once, load 19: 0 here).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while listeners() == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     assert_eq!(listeners(), 1);
     drop(first);
     let clone = locker.clone();

@@ -114,7 +114,10 @@ pub enum Error {
     },
     /// A wait gave up at its deadline while its last attempts could not reach the database
     /// (a server down or restarting, a network cut): unlike `Ok(None)`, this does not mean
-    /// that another process holds the key. The source is the last attempt's error.
+    /// that another process holds the key. A last attempt that only lost its connection (a
+    /// session ended by the server or an administrator) is followed by one more on another
+    /// connection, so a database that answers that one does not make a wait end so. The
+    /// source is the last attempt's error.
     Unreachable {
         /// The key waited for.
         key: String,

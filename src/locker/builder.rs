@@ -483,6 +483,7 @@ impl<C: LockConnection> LockerBuilder<C> {
                 max_backoff: self.max_backoff,
                 schema_current: AtomicBool::new(false),
                 schema_waited: AtomicBool::new(false),
+                kept: AtomicUsize::new(0),
                 #[cfg(feature = "postgres")]
                 listener,
                 #[cfg(all(feature = "sqlite", target_os = "linux"))]

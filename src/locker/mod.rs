@@ -118,6 +118,9 @@ pub(crate) struct Inner<C: LockConnection> {
     /// Set once a schema check has waited for a migration committed elsewhere to show: the
     /// next checks of a database that is not migrated answer at once.
     schema_waited: AtomicBool,
+    /// The pooled connections this `Locker`'s polling waiters keep between their looks
+    /// (`wait.rs`, `Kept`): at most half the pool.
+    kept: std::sync::atomic::AtomicUsize,
     /// PostgreSQL with `listen_url`: the thread that hears other processes' releases.
     /// Dropped (and joined) with the last clone of the `Locker`.
     #[cfg(feature = "postgres")]

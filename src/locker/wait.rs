@@ -13,9 +13,44 @@ use crate::strategy::session::discard;
 use crate::strategy::{Conn, Pooled, RawLock, Strategy, Taken};
 use crate::sync::Unpoison;
 use crate::{key, Error, Result};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// The connection a waiter that polls keeps between its looks (`Locker::acquire_unmetered`),
+/// counted in its `Locker`'s `kept`, which `put` holds to `most` (half the pool).
+pub(super) struct Kept<'a, C: LockConnection> {
+    conn: Option<Pooled<C>>,
+    count: &'a AtomicUsize,
+    most: u32,
+}
+
+impl<C: LockConnection> Kept<'_, C> {
+    /// The kept connection, if there is one (no longer counted).
+    fn take(&mut self) -> Option<Pooled<C>> {
+        let conn = self.conn.take();
+        if conn.is_some() {
+            self.count.fetch_sub(1, Ordering::Relaxed);
+        }
+        conn
+    }
+
+    /// Keeps `conn`, unless half the pool is kept already (then it goes back to the pool).
+    fn put(&mut self, conn: Pooled<C>) {
+        let most = usize::try_from(self.most).unwrap_or(usize::MAX);
+        if self.count.fetch_add(1, Ordering::Relaxed) < most {
+            self.conn = Some(conn);
+        } else {
+            self.count.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl<C: LockConnection> Drop for Kept<'_, C> {
+    fn drop(&mut self) {
+        drop(self.take());
+    }
+}
 
 impl<C: LockConnection> Locker<C> {
     pub(super) fn acquire_unmetered(
@@ -97,14 +132,18 @@ impl<C: LockConnection> Locker<C> {
         // while the line moves, and a few times per turn for those behind: no checkout, and
         // no test of the connection by the pool, per look. Declared after `place`, so
         // dropped before it (giving the place up takes one).
-        let mut kept: Option<Pooled<C>> = None;
+        let mut kept = Kept {
+            conn: None,
+            count: &self.inner.kept,
+            most: self.inner.pool.max_size() / 2,
+        };
         loop {
             if cancel.is_some_and(Cancel::is_cancelled) {
                 return Ok(None);
             }
             let server_wait = std::mem::replace(&mut tried, true);
             let keep = (listening == Some(false)).then_some(&mut kept);
-            let reused = keep.as_ref().is_some_and(|k| k.is_some());
+            let reused = keep.as_ref().is_some_and(|k| k.conn.is_some());
             match self.attempt(
                 raw,
                 key,
@@ -213,7 +252,7 @@ impl<C: LockConnection> Locker<C> {
         server_wait: bool,
         cancel: Option<&Cancel>,
         place: &mut Option<Place<'a, C>>,
-        kept: Option<&mut Option<Pooled<C>>>,
+        kept: Option<&mut Kept<'_, C>>,
     ) -> Result<Option<Taken>> {
         // `kept`: where a waiter that polls keeps its connection between looks (see
         // `acquire_unmetered`): one kept there is used instead of a new checkout, and this
@@ -316,10 +355,11 @@ impl<C: LockConnection> Locker<C> {
             }
         }
         match kept {
-            // Kept only for a pause of at most `KEEP_WITHIN` before the next look, and
-            // while the pool has another connection idle or room to open one: a thread of
-            // this process that needs one (a holder's release, say) gets it at once, or at
-            // the next look at the latest (when this one goes back), within `KEEP_WITHIN`.
+            // Kept only for a pause of at most `KEEP_WITHIN` before the next look, while
+            // the pool has another connection idle or room to open one, and by at most half
+            // the pool's connections at once (`Kept::put`): a thread of this process that
+            // needs one (a holder's release, a heartbeat, a short wait) gets it at once, or
+            // at a keeper's next look at the latest (when its connection goes back).
             Some(k)
                 if !cancelled
                     && !interruptible
@@ -329,7 +369,9 @@ impl<C: LockConnection> Locker<C> {
                         .is_some_and(|p| p.pause(self.inner.max_backoff) <= KEEP_WITHIN)
                     && self.spare_connection() =>
             {
-                *k = conn.into_pooled();
+                if let Some(c) = conn.into_pooled() {
+                    k.put(c);
+                }
             }
             _ => drop(conn),
         }

@@ -523,9 +523,9 @@ fn storm(g: &Galera, pools: &[MyPool], s: Strategy) {
 }
 
 /// The line of waiters across nodes: a holder on node 0, then a waiter on node 1, then one on
-/// node 2, each joining once the one before has its place (seen from node 0, as `dlock
-/// list` would show it); after the release they are served in that order, with increasing
-/// tokens. Row and Lease.
+/// node 2, each joining once the one before has its place (seen from every node, as `dlock
+/// list` would show it there); after the release they are served in that order, with
+/// increasing tokens. Row and Lease.
 #[test]
 fn waiters_on_different_nodes_are_served_in_line() {
     if !galera::available() {
@@ -537,12 +537,19 @@ fn waiters_on_different_nodes_are_served_in_line() {
         locker(&pools[0], s).migrate().unwrap();
         let key = format!("galera-line-{}", s.name());
         let holder = locker(&pools[0], s).lock(&key).unwrap();
+        // Every node sees `n` waiters: a place is numbered by the node it joins on, above
+        // the places that node has applied, so the next waiter's node must have applied
+        // the earlier one's place for the line to put it behind (seen once: node 2, still
+        // applying node 1's place at load 12-19, numbered its own below it).
         let waiting = |n: u32| {
             let deadline = Instant::now() + Duration::from_secs(20);
             loop {
-                let info =
-                    diesel_lock::admin::lock_info(&mut *pools[0].get().unwrap(), &key).unwrap();
-                if info.first().is_some_and(|i| i.waiting >= n) {
+                let seen = pools.iter().all(|pool| {
+                    let info =
+                        diesel_lock::admin::lock_info(&mut *pool.get().unwrap(), &key).unwrap();
+                    info.first().is_some_and(|i| i.waiting >= n)
+                });
+                if seen {
                     return;
                 }
                 assert!(

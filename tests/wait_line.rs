@@ -206,7 +206,8 @@ fn a_killed_second_in_line_is_passed_over(backend: &str, s: &str) {
 /// Two wait in line; the first is SIGKILLed (and, in a second round, SIGSTOPped) just before
 /// the holder's release, which grants it the key: the grant lapses with its place, and the
 /// second gets the key within the place's ttl (2 s with the default `max_backoff`) + 1 s,
-/// with a token above the one the dead head was granted.
+/// with a token above the one the dead head was granted. The release comes only once the
+/// head is dead (`wait`) or wholly stopped (`stop_wholly`).
 fn a_killed_head_loses_its_grant(backend: &str, s: &str) {
     let dir = tempfile::tempdir().unwrap();
     let Some(url) = url(backend, &dir) else {
@@ -230,10 +231,8 @@ fn a_killed_head_loses_its_grant(backend: &str, s: &str) {
             kids.push(spawn(&url, s, &key, &i.to_string(), &file, 0));
             until_waiting(&mut admin_pool, &key, i + 1);
         }
-        let pid = kids[0].id().to_string();
         if stop {
-            let st = Command::new("kill").args(["-STOP", &pid]).status().unwrap();
-            assert!(st.success());
+            stop_wholly(&kids[0]);
         } else {
             kids[0].kill().unwrap();
             kids[0].wait().unwrap();
@@ -246,7 +245,7 @@ fn a_killed_head_loses_its_grant(backend: &str, s: &str) {
         assert!(took < Duration::from_secs(3), "{took:?}");
         assert!(kids[1].wait().unwrap().success());
         if stop {
-            Command::new("kill").args(["-KILL", &pid]).status().unwrap();
+            kids[0].kill().unwrap();
             kids[0].wait().unwrap();
         }
         let order = std::fs::read_to_string(&file).unwrap();
@@ -258,6 +257,25 @@ fn a_killed_head_loses_its_grant(backend: &str, s: &str) {
             "token {token} after {first} and the dead head's grant"
         );
         assert_eq!(waiting(&mut admin_pool, &key), 0);
+    }
+}
+
+/// Stops `child` (SIGSTOP) and returns once all its threads have stopped. `kill` returning
+/// is not enough: the kernel wakes one thread to take a SIGSTOP, and the process's other
+/// threads run on until that one gets the CPU and stops them all. On a loaded machine a
+/// head "stopped" so still heard the grant the holder's release then rang (its doorbell's
+/// thread) and took the key, 12-82 ms after the release, before it stopped: two lines in
+/// the order file (`sqlite_row`: 5 runs of 44 with 8 busy loops on the test's one core).
+/// `waitpid` with `WUNTRACED` reports a stop only once the whole thread group has stopped.
+fn stop_wholly(child: &Child) {
+    use nix::sys::signal::{kill, Signal};
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    use nix::unistd::Pid;
+    let pid = Pid::from_raw(i32::try_from(child.id()).unwrap());
+    kill(pid, Signal::SIGSTOP).unwrap();
+    match waitpid(pid, Some(WaitPidFlag::WUNTRACED)).unwrap() {
+        WaitStatus::Stopped(_, Signal::SIGSTOP) => {}
+        other => panic!("the child did not stop: {other:?}"),
     }
 }
 

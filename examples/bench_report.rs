@@ -431,7 +431,7 @@ fn markdown(
         .filter_map(|((o, s), r)| r.raw_silent.map(|x| (o, s, r.raw, x)))
         .collect();
     if !notify.is_empty() {
-        writeln!(m, "\nWhat `pg_notify` in the release statement costs (raw floors, same rotation):\n\n| strategy | backend | release with NOTIFY, cycles/s | without, cycles/s | cost |\n|---|---|---:|---:|---:|").unwrap();
+        writeln!(m, "\nWhat the line costs a release with nobody waiting, its look into `dlock_waiters` (raw floors, same rotation; a waiter in line sends the release to the hand-over statement, with its `pg_notify`):\n\n| strategy | backend | release looking at the line, cycles/s | plain release, cycles/s | cost |\n|---|---|---:|---:|---:|").unwrap();
         for (o, s, with, without) in notify {
             writeln!(
                 m,

@@ -654,6 +654,39 @@ fn granted_lease_taken_by_its_look(backend: &str) {
     );
 }
 
+/// A release with nobody in the key's line is one statement: the plain release, which
+/// looks at the line in the same statement, not the hand-over's (PostgreSQL's CTEs, MySQL's
+/// read of the first place before it). The key is free after it, for another `Locker` at
+/// once.
+fn uncontended_release_is_one_statement(backend: &str, s: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(url) = url(backend, &dir) else {
+        return;
+    };
+    record_statements();
+    let a = locker(&url, s, "alone-a");
+    a.migrate().unwrap();
+    let b = locker(&url, s, "next-b");
+    let admin_pool = connect(&url).unwrap();
+    let key = common::unique_key(&format!("handover-alone-{s}"));
+    let g = a.lock(&key).unwrap();
+    let (released, seen) = recorded(|| g.release());
+    released.unwrap();
+    let statements: Vec<&String> = seen
+        .iter()
+        .filter(|q| !q.trim_start().starts_with("SELECT 1"))
+        .collect();
+    assert_eq!(statements.len(), 1, "{seen:#?}");
+    assert_eq!(
+        count_of(&seen, "NOT EXISTS (SELECT 1 FROM dlock_waiters w"),
+        1,
+        "not the release that looks at the line: {seen:#?}"
+    );
+    assert_eq!(holder_and_waiting(&admin_pool, &key), (None, 0));
+    let next = b.try_lock(&key).unwrap().expect("the key was not free");
+    next.release().unwrap();
+}
+
 /// A `Locker` that comes back for a key it found contended lately (here: it waited for it,
 /// and someone waits behind it as it releases) joins the line at once, without trying the
 /// key first (the try would find it granted to the next in line); it is then served after
@@ -909,6 +942,10 @@ macro_rules! handover_suite {
             #[test]
             fn contended_key_joins_without_a_try() {
                 super::contended_key_joins_without_a_try($backend, $strategy);
+            }
+            #[test]
+            fn uncontended_release_is_one_statement() {
+                super::uncontended_release_is_one_statement($backend, $strategy);
             }
         }
     )+};

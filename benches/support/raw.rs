@@ -17,8 +17,8 @@ pub struct Pair {
     pub raw: Box<dyn FnMut()>,
     /// The statements of one cycle, for the report.
     pub statements: &'static str,
-    /// PostgreSQL Row and Lease: the raw floor with releases that do not `pg_notify`, to
-    /// measure what the notification costs.
+    /// PostgreSQL Row and Lease: the raw floor with plain releases that do not look at the
+    /// key's line, to measure what that look costs.
     pub raw_without_notify: Option<Box<dyn FnMut()>>,
     /// Session strategies: the lock alone with no token at all (`pg_advisory_lock` +
     /// `pg_advisory_unlock`, `GET_LOCK` + `RELEASE_LOCK`, `BEGIN; SELECT … FOR UPDATE;
@@ -137,20 +137,16 @@ pub mod pg {
             .id
     }
 
-    /// `notify: false` runs the release of the backends without notifications (the same
-    /// DELETE, without the `pg_notify` around it).
+    /// `notify: true` runs the library's release while nobody is in the key's line (the
+    /// DELETE if no place is live; a place sends it to the hand-over statement, which
+    /// notifies); `false` the plain DELETE, with no look at the line.
     pub fn row_release(c: &mut PgConnection, id: i64, notify: bool) {
         let n = if notify {
-            sql(lib::ROW_RELEASE)
+            sql(lib::ROW_RELEASE_ALONE)
                 .bind::<BigInt, _>(id)
                 .bind::<Text, _>(HOLDER)
-                .bind::<BigInt, _>(id)
-                .bind::<Text, _>(HOLDER)
-                .bind::<BigInt, _>(id)
-                .bind::<Text, _>(HOLDER)
-                .get_result::<One>(c)
+                .execute(c)
                 .expect("row release")
-                .one as usize
         } else {
             sql(shared::ROW_RELEASE)
                 .bind::<BigInt, _>(id)
@@ -183,16 +179,12 @@ pub mod pg {
     /// `notify: false` as in `row_release`.
     pub fn lease_release(c: &mut PgConnection, key: &str, notify: bool) {
         let n = if notify {
-            sql(lib::LEASE_RELEASE)
-                .bind::<Text, _>(key)
+            sql(lib::LEASE_RELEASE_ALONE)
                 .bind::<Text, _>(key)
                 .bind::<Text, _>(HOLDER)
                 .bind::<Text, _>(key)
-                .bind::<BigInt, _>(diesel_lock::__bench_sql::NO_PLACE)
-                .bind::<Text, _>(HOLDER)
-                .get_result::<One>(c)
+                .execute(c)
                 .expect("lease release")
-                .one as usize
         } else {
             sql(shared::LEASE_RELEASE)
                 .bind::<Text, _>(key)
@@ -341,14 +333,14 @@ pub mod pg {
                     let id = row_acquire(&mut pool.get().unwrap(), &k);
                     row_release(&mut pool.get().unwrap(), id, true);
                 }),
-                "INSERT … ON CONFLICT DO NOTHING RETURNING (token CTE); DELETE by id + pg_notify (CTE)",
+                "INSERT … ON CONFLICT DO NOTHING RETURNING (token CTE); DELETE by id if nobody is in line",
             ),
             Strategy::Lease { .. } => (
                 Box::new(move || {
                     lease_acquire(&mut pool.get().unwrap(), &k);
                     lease_release(&mut pool.get().unwrap(), &k, true);
                 }),
-                "UPDATE if free, else token upsert + INSERT (one CTE) RETURNING; UPDATE … holder = NULL + pg_notify (CTE)",
+                "UPDATE if free, else token upsert + INSERT (one CTE) RETURNING; UPDATE … holder = NULL if nobody is in line",
             ),
             Strategy::ForUpdate => (
                 Box::new(move || {
@@ -575,22 +567,15 @@ pub mod mysql {
                         .unwrap();
                     drop(c);
                     let mut c = pool.get().unwrap();
-                    let waits = sql(lib::ROW_FIRST_PLACE)
-                        .bind::<BigInt, _>(a.id)
-                        .bind::<BigInt, _>(0_i64)
+                    let n = sql(lib::ROW_RELEASE_ALONE)
                         .bind::<BigInt, _>(a.id)
                         .bind::<Text, _>(HOLDER)
-                        .load::<Place>(&mut c)
-                        .unwrap();
-                    assert!(waits.is_empty());
-                    let n = sql(lib::ROW_RELEASE)
-                        .bind::<BigInt, _>(a.id)
                         .bind::<Text, _>(HOLDER)
                         .execute(&mut c)
                         .unwrap();
                     assert_eq!(n, 1);
                 }),
-                "counter upsert; INSERT IGNORE … SELECT while the counter is ours; SELECT by LAST_INSERT_ID(); anyone waiting?; DELETE by id and holder",
+                "counter upsert; INSERT IGNORE … SELECT while the counter is ours; SELECT by LAST_INSERT_ID(); DELETE by id and holder if nobody is in line",
             ),
             Strategy::Lease { .. } => (
                 Box::new(move || {
@@ -612,22 +597,16 @@ pub mod mysql {
                         .unwrap();
                     drop(c);
                     let mut c = pool.get().unwrap();
-                    let waits = sql(lib::LEASE_FIRST_PLACE)
-                        .bind::<Text, _>(&k)
-                        .bind::<BigInt, _>(0_i64)
+                    let n = sql(lib::LEASE_RELEASE_ALONE)
                         .bind::<Text, _>(&k)
                         .bind::<Text, _>(HOLDER)
-                        .load::<Place>(&mut c)
-                        .unwrap();
-                    assert!(waits.is_empty());
-                    let n = sql(lib::LEASE_RELEASE)
                         .bind::<Text, _>(&k)
                         .bind::<Text, _>(HOLDER)
                         .execute(&mut c)
                         .unwrap();
                     assert_eq!(n, 1);
                 }),
-                "INSERT … ON DUPLICATE KEY UPDATE; SELECT token; anyone waiting?; UPDATE … holder = NULL",
+                "INSERT … ON DUPLICATE KEY UPDATE; SELECT token; UPDATE … holder = NULL if nobody is in line",
             ),
             Strategy::ForUpdate => (
                 Box::new(move || {

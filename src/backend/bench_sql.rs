@@ -14,7 +14,10 @@ pub mod shared {
 /// PostgreSQL's statements.
 #[cfg(feature = "postgres")]
 pub mod pg {
-    pub use crate::backend::pg::locks::{LEASE_ACQUIRE, LEASE_RELEASE, ROW_ACQUIRE, ROW_RELEASE};
+    pub use crate::backend::pg::locks::{
+        LEASE_ACQUIRE, LEASE_RELEASE, LEASE_RELEASE_ALONE, ROW_ACQUIRE, ROW_RELEASE,
+        ROW_RELEASE_ALONE,
+    };
     pub use crate::backend::pg::sessions::{
         ADVISORY_LOCK, ADVISORY_UNLOCK, ADVISORY_XACT_LOCK, FOR_UPDATE_LOCK,
     };
@@ -24,8 +27,8 @@ pub mod pg {
 #[cfg(feature = "mysql")]
 pub mod mysql {
     pub use crate::backend::mysql::locks::{
-        LEASE_FIRST_PLACE, LEASE_READ_BACK, LEASE_UPSERT, ROW_BUMP, ROW_FIRST_PLACE, ROW_INSERT,
-        ROW_READ_BACK,
+        LEASE_FIRST_PLACE, LEASE_READ_BACK, LEASE_RELEASE_ALONE, LEASE_UPSERT, ROW_BUMP,
+        ROW_FIRST_PLACE, ROW_INSERT, ROW_READ_BACK, ROW_RELEASE_ALONE,
     };
     pub use crate::backend::mysql::sessions::{
         ADVISORY_LOCK, ADVISORY_UNLOCK, FOR_UPDATE_LOCK, FOR_UPDATE_LOCK_ONLY, GET_LOCK,

@@ -219,6 +219,40 @@ struct Id {
     id: i64,
 }
 
+/// Whether nobody is in the key's line (`$key`, SQL): no live place, and no place of the
+/// releaser's own (its holder id, bound), which a grant gave it the key from and its
+/// confirmation left lapsed (`confirmed_place!`) for the release to remove. The releases'
+/// first try (`ROW_RELEASE_ALONE`, `LEASE_RELEASE_ALONE`) is then the plain one; any such
+/// place, a reader's or a permit's too, sends the release to `release_or_grant`. The
+/// statement's subquery is a locking read (shared next-key locks on the key's places, taken
+/// after the lock of the row or lease released, the order of a grant's and a
+/// confirmation's), held until its autocommit: a place joining meanwhile waits for it.
+macro_rules! nobody_in_line {
+    ($key:literal) => {
+        concat!(
+            "NOT EXISTS (SELECT 1 FROM dlock_waiters w WHERE w.lock_key = ",
+            $key,
+            " AND (w.expires_at > UTC_TIMESTAMP(6) OR w.holder = ?))"
+        )
+    };
+}
+
+/// `row_release` while nobody is in the key's line (`nobody_in_line!`): the DELETE by id and
+/// holder id, one statement, with no read of the line before it; 0 rows (the line not
+/// empty, or the row not ours) runs `release_or_grant`. A place that joins after it tries
+/// the key once it has joined (`wait.rs`), as after `release_or_grant`'s read.
+pub const ROW_RELEASE_ALONE: &str = concat!(
+    "DELETE FROM dlock_rows WHERE id = ? AND COALESCE(holder, '') = ? AND ",
+    nobody_in_line!("dlock_rows.lock_key")
+);
+
+/// `lease_release` while nobody is in the key's line, as `ROW_RELEASE_ALONE`.
+pub const LEASE_RELEASE_ALONE: &str = concat!(
+    "UPDATE dlock_leases SET holder_id = NULL, expires_at = NULL \
+     WHERE lock_key = ? AND holder_id = ? AND ",
+    nobody_in_line!("?")
+);
+
 /// A release of `Row` or `Lease`: a consistent read of the first live place of the key
 /// waiting for a grant (`first`, after the place id given; it also names the releaser's own
 /// confirmed place, if it took the key by a grant: see `confirmed!`); nobody, the plain
@@ -273,6 +307,14 @@ impl Locks for MysqlConnection {
     shared::statements!(row_held, row_give_back);
 
     fn row_release(&mut self, id: i64, holder: &str) -> QueryResult<bool> {
+        let alone = stmt(ROW_RELEASE_ALONE)
+            .bind::<BigInt, _>(id)
+            .bind::<Text, _>(holder)
+            .bind::<Text, _>(holder)
+            .execute(self)?;
+        if alone == 1 {
+            return Ok(true);
+        }
         // The hand-over is one statement, which locks the key's counter, then its row, then
         // the place (`ROW_GRANT`; the acquisitions lock the counter, then insert the row; a
         // place's own statements lock the place only, and the confirmation the row, then the
@@ -299,6 +341,15 @@ impl Locks for MysqlConnection {
     }
 
     fn lease_release(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
+        let alone = stmt(LEASE_RELEASE_ALONE)
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(holder)
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(holder)
+            .execute(self)?;
+        if alone == 1 {
+            return Ok(true);
+        }
         // The hand-over is one statement, which locks the lease's row, then the place
         // (`LEASE_GRANT`), as the confirmation does.
         release_or_grant(

@@ -392,7 +392,8 @@ fn granted_lease_released_at_once(backend: &str) {
 
 /// A granted `Lease` kept past the grant's deadline (its place's expiry, 2 s from the
 /// place's last renewal with this configuration): the heartbeat's confirmation gives it
-/// the lease's own ttl (10 s), and it is still held after the deadline.
+/// the lease's own ttl (10 s), and it is still held after the deadline. Also while the
+/// waiter's heartbeat thread sleeps for another lease, due later than the confirmation.
 fn granted_lease_kept_is_confirmed(backend: &str) {
     let dir = tempfile::tempdir().unwrap();
     let Some(url) = url(backend, &dir) else {
@@ -403,6 +404,10 @@ fn granted_lease_kept_is_confirmed(backend: &str) {
     let b = locker(&url, "lease", "keeper-b");
     let admin_pool = connect(&url).unwrap();
     let key = common::unique_key("handover-kept");
+    // `b` holds another lease throughout: its heartbeat thread sleeps until that one's
+    // renewal (a third of the ttl, 3.3 s), past the grant's deadline to confirm (2 s), and
+    // the grant must wake it.
+    let other = b.lock(&common::unique_key("handover-kept-other")).unwrap();
     let g = a.lock(&key).unwrap();
     let (got_tx, got_rx) = mpsc::channel();
     let (done_tx, done_rx) = mpsc::channel::<()>();
@@ -443,6 +448,7 @@ fn granted_lease_kept_is_confirmed(backend: &str) {
         .unwrap()
         .expect("the confirmed lease was lost");
     assert_eq!(holder_and_waiting(&admin_pool, &key), (None, 0));
+    other.release().unwrap();
 }
 
 /// A granted `Lease` whose confirmation never comes (the heartbeat stopped right before

@@ -693,6 +693,54 @@ fn uncontended_release_is_one_statement(backend: &str, s: &str) {
     next.release().unwrap();
 }
 
+/// A holder a release granted the key releases with the hand-over at once: others were in
+/// line a moment ago, and the plain release that goes first when nobody is would find a
+/// place and touch nothing. The next in line gets the key.
+fn granted_holder_hands_on_at_once(backend: &str, s: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(url) = url(backend, &dir) else {
+        return;
+    };
+    record_statements();
+    let a = locker(&url, s, "first-a");
+    a.migrate().unwrap();
+    let b = locker(&url, s, "granted-b");
+    let c = locker(&url, s, "next-c");
+    let admin_pool = connect(&url).unwrap();
+    let key = common::unique_key(&format!("handover-on-{s}"));
+    let held_by_a = a.lock(&key).unwrap();
+    let (got_tx, got_rx) = mpsc::channel::<()>();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let b_waits = {
+        let (b, key) = (b.clone(), key.clone());
+        std::thread::spawn(move || {
+            let g = b.lock(&key).unwrap();
+            got_tx.send(()).unwrap();
+            go_rx.recv().unwrap();
+            let (released, seen) = recorded(|| g.release());
+            released.unwrap();
+            seen
+        })
+    };
+    until_waiting(&admin_pool, &key, 1);
+    held_by_a.release().unwrap();
+    got_rx.recv().unwrap();
+    let c_waits = {
+        let (c, key) = (c.clone(), key.clone());
+        std::thread::spawn(move || c.lock(&key).unwrap().token())
+    };
+    until_waiting(&admin_pool, &key, 1);
+    go_tx.send(()).unwrap();
+    let seen = b_waits.join().unwrap();
+    c_waits.join().unwrap();
+    assert_eq!(
+        count_of(&seen, "NOT EXISTS (SELECT 1 FROM dlock_waiters w"),
+        0,
+        "the granted holder tried the plain release first: {seen:#?}"
+    );
+    assert_eq!(holder_and_waiting(&admin_pool, &key), (None, 0));
+}
+
 /// A `Locker` that comes back for a key it found contended lately (here: it waited for it,
 /// and someone waits behind it as it releases) joins the line at once, without trying the
 /// key first (the try would find it granted to the next in line); it is then served after
@@ -952,6 +1000,10 @@ macro_rules! handover_suite {
             #[test]
             fn uncontended_release_is_one_statement() {
                 super::uncontended_release_is_one_statement($backend, $strategy);
+            }
+            #[test]
+            fn granted_holder_hands_on_at_once() {
+                super::granted_holder_hands_on_at_once($backend, $strategy);
             }
         }
     )+};

@@ -335,6 +335,13 @@ pub(crate) mod sealed {
         /// id alone is not enough: after a failover to a standby that lagged, the same id can
         /// be handed out again to another holder.
         fn row_release(&mut self, id: i64, holder: &str) -> QueryResult<bool>;
+        /// `row_release` of a row a release granted (confirmed by `row_confirm`): others were
+        /// in line a moment ago and most likely still are, so the hand-over runs at once,
+        /// without the plain release that goes first when nobody is in line (which would
+        /// find a place and touch nothing: a statement for nothing on every hand-over).
+        fn row_release_granted(&mut self, id: i64, holder: &str) -> QueryResult<bool> {
+            self.row_release(id, holder)
+        }
         /// Whether the row `id` is still there and still `holder`'s, as `row_release` matches.
         fn row_held(&mut self, id: i64, holder: &str) -> QueryResult<bool>;
         /// Confirms a grant (`row_release` gave the key to place `place`, whose holder id is
@@ -393,6 +400,7 @@ pub(crate) mod sealed {
         /// look that saw the grant, `Lines::line_look_lease`), whose confirmation, which removes the place, may not have run
         /// yet: the place goes too (PostgreSQL, by its id in the same statement; SQLite's
         /// trigger and MySQL's release remove it by the holder id whatever the caller says).
+        /// The hand-over at once, as `row_release_granted`.
         fn lease_release_granted(
             &mut self,
             key: &str,

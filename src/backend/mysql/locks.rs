@@ -315,6 +315,10 @@ impl Locks for MysqlConnection {
         if alone == 1 {
             return Ok(true);
         }
+        self.row_release_granted(id, holder)
+    }
+
+    fn row_release_granted(&mut self, id: i64, holder: &str) -> QueryResult<bool> {
         // The hand-over is one statement, which locks the key's counter, then its row, then
         // the place (`ROW_GRANT`; the acquisitions lock the counter, then insert the row; a
         // place's own statements lock the place only, and the confirmation the row, then the
@@ -350,6 +354,10 @@ impl Locks for MysqlConnection {
         if alone == 1 {
             return Ok(true);
         }
+        self.lease_release_granted(key, holder, crate::backend::NO_PLACE)
+    }
+
+    fn lease_release_granted(&mut self, key: &str, holder: &str, _place: i64) -> QueryResult<bool> {
         // The hand-over is one statement, which locks the lease's row, then the place
         // (`LEASE_GRANT`), as the confirmation does.
         release_or_grant(

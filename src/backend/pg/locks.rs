@@ -314,6 +314,10 @@ impl Locks for PgConnection {
         if alone == 1 {
             return Ok(true);
         }
+        self.row_release_granted(id, holder)
+    }
+
+    fn row_release_granted(&mut self, id: i64, holder: &str) -> QueryResult<bool> {
         stmt(ROW_RELEASE)
             .bind::<BigInt, _>(id)
             .bind::<Text, _>(holder)

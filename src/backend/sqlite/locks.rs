@@ -103,6 +103,10 @@ impl Locks for SqliteConnection {
         if n == 1 {
             return Ok(true);
         }
+        self.row_release_granted(id, holder)
+    }
+
+    fn row_release_granted(&mut self, id: i64, holder: &str) -> QueryResult<bool> {
         let granted = write_txn(self, |c| {
             let key = stmt(
                 "SELECT lock_key AS n FROM dlock_rows WHERE id = ? AND COALESCE(holder, '') = ?",

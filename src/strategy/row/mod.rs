@@ -161,10 +161,10 @@ impl<C: LockConnection> RowLock<C> {
             return Ok(conn
                 .sql()
                 .row_confirm(key, place, &holder, self.stale_us)?
-                .map(|a| self.taken(a, &holder)));
+                .map(|a| self.taken(a, &holder, true)));
         }
         if let Some(a) = self.insert(conn, key, &holder, retry)? {
-            return Ok(Some(self.taken(a, &holder)));
+            return Ok(Some(self.taken(a, &holder, false)));
         }
         // The holder's row goes stale only past the limit its *holder* set (never, without
         // one), whatever this Locker's own `stale_after` says. One conditional DELETE removes
@@ -177,17 +177,19 @@ impl<C: LockConnection> RowLock<C> {
             );
             return Ok(self
                 .insert(conn, key, &holder, false)?
-                .map(|a| self.taken(a, &holder)));
+                .map(|a| self.taken(a, &holder, false)));
         }
         Ok(None)
     }
 
-    fn taken(&self, a: Acquired, holder: &str) -> Taken {
+    /// The hold of row `a`; `granted`: a release handed it over (see `RowHold::granted`).
+    fn taken(&self, a: Acquired, holder: &str, granted: bool) -> Taken {
         Taken {
             hold: Box::new(RowHold {
                 pool: self.pool.clone(),
                 id: a.id,
                 holder: holder.to_owned(),
+                granted,
             }),
             token: a.token,
             acquired_at: a.acquired_at,
@@ -201,11 +203,20 @@ struct RowHold<C: LockConnection> {
     pool: Pool<C>,
     id: i64,
     holder: String,
+    /// A release handed this row over (others were in line): its own release hands it on
+    /// at once (`Locks::row_release_granted`).
+    granted: bool,
 }
 
 impl<C: LockConnection> Hold for RowHold<C> {
     fn release(self: Box<Self>, _key: &str) -> Result<bool> {
-        with_conn(&self.pool, |c| c.sql().row_release(self.id, &self.holder))
+        with_conn(&self.pool, |c| {
+            if self.granted {
+                c.sql().row_release_granted(self.id, &self.holder)
+            } else {
+                c.sql().row_release(self.id, &self.holder)
+            }
+        })
     }
 
     fn held(&self, _key: &str) -> Result<bool> {

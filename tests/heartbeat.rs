@@ -85,6 +85,49 @@ fn dropping_the_locker_stops_its_heartbeat_thread() {
     assert_eq!(threads_named("dlock-heartbeat"), before);
 }
 
+/// Context switches of this process's heartbeat threads so far.
+fn heartbeat_switches() -> u64 {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| {
+            let p = t.ok()?.path();
+            let comm = std::fs::read_to_string(p.join("comm")).ok()?;
+            (comm.trim_end() == "dlock-heartbeat").then(|| {
+                std::fs::read_to_string(p.join("status"))
+                    .unwrap_or_default()
+                    .lines()
+                    .filter(|l| l.contains("ctxt_switches"))
+                    .filter_map(|l| l.split_whitespace().last()?.parse::<u64>().ok())
+                    .sum::<u64>()
+            })
+        })
+        .sum()
+}
+
+/// A heartbeat thread with no lease left to renew waits two intervals at a time. Once its
+/// first idle stretch had passed it woke every millisecond for as long as the `Locker`
+/// lived (an adversary counted 16k context switches in 20 s).
+#[test]
+fn an_idle_heartbeat_thread_sleeps() {
+    let _one_at_a_time = THREADS.lock().unwrap_or_else(|p| p.into_inner());
+    let h = common::sqlite().unwrap();
+    // A renewal every 200 ms: idle stretches of 400 ms.
+    let l = h.locker(Strategy::Lease {
+        ttl: Duration::from_millis(600),
+    });
+    l.lock(&unique_key("idle")).unwrap().release().unwrap();
+    // Not a synchronisation: past the first idle stretch, where the spinning began.
+    std::thread::sleep(Duration::from_secs(1));
+    let before = heartbeat_switches();
+    std::thread::sleep(Duration::from_secs(2));
+    let woke = heartbeat_switches() - before;
+    assert!(
+        woke < 100,
+        "the idle heartbeat switched {woke} times in 2 s"
+    );
+    drop(l);
+}
+
 /// With the database out of reach (here: every pooled connection taken), renewals fail; once
 /// a whole ttl has passed since the last one that worked, the guard knows it may no longer
 /// hold the lock, without asking the database.

@@ -537,7 +537,7 @@ impl<C: LockConnection> Worker<C> {
     /// has been idle for two intervals while another is idle too.
     fn next(&self) -> Option<Work> {
         let me = std::thread::current().id();
-        let idle_since = Instant::now();
+        let mut idle_since = Instant::now();
         let mut st = self.shared.lock();
         loop {
             if st.shutdown {
@@ -547,15 +547,23 @@ impl<C: LockConnection> Worker<C> {
                 return Some(self.take(st, Work::Call(call)));
             }
             let now = Instant::now();
-            let idle_until = idle_since + 2 * self.interval;
-            if now >= idle_until && st.idle() > 1 && st.threads.contains_key(&me) {
-                // Our own handle is dropped, which detaches this (ending) thread. Another
-                // idle thread looks at the entries now: one entered while this one slept
-                // may have counted on it (`sleeping`).
-                st.threads.remove(&me);
-                drop(st);
-                self.shared.wake.notify_one();
-                return None;
+            let mut idle_until = idle_since + 2 * self.interval;
+            if now >= idle_until {
+                if st.idle() > 1 && st.threads.contains_key(&me) {
+                    // Our own handle is dropped, which detaches this (ending) thread. Another
+                    // idle thread looks at the entries now: one entered while this one slept
+                    // may have counted on it (`sleeping`).
+                    st.threads.remove(&me);
+                    drop(st);
+                    self.shared.wake.notify_one();
+                    return None;
+                }
+                // The last idle thread stays, and waits another two intervals at most: a
+                // wait until an idle end already past was 1 ms, a wake-up a millisecond for
+                // as long as the `Locker` lived with no lease held (an adversary counted 16k
+                // context switches in 20 s).
+                idle_since = now;
+                idle_until = now + 2 * self.interval;
             }
             // Due renewals of healthy leases first, in batches if the rows have a batch
             // statement (with them every other healthy lease, due within the interval: so
@@ -609,10 +617,21 @@ impl<C: LockConnection> Worker<C> {
     fn take(&self, mut st: MutexGuard<'_, State>, work: Work) -> Work {
         st.busy.insert(std::thread::current().id());
         let more = st.idle() == 0 && st.threads.len() + st.starting < self.max_threads;
+        // `Heartbeat::enter` woke nobody for an entry that a waiting thread, maybe this one,
+        // would see in time; this one is busy now. If no thread still waiting wakes by the
+        // earliest entry left, one is woken to wait for it (a confirmation due in 100 ms
+        // must not wait for this work, which may hang on a locked row, nor for another
+        // thread's wake-up an interval away: found by the heartbeat's adversary).
+        let uncovered = st
+            .earliest()
+            .is_some_and(|due| !st.sleeping.values().any(|&wakes| wakes <= due));
         if more {
             st.starting += 1;
             drop(st);
             self.clone_worker().spawn();
+        } else if uncovered {
+            drop(st);
+            self.shared.wake.notify_one();
         }
         work
     }

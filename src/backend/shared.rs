@@ -409,16 +409,28 @@ macro_rules! statements {
             // No RETURNING on MySQL: a place not granted goes in one statement (a locking
             // delete of the newest version, which waits for a grant under way); only one
             // that was granted is deleted by a second, and the caller gives the key back.
-            let n = $crate::backend::stmt::stmt($crate::backend::shared::LEAVE_UNGRANTED)
-                .bind::<diesel::sql_types::BigInt, _>(id)
-                .execute(self)?;
-            if n == 1 {
-                return Ok(false);
-            }
-            $crate::backend::stmt::stmt($crate::backend::shared::LEAVE_PLACE)
-                .bind::<diesel::sql_types::BigInt, _>(id)
-                .execute(self)
-                .map(|n| n == 1)
+            // Again while the server reports contention: a DELETE of a place can be the
+            // deadlock victim of a release reading the key's places (`delete_place` in
+            // mysql/locks.rs), and a granted place left would hold the key up until it
+            // lapses.
+            $crate::backoff::retry_contended(
+                self,
+                std::time::Duration::from_millis(64),
+                "leaving the line",
+                |c| {
+                    let n = $crate::backend::stmt::stmt($crate::backend::shared::LEAVE_UNGRANTED)
+                        .bind::<diesel::sql_types::BigInt, _>(id)
+                        .execute(c)?;
+                    if n == 1 {
+                        return Ok(false);
+                    }
+                    $crate::backend::stmt::stmt($crate::backend::shared::LEAVE_PLACE)
+                        .bind::<diesel::sql_types::BigInt, _>(id)
+                        .execute(c)
+                        .map(|n| n == 1)
+                },
+                |c, e| $crate::backend::sealed::Dialect::is_contention(c, e),
+            )
         }
     };
     (@lease_release) => {

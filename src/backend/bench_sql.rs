@@ -26,9 +26,11 @@ pub mod pg {
 /// MySQL's and MariaDB's statements.
 #[cfg(feature = "mysql")]
 pub mod mysql {
+    pub use crate::backend::mysql::handover::{
+        LEASE_FIRST_PLACE, LEASE_RELEASE_ALONE, ROW_FIRST_PLACE, ROW_RELEASE_ALONE,
+    };
     pub use crate::backend::mysql::locks::{
-        LEASE_FIRST_PLACE, LEASE_READ_BACK, LEASE_RELEASE_ALONE, LEASE_UPSERT, ROW_BUMP,
-        ROW_FIRST_PLACE, ROW_INSERT, ROW_READ_BACK, ROW_RELEASE_ALONE,
+        LEASE_READ_BACK, LEASE_UPSERT, ROW_BUMP, ROW_INSERT, ROW_READ_BACK,
     };
     pub use crate::backend::mysql::sessions::{
         ADVISORY_LOCK, ADVISORY_UNLOCK, FOR_UPDATE_LOCK, FOR_UPDATE_LOCK_ONLY, GET_LOCK,

@@ -37,6 +37,7 @@ macro_rules! mysql_floor_read {
 mod admin;
 mod fence;
 mod for_share;
+pub(super) mod handover;
 mod holders;
 mod lines;
 pub(super) mod locks;

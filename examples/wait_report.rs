@@ -15,7 +15,8 @@
 //! ```
 //!
 //! `--backend mysql` (or `postgresql`, `mariadb`, `sqlite`) measures that backend only;
-//! `--threads URL STRATEGY` and `--processes URL STRATEGY` measure one figure.
+//! `--threads URL STRATEGY`, `--processes URL STRATEGY` and `--cpu URL STRATEGY` measure one
+//! figure.
 
 use diesel_lock::{Locker, Strategy};
 use std::fmt::Write as _;
@@ -314,6 +315,11 @@ fn main() {
     if a.get(1).map(String::as_str) == Some("--threads") {
         let (t, f) = threads(&a[2], &a[3]);
         println!("{} {}: {t:.0}/s fairness {f:.2}", a[2], a[3]);
+        return;
+    }
+    // The CPU of a waiting process alone, 5 s behind a holder.
+    if a.get(1).map(String::as_str) == Some("--cpu") {
+        println!("{} {}: cpu {:.2}%", a[2], a[3], waiting_cpu(&a[2], &a[3]));
         return;
     }
     // One figure across processes, beside the one-thread cycle of the same run.

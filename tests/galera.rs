@@ -576,6 +576,25 @@ fn waiters_on_different_nodes_are_served_in_line() {
             }));
             waiting(node as u32);
         }
+        // The places as node 0 (the releaser's) sees them: which node joined each, under
+        // which number and since when (printed, for a failure to show the line it saw).
+        #[derive(QueryableByName, Debug)]
+        struct Place {
+            #[diesel(sql_type = BigInt)]
+            id: i64,
+            #[diesel(sql_type = Text)]
+            owner: String,
+            #[diesel(sql_type = Text)]
+            since: String,
+        }
+        let places: Vec<Place> = diesel::sql_query(
+            "SELECT id, owner, CAST(since AS CHAR) AS since FROM dlock_waiters \
+             WHERE lock_key = ? ORDER BY id",
+        )
+        .bind::<Text, _>(&key)
+        .load(&mut *pools[0].get().unwrap())
+        .unwrap();
+        eprintln!("{}: places seen from node 0: {places:?}", s.name());
         let held_token = holder.token();
         holder.release().unwrap();
         for t in threads {

@@ -578,7 +578,7 @@ fn waiters_on_different_nodes_are_served_in_line() {
         }
         // The places as node 0 (the releaser's) sees them: which node joined each, under
         // which number and since when (printed, for a failure to show the line it saw).
-        #[derive(QueryableByName, Debug)]
+        #[derive(QueryableByName)]
         struct Place {
             #[diesel(sql_type = BigInt)]
             id: i64,
@@ -594,7 +594,14 @@ fn waiters_on_different_nodes_are_served_in_line() {
         .bind::<Text, _>(&key)
         .load(&mut *pools[0].get().unwrap())
         .unwrap();
-        eprintln!("{}: places seen from node 0: {places:?}", s.name());
+        let places: Vec<(i64, &str, &str)> = places
+            .iter()
+            .map(|p| (p.id, p.owner.as_str(), p.since.as_str()))
+            .collect();
+        eprintln!(
+            "{}: places seen from node 0 (id, owner, since): {places:?}",
+            s.name()
+        );
         let held_token = holder.token();
         holder.release().unwrap();
         for t in threads {

@@ -101,16 +101,21 @@ fn lock_unavailable(e: &diesel::result::Error) -> bool {
 /// True if `e` means someone else is competing for the lock (see `Dialect::is_contention`):
 /// every error `lock_unavailable` accepts, and a deadlock.
 fn contention(e: &diesel::result::Error) -> bool {
+    // 1205 "Lock wait timeout exceeded" (also MariaDB's answer to NOWAIT) and 3572 (MySQL's
+    // NOWAIT) come through with their message only, which `lock_unavailable` reads.
+    deadlock(e) || lock_unavailable(e)
+}
+
+/// True if `e` says the server rolled the statement back to end a deadlock (1213, which
+/// diesel maps to `SerializationFailure`; recognised by its message too), or a Galera node
+/// aborted it in certification (the same error): the statement did nothing, and running it
+/// again at once is safe. Unlike `contention`, not a lock wait that ran out, which would
+/// wait as long again.
+pub(super) fn deadlock(e: &diesel::result::Error) -> bool {
     use diesel::result::{DatabaseErrorKind, Error as E};
     match e {
-        // 1213 (deadlock) is mapped to SerializationFailure by diesel.
         E::DatabaseError(DatabaseErrorKind::SerializationFailure, _) => true,
-        // 1205 "Lock wait timeout exceeded" (also MariaDB's answer to NOWAIT) and 3572
-        // (MySQL's NOWAIT) come through with their message only, which `lock_unavailable`
-        // reads; a deadlock reported without its kind is recognised by its message too.
-        E::DatabaseError(_, info) => {
-            info.message().starts_with("Deadlock found") || lock_unavailable(e)
-        }
+        E::DatabaseError(_, info) => info.message().starts_with("Deadlock found"),
         _ => false,
     }
 }

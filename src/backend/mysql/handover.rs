@@ -6,13 +6,29 @@
 // Its statements' texts are `pub` for `__bench_sql` (feature `bench-sql`) only.
 #![cfg_attr(not(feature = "bench-sql"), allow(unreachable_pub))]
 
-use super::locks::{counter_there, Id};
 use crate::backend::shared;
-use crate::backend::shared::One;
+use crate::backend::shared::{exists, One};
 use crate::backend::stmt::stmt;
 use diesel::mysql::MysqlConnection;
 use diesel::sql_types::{BigInt, Text};
 use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
+
+/// Whether the key's counter row is there (a consistent read).
+pub(super) fn counter_there(conn: &mut MysqlConnection, key: &str) -> QueryResult<bool> {
+    exists(
+        stmt("SELECT CAST(1 AS SIGNED) AS one FROM dlock_tokens WHERE lock_key = ?")
+            .bind::<Text, _>(key)
+            .get_result::<One>(conn)
+            .optional(),
+    )
+}
+
+/// A row's id, as the reads of a held row answer it.
+#[derive(QueryableByName)]
+pub(super) struct Id {
+    #[diesel(sql_type = BigInt)]
+    pub(super) id: i64,
+}
 
 /// Deletes place `place`, again while the server reports contention. The DELETE locks the
 /// place's record, then its entry in the key's index; a release with nobody in line

@@ -3,8 +3,8 @@
 #![cfg_attr(not(feature = "bench-sql"), allow(unreachable_pub))]
 
 use super::handover::{
-    confirmed_place, delete_place, grant_lease, grant_row, release_or_grant, FirstPlace,
-    LEASE_FIRST_PLACE, LEASE_RELEASE_ALONE, ROW_FIRST_PLACE, ROW_RELEASE_ALONE,
+    confirmed_place, counter_there, delete_place, grant_lease, grant_row, release_or_grant,
+    FirstPlace, Id, LEASE_FIRST_PLACE, LEASE_RELEASE_ALONE, ROW_FIRST_PLACE, ROW_RELEASE_ALONE,
 };
 use super::{with_lock_wait_timeout, with_transaction_bounds};
 use crate::backend::holders::stall_bound;
@@ -203,22 +203,6 @@ fn give_back(
 /// How many times `row_acquire` bumps a counter again that a purge deleted between its bump
 /// and its insert (each time a purge must have won that race).
 const PURGE_RETRIES: usize = 100;
-
-/// Whether the key's counter row is there (a consistent read).
-pub(super) fn counter_there(conn: &mut MysqlConnection, key: &str) -> QueryResult<bool> {
-    exists(
-        stmt("SELECT CAST(1 AS SIGNED) AS one FROM dlock_tokens WHERE lock_key = ?")
-            .bind::<Text, _>(key)
-            .get_result::<One>(conn)
-            .optional(),
-    )
-}
-
-#[derive(QueryableByName)]
-pub(super) struct Id {
-    #[diesel(sql_type = BigInt)]
-    id: i64,
-}
 
 impl Locks for MysqlConnection {
     shared::statements!(row_held, row_give_back);

@@ -68,7 +68,8 @@ pub fn set_in_renew_batch(key: &str, hook: Hook) {
 /// Runs `hook` on the heartbeat thread about to confirm a `Lease` grant of `key` (the lease
 /// a release granted to a waiter's place, which the waiter took with a read), before the
 /// confirming statement is sent: the instant where a stopped or starved heartbeat would
-/// leave the lease to expire with the place.
+/// leave the lease to expire with the place. And on the waiting thread about to confirm a
+/// `Row` grant of `key`, before each run of the confirming statement.
 pub fn set_before_confirm(key: &str, hook: Hook) {
     hooks()
         .lock()

@@ -570,7 +570,10 @@ fn waiters_on_different_nodes_are_served_in_line() {
                     .try_lock_for(&key, Duration::from_secs(30))
                     .unwrap()
                     .expect("served");
-                served.lock().unwrap().push((node, g.token()));
+                served
+                    .lock()
+                    .unwrap()
+                    .push((node, g.token(), g.acquired_at().to_rfc3339()));
                 std::thread::sleep(Duration::from_millis(50));
                 g.release().unwrap();
             }));
@@ -603,14 +606,23 @@ fn waiters_on_different_nodes_are_served_in_line() {
             s.name()
         );
         let held_token = holder.token();
+        eprintln!(
+            "{}: holder's token {held_token}, acquired at {}; releasing at {}",
+            s.name(),
+            holder.acquired_at().to_rfc3339(),
+            chrono::Utc::now().to_rfc3339()
+        );
         holder.release().unwrap();
         for t in threads {
             t.join().unwrap();
         }
         let served = served.lock().unwrap().clone();
-        eprintln!("{}: holder's token {held_token}, then {served:?}", s.name());
+        eprintln!(
+            "{}: served (node, token, acquired at): {served:?}",
+            s.name()
+        );
         assert_eq!(
-            served.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
+            served.iter().map(|(n, _, _)| *n).collect::<Vec<_>>(),
             vec![1, 2],
             "{}: served out of line",
             s.name()

@@ -990,6 +990,141 @@ fn kept_connection_killed_before_the_deadline() {
     }
 }
 
+/// A `Row` grant whose confirmation the server rolls back as a deadlock's victim still
+/// stands: the confirmation runs again and the first in line is served first. (On Galera a
+/// certification conflict did this: the confirmation was reported busy, taken for a lapsed
+/// grant, and the key went to the second in line: tests/galera.rs
+/// `waiters_on_different_nodes_are_served_in_line`, 1 run in 12.) The deadlock is built on
+/// purpose: as the first waiter is about to confirm, a transaction that has written rows
+/// (so that the server rolls back the other side) reads the key's row with a shared lock,
+/// waits until the confirmation waits for the row, then writes the row.
+#[cfg(feature = "mysql")]
+fn row_confirmation_deadlocked_keeps_the_grant() {
+    use diesel::sql_types::{BigInt, Text};
+    use diesel::{Connection, RunQueryDsl};
+    #[derive(diesel::QueryableByName)]
+    struct N {
+        #[diesel(sql_type = BigInt)]
+        n: i64,
+    }
+    let Some(h) = common::mysql_own_db_sized(6) else {
+        return;
+    };
+    let row = Strategy::Row { stale_after: None };
+    let holder = h.locker(row);
+    holder.migrate().unwrap();
+    let key = common::unique_key("handover-confirm-deadlock");
+    let g = holder.lock(&key).unwrap();
+    let served = Arc::new(Mutex::new(Vec::new()));
+    // The transaction that makes the deadlock, run from the hook's first call.
+    let (locked_tx, locked_rx) = mpsc::channel::<()>();
+    let (made_tx, made_rx) = mpsc::channel::<Result<(), String>>();
+    let locked_rx = Mutex::new(Some(locked_rx));
+    let maker = {
+        let (url, key) = (h.url.clone(), key.clone());
+        let made_tx = Mutex::new(Some((locked_tx, made_tx)));
+        Arc::new(move || {
+            let Some((locked, made)) = made_tx.lock().unwrap().take() else {
+                return;
+            };
+            let (url, key) = (url.clone(), key.clone());
+            std::thread::spawn(move || {
+                let mut a = diesel::MysqlConnection::establish(&url).unwrap();
+                let mut watch = diesel::MysqlConnection::establish(&url).unwrap();
+                diesel::sql_query("BEGIN").execute(&mut a).unwrap();
+                for i in 0..50 {
+                    diesel::sql_query(
+                        "INSERT INTO dlock_waiters (lock_key, owner, since, expires_at) \
+                         VALUES (?, 'weight', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
+                    )
+                    .bind::<Text, _>(format!("weight-{i}"))
+                    .execute(&mut a)
+                    .unwrap();
+                }
+                diesel::sql_query(
+                    "SELECT CAST(id AS SIGNED) AS n FROM dlock_rows WHERE lock_key = ? \
+                     LOCK IN SHARE MODE",
+                )
+                .bind::<Text, _>(&key)
+                .get_result::<N>(&mut a)
+                .unwrap();
+                locked.send(()).unwrap();
+                // Until the confirmation waits for the row (what the server shows of its
+                // transactions is refreshed only once nobody read it for 100 ms).
+                let start = Instant::now();
+                let result = loop {
+                    let waiting = diesel::sql_query(
+                        "SELECT CAST(COUNT(*) AS SIGNED) AS n \
+                         FROM information_schema.INNODB_TRX t \
+                         JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id \
+                         WHERE p.DB = DATABASE() AND t.trx_state = 'LOCK WAIT'",
+                    )
+                    .get_result::<N>(&mut watch)
+                    .unwrap()
+                    .n;
+                    if waiting > 0 {
+                        break diesel::sql_query(
+                            "UPDATE dlock_rows SET owner = owner WHERE lock_key = ?",
+                        )
+                        .bind::<Text, _>(&key)
+                        .execute(&mut a)
+                        .map(drop)
+                        .map_err(|e| format!("the deadlock's other side failed: {e}"));
+                    }
+                    if start.elapsed() > Duration::from_secs(20) {
+                        break Err("the confirmation never waited for the row".to_owned());
+                    }
+                    std::thread::sleep(Duration::from_millis(150));
+                };
+                diesel::sql_query("ROLLBACK").execute(&mut a).unwrap();
+                made.send(result).unwrap();
+            });
+        })
+    };
+    let hook: diesel_lock::__test_hooks::Hook = Arc::new(move || {
+        maker();
+        if let Some(rx) = locked_rx.lock().unwrap().take() {
+            rx.recv().unwrap();
+        }
+    });
+    let mut waiters = Vec::new();
+    for (n, name) in ["first", "second"].into_iter().enumerate() {
+        let (l, k, served) = (h.locker(row), key.clone(), served.clone());
+        waiters.push(std::thread::spawn(move || {
+            let g = l
+                .try_lock_for(&k, Duration::from_secs(30))
+                .unwrap()
+                .expect("served");
+            served.lock().unwrap().push(name);
+            g.release().unwrap();
+        }));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while admin::lock_info(&mut *h.pool.get().unwrap(), &key)
+            .unwrap()
+            .first()
+            .is_none_or(|i| i.waiting < n as u32 + 1)
+        {
+            assert!(Instant::now() < deadline, "{name} never waited");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    diesel_lock::__test_hooks::set_before_confirm(&key, hook);
+    g.release().unwrap();
+    for w in waiters {
+        w.join().unwrap();
+    }
+    diesel_lock::__test_hooks::clear(&key);
+    made_rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the hook ran")
+        .unwrap();
+    assert_eq!(
+        *served.lock().unwrap(),
+        ["first", "second"],
+        "served out of line"
+    );
+}
+
 /// A pool built by `connect` hands out a SQLite connection without testing it first (the
 /// file opened in this process, which nothing can close), and a server's connection after
 /// r2d2's test (`SELECT 1`): a hand-over takes three connections from the pool.
@@ -1101,6 +1236,14 @@ handover_suite! {
     pgbouncer_lease: "pgbouncer", "lease";
     mysql_row: "mysql", "row";
     mysql_lease: "mysql", "lease";
+}
+
+/// A deadlock met by a `Row` grant's confirmation (MySQL, where one can be built).
+mod confirm_contention {
+    #[test]
+    fn mysql_row_confirmation_deadlocked_keeps_the_grant() {
+        super::row_confirmation_deadlocked_keeps_the_grant();
+    }
 }
 
 /// Where the first in line polls (no notifications).

@@ -290,6 +290,15 @@ pub(crate) mod sealed {
         /// True if `e` means "someone else is competing for this lock right now" (deadlock,
         /// lock-wait timeout, busy database) rather than a real failure.
         fn is_contention(&self, e: &diesel::result::Error) -> bool;
+        /// True if the server rolled back the statement that failed with `e` to end a
+        /// deadlock or a serialization conflict (on a Galera node, a certification
+        /// conflict): it did nothing, no lock wait ran out, and it may run again at once.
+        /// Every such error is also contention (`is_contention`). None on SQLite, whose
+        /// busy errors come after its busy handler waited.
+        fn is_rolled_back(&self, e: &diesel::result::Error) -> bool {
+            let _ = e;
+            false
+        }
         /// The row locks and session locks of the session strategies (`ForUpdate`,
         /// `Advisory`), or `None` on a backend that has neither (SQLite).
         fn sessions(&mut self) -> Option<&mut dyn SessionLocks> {

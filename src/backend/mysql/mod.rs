@@ -271,6 +271,10 @@ impl Dialect for MysqlConnection {
         contention(e)
     }
 
+    fn is_rolled_back(&self, e: &diesel::result::Error) -> bool {
+        deadlock(e)
+    }
+
     fn sessions(&mut self) -> Option<&mut dyn SessionLocks> {
         Some(self)
     }

@@ -151,14 +151,17 @@ fn lock_unavailable(e: &diesel::result::Error) -> bool {
 /// True if `e` means someone else is competing for the lock (see `Dialect::is_contention`):
 /// every error `lock_unavailable` accepts, and a serialization failure or a deadlock.
 fn contention(e: &diesel::result::Error) -> bool {
+    // 55P03 lock_not_available has no diesel kind: `lock_unavailable` reads its message.
+    rolled_back(e) || lock_unavailable(e)
+}
+
+/// True if `e` is a serialization failure (40001) or a deadlock (40P01, which has no diesel
+/// kind: recognised by its message): the statement was rolled back and may run again.
+fn rolled_back(e: &diesel::result::Error) -> bool {
     use diesel::result::{DatabaseErrorKind, Error as E};
     match e {
         E::DatabaseError(DatabaseErrorKind::SerializationFailure, _) => true,
-        // 40P01 deadlock_detected and 55P03 lock_not_available have no diesel kind.
-        E::DatabaseError(_, info) => {
-            let m = info.message();
-            m.starts_with("deadlock detected") || lock_unavailable(e)
-        }
+        E::DatabaseError(_, info) => info.message().starts_with("deadlock detected"),
         _ => false,
     }
 }
@@ -191,6 +194,10 @@ impl Dialect for PgConnection {
 
     fn is_contention(&self, e: &diesel::result::Error) -> bool {
         contention(e)
+    }
+
+    fn is_rolled_back(&self, e: &diesel::result::Error) -> bool {
+        rolled_back(e)
     }
 
     fn sessions(&mut self) -> Option<&mut dyn SessionLocks> {

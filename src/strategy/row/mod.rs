@@ -158,9 +158,8 @@ impl<C: LockConnection> RowLock<C> {
         if conn.granted.is_some() {
             // A release gave this waiter's place the key: confirm within its deadline.
             let place = conn.place;
-            return Ok(conn
-                .sql()
-                .row_confirm(key, place, &holder, self.stale_us)?
+            return Ok(self
+                .confirm(conn, key, place, &holder)?
                 .map(|a| self.taken(a, &holder, true)));
         }
         if let Some(a) = self.insert(conn, key, &holder, retry)? {
@@ -180,6 +179,32 @@ impl<C: LockConnection> RowLock<C> {
                 .map(|a| self.taken(a, &holder, false)));
         }
         Ok(None)
+    }
+
+    /// Confirms the grant of `key` to place `place` (`Locks::row_confirm`). A confirmation
+    /// that the server rolled back (a deadlock's victim; on a Galera node, a certification
+    /// conflict: `Dialect::is_rolled_back`) did nothing, and the grant still stands: it runs
+    /// again (at most 9 runs, pauses of 1–16 ms). Reported busy, the wait took it for a
+    /// lapsed grant and passed the key on to the next in line (tests/galera.rs
+    /// `waiters_on_different_nodes_are_served_in_line` saw that).
+    fn confirm(
+        &self,
+        conn: &mut Conn<C>,
+        key: &str,
+        place: i64,
+        holder: &str,
+    ) -> diesel::QueryResult<Option<Acquired>> {
+        crate::backoff::retry_contended(
+            &mut **conn,
+            Duration::from_millis(16),
+            "confirming a grant",
+            |c| {
+                #[cfg(feature = "test-hooks")]
+                crate::hooks::before_confirm(key);
+                c.sql().row_confirm(key, place, holder, self.stale_us)
+            },
+            |c, e| c.sql().is_rolled_back(e),
+        )
     }
 
     /// The hold of row `a`; `granted`: a release handed it over (see `RowHold::granted`).

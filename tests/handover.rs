@@ -1050,7 +1050,8 @@ fn row_confirmation_deadlocked_keeps_the_grant() {
                 .unwrap();
                 locked.send(()).unwrap();
                 // Until the confirmation waits for the row (what the server shows of its
-                // transactions is refreshed only once nobody read it for 100 ms).
+                // transactions is refreshed only once nobody read it for 100 ms: one test at
+                // a time reads it, the nextest group `innodb-trx`, .config/nextest.toml).
                 let start = Instant::now();
                 let result = loop {
                     let waiting = diesel::sql_query(

@@ -291,7 +291,9 @@ mod tests {
             }
             assert!(Instant::now() < deadline, "session {id} never waited");
             // The server refreshes what INNODB_TRX shows only once nobody has read it for
-            // 100 ms: a quicker poll would see the same answer for ever.
+            // 100 ms: a quicker poll, or two pollers side by side, would see the same answer
+            // for ever. So one test at a time reads it (`POLLING`, and the nextest group
+            // `innodb-trx` across processes: .config/nextest.toml).
             std::thread::sleep(Duration::from_millis(150));
         }
     }
@@ -305,10 +307,16 @@ mod tests {
         }
     }
 
+    /// One test of this process at a time polls INNODB_TRX (see `until_waiting`).
+    static POLLING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     /// A grant reads the place with a shared lock, then writes it; a renewal queued
     /// between the two for the place's lock is the deadlock's victim, and runs again.
     #[test]
     fn a_renewal_picked_as_a_deadlock_victim_runs_again() {
+        let _one = POLLING
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let Some((_db, [mut a, mut b, mut watch])) = connections("renew") else {
             return;
         };
@@ -339,6 +347,9 @@ mod tests {
     /// waits for the gap, is the deadlock's victim, and runs again.
     #[test]
     fn a_join_picked_as_a_deadlock_victim_runs_again() {
+        let _one = POLLING
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let Some((_db, [mut a, mut b, mut watch])) = connections("join") else {
             return;
         };

@@ -267,11 +267,12 @@ impl<'a, C: LockConnection> Place<'a, C> {
             let pause = (self.since.elapsed() / 32).clamp(HEAD_POLL, HEAD_POLL_SLOW);
             // A reader's or permit's look within reach is a try (a transaction that locks
             // the key's rows on `Lease`): after busy ones in a row, it waits twice as long
-            // each time, up to `HEAD_TRY` (the line moving ahead starts it over).
+            // each time, up to `HEAD_TRY` or the look's own pause if that is longer (the
+            // line moving ahead starts it over).
             let pause = match self.room {
-                Some(_) if self.in_reach() && self.busy > 0 => {
-                    (HEAD_POLL * 2u32.saturating_pow(self.busy.min(8))).clamp(pause, HEAD_TRY)
-                }
+                Some(_) if self.in_reach() && self.busy > 0 => (HEAD_POLL
+                    * 2u32.saturating_pow(self.busy.min(8)))
+                .clamp(pause, HEAD_TRY.max(pause)),
                 _ => pause,
             };
             return pause.min(max.max(Duration::from_micros(250)));

@@ -23,8 +23,11 @@ use std::time::{Duration, Instant};
 /// place. Those behind it pace themselves by the line's movement (`Place::pause`).
 const HEAD_POLL: Duration = Duration::from_millis(1);
 
-/// The longest pause of the first in line between looks, behind a holder that keeps the key.
-const HEAD_POLL_SLOW: Duration = Duration::from_millis(10);
+/// The longest pause of the first in line between looks, behind a holder that keeps the key
+/// (reached once the line has stood still for 32 times as long, 0.8 s): a grant to it is
+/// seen at most this late. 10 ms cost a waiting MariaDB process 1.4–1.8 % of a core; 25 ms
+/// (with `HEAD_TRY_SLOW`) 0.4–0.8 % (`wait_report --cpu`, 26 Nov).
+const HEAD_POLL_SLOW: Duration = Duration::from_millis(25);
 
 /// The longest pause before its next look for which a waiter that polls keeps its pooled
 /// connection (`wait.rs`): the first in line while the line moves or stands still briefly,
@@ -33,8 +36,14 @@ pub(super) const KEEP_WITHIN: Duration = HEAD_POLL_SLOW;
 
 /// How often the first in line also tries the key itself: releases hand the key over, so a
 /// try finds it free only when no release did (a holder that died, a grant that lapsed, a
-/// forced release, a purge).
+/// forced release, a purge). Behind a holder that keeps the key, ever less often (a 16th of
+/// the time the line has stood still), up to `HEAD_TRY_SLOW`.
 const HEAD_TRY: Duration = Duration::from_millis(20);
+
+/// The longest pause of the first in line between its own tries: a key freed without a
+/// hand-over (see `HEAD_TRY`) is found at most this late, once the line has stood still for
+/// 16 times as long.
+const HEAD_TRY_SLOW: Duration = Duration::from_millis(200);
 
 /// How long a place stays alive without a renewal: long enough for the pauses between a
 /// waiter's looks (at most `max_backoff`) with room to spare, short enough that a dead
@@ -165,7 +174,8 @@ impl<'a, C: LockConnection> Place<'a, C> {
     /// Whether the first in line should try the key itself now (see `HEAD_TRY`): at once
     /// when it becomes first, then now and then; it notes the try.
     pub(super) fn try_due(&mut self) -> bool {
-        let due = self.tried.is_none_or(|t| t.elapsed() >= HEAD_TRY);
+        let every = (self.since.elapsed() / 16).clamp(HEAD_TRY, HEAD_TRY_SLOW);
+        let due = self.tried.is_none_or(|t| t.elapsed() >= every);
         if due {
             self.tried = Some(Instant::now());
         }
@@ -257,11 +267,12 @@ impl<'a, C: LockConnection> Place<'a, C> {
             let pause = (self.since.elapsed() / 32).clamp(HEAD_POLL, HEAD_POLL_SLOW);
             // A reader's or permit's look within reach is a try (a transaction that locks
             // the key's rows on `Lease`): after busy ones in a row, it waits twice as long
-            // each time, up to `HEAD_TRY` (the line moving ahead starts it over).
+            // each time, up to `HEAD_TRY` or the look's own pause if that is longer (the
+            // line moving ahead starts it over).
             let pause = match self.room {
-                Some(_) if self.in_reach() && self.busy > 0 => {
-                    (HEAD_POLL * 2u32.saturating_pow(self.busy.min(8))).clamp(pause, HEAD_TRY)
-                }
+                Some(_) if self.in_reach() && self.busy > 0 => (HEAD_POLL
+                    * 2u32.saturating_pow(self.busy.min(8)))
+                .clamp(pause, HEAD_TRY.max(pause)),
                 _ => pause,
             };
             return pause.min(max.max(Duration::from_micros(250)));

@@ -103,8 +103,8 @@ impl Lines for MysqlConnection {
         // A granted place is not renewed (its expiry is its grant's deadline): the look
         // below then reports it granted. Run again if it was a deadlock's victim: a grant
         // (`handover.rs`) reads the place with a shared lock before it writes it, and a
-        // renewal queued for the place's lock between the two deadlocks with it. Seen as a
-        // waiter's `try_lock_for` failing with "Deadlock found" beside a purge (CI, 26 Nov).
+        // renewal queued for the place's lock between the two deadlocks with it (built by
+        // `a_renewal_picked_as_a_deadlock_victim_runs_again`; never met by the adversary).
         crate::backoff::retry_contended(
             self,
             std::time::Duration::from_millis(16),

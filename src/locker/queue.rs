@@ -26,7 +26,15 @@ pub(crate) struct Queues {
     /// key had since the last vacuum, thousands a look in a hand-over run: each new place
     /// of a releaser re-entering the line began so). Pruned as it grows.
     floors: Mutex<HashMap<String, (i64, Instant)>>,
+    /// Per key, when a guard of this `Locker` last released it (`RELEASED_FOR`): a wait for a
+    /// key not released here lately is a newcomer's (`released_lately`). Pruned as it grows.
+    released: Mutex<HashMap<String, Instant>>,
 }
+
+/// How long after this `Locker` released a key a wait for it counts as coming back for it
+/// (`released_lately`): a loop that takes a key again at once, as the benches' cycles do,
+/// is well within it.
+const RELEASED_FOR: Duration = Duration::from_millis(10);
 
 /// How long a key's floor is kept without a look that raises or uses it.
 const FLOOR_FOR: Duration = Duration::from_secs(60);
@@ -86,6 +94,18 @@ impl Queues {
 
     /// A guard of this `Locker` released `key`.
     pub(crate) fn wake(&self, key: &str) {
+        {
+            let mut m = self.released.lock().unpoisoned();
+            if m.len() >= 1024 && !m.contains_key(key) {
+                m.retain(|_, at| at.elapsed() < RELEASED_FOR);
+            }
+            match m.get_mut(key) {
+                Some(at) => *at = Instant::now(),
+                None => {
+                    m.insert(key.to_owned(), Instant::now());
+                }
+            }
+        }
         let mut map = self.lock();
         if let Some(q) = map.get_mut(key) {
             q.held = false;
@@ -156,6 +176,12 @@ impl Queues {
         }
         let e = m.entry(key.to_owned()).or_insert((0, Instant::now()));
         *e = (e.0.max(floor), Instant::now());
+    }
+
+    /// Whether a guard of this `Locker` released `key` within the last `RELEASED_FOR`.
+    pub(super) fn released_lately(&self, key: &str) -> bool {
+        let m = self.released.lock().unpoisoned();
+        m.get(key).is_some_and(|at| at.elapsed() < RELEASED_FOR)
     }
 
     /// Whether `key` was found contended within the last `CONTENDED_FOR`.

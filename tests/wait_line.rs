@@ -430,6 +430,52 @@ fn newcomers_do_not_barge(backend: &str, s: &str) {
     waiter.join().unwrap();
 }
 
+/// A newcomer's wait is not starved by another `Locker` that takes and releases the key in
+/// a loop (alone in the line, so keeping it, as a process would): it is served within a
+/// few of the looper's turns. On SQLite its first try used to queue for the write lock in
+/// the busy handler, whose sleeps (1, 2, 5, 10 … ms) let the looper go round hundreds of
+/// times (18–107 ms); now it joins the line first. Five newcomers, each a `Locker` that has
+/// never released the key, one after the other.
+fn a_newcomer_is_served_beside_a_looper(backend: &str, s: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(url) = url(backend, &dir) else {
+        return;
+    };
+    let looper = locker(&url, strategy(s));
+    looper.migrate().unwrap();
+    let key = common::unique_key(&format!("line-looper-{s}"));
+    let turns = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (going_tx, going_rx) = std::sync::mpsc::channel();
+    let looping = {
+        let (k, turns, stop) = (key.clone(), turns.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                looper.lock(&k).unwrap().release().unwrap();
+                if turns.fetch_add(1, Ordering::Relaxed) == 100 {
+                    going_tx.send(()).unwrap();
+                }
+            }
+        })
+    };
+    going_rx.recv().unwrap();
+    let mut waited = Vec::new();
+    for _ in 0..5 {
+        let newcomer = locker(&url, strategy(s));
+        let before = turns.load(Ordering::Relaxed);
+        let g = newcomer.lock(&key).unwrap();
+        // The looper is held up while the newcomer holds the key: its count stands.
+        waited.push(turns.load(Ordering::Relaxed) - before);
+        g.release().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    looping.join().unwrap();
+    assert!(
+        waited.iter().all(|&w| w <= 100),
+        "the looper's turns while each newcomer waited: {waited:?}"
+    );
+}
+
 macro_rules! line_suite {
     ($($name:ident: $backend:literal, $strategy:literal;)+) => {$(
         mod $name {
@@ -452,6 +498,10 @@ macro_rules! line_suite {
             #[test]
             fn newcomers_do_not_barge() {
                 super::newcomers_do_not_barge($backend, $strategy);
+            }
+            #[test]
+            fn a_newcomer_is_served_beside_a_looper() {
+                super::a_newcomer_is_served_beside_a_looper($backend, $strategy);
             }
         }
     )+};

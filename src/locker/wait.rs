@@ -103,16 +103,16 @@ impl<C: LockConnection> Locker<C> {
         // the first wait starts the listener.)
         let mut listening = None;
         // A thread that waited in line, or that asks for a key found contended lately,
-        // starts with the cheap "is it held?" read (and, with a line, joins it first).
-        // So does a wait on SQLite for a key this Locker did not release lately (a
+        // starts with the cheap "is it held?" read (and, with a line, joins it first). So
+        // does a wait on SQLite for a key this Locker did not release lately (a
         // newcomer's): its first try would be a write queued for SQLite's write lock in the
         // default busy handler, which sleeps 1, 2, 5, 10 … ms between tries, and against a
         // process that takes and releases the key in a loop (alone in the line, so keeping
-        // it) such a try waited 18–107 ms (8 processes, `wait_report`), the looper took
-        // hundreds of turns meanwhile, and fairness across the run fell to 0.70–0.89 in 3 of
-        // 16 runs. Joining goes through `sqlite/busy.rs`'s µs-paced tries; once in line, the
-        // looper's next release hands the key over. A loop that takes the key again at once
-        // (`Queues::released_lately`) pays nothing for it.
+        // it) such a try waited 18–107 ms (8 processes, each on the key for 4 s), the
+        // looper took hundreds of turns meanwhile, and fairness across the run fell to
+        // 0.70–0.89 in 4 of 17 runs. Joining goes through `sqlite/busy.rs`'s µs-paced
+        // tries; once in line, the looper's next release hands the key over. A loop that
+        // takes the key again at once (`Queues::released_lately`) pays nothing for it.
         let mut retry = queued
             || queues.contended(key)
             || (self.inner.backend == Backend::Sqlite
@@ -520,7 +520,7 @@ impl<C: LockConnection> Locker<C> {
         key: &'a str,
         place: &mut Option<Place<'a, C>>,
     ) -> Result<Option<Taken>> {
-        let mut p = Place::join(
+        let joined = Place::join(
             &mut **conn,
             &self.inner.pool,
             raw,
@@ -529,7 +529,20 @@ impl<C: LockConnection> Locker<C> {
             self.channel(),
             place_ttl(self.inner.max_backoff),
             !raw.exclusive(),
-        )?;
+        );
+        let mut p = match joined {
+            Ok(p) => p,
+            // The place could not be written for contention (SQLite: another connection kept
+            // the write lock for the whole busy timeout; MySQL: a deadlock's victim nine
+            // times): the key counts as found busy, as an acquisition that met contention
+            // does, and the wait tries again (joining first) until its deadline.
+            Err(Error::Database(e)) if conn.sql().is_contention(&e) => {
+                log::debug!("lock {key:?}: joining the line met contention ({e}); trying again");
+                self.inner.shared.queues.mark_contended(key);
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
         p.start_at(self.inner.shared.queues.floor(key));
         conn.place = p.id;
         conn.holder = Some(p.holder.clone());

@@ -19,7 +19,7 @@ pub(crate) struct Queues {
     /// a new call for one of them starts with the cheap look (`retry`) instead of an
     /// INSERT, which on MySQL would take the key ahead of the line and give it back, and on
     /// SQLite queue for the write lock. Pruned as it grows.
-    contended: Mutex<HashMap<String, Instant>>,
+    contended: Recent,
     /// Per key, the highest `Spot::floor` a look of this `Locker` saw lately (and when):
     /// no place of the key below it lives again, so a new place starts its counts there
     /// instead of at the bottom of the key's index (on PostgreSQL that read every place the
@@ -28,7 +28,33 @@ pub(crate) struct Queues {
     floors: Mutex<HashMap<String, (i64, Instant)>>,
     /// Per key, when a guard of this `Locker` last released it (`RELEASED_FOR`): a wait for a
     /// key not released here lately is a newcomer's (`released_lately`). Pruned as it grows.
-    released: Mutex<HashMap<String, Instant>>,
+    released: Recent,
+}
+
+/// When each key last had something happen to it, for `within` afterwards: pruned of the
+/// older entries once it holds 1,024 keys.
+#[derive(Default)]
+struct Recent(Mutex<HashMap<String, Instant>>);
+
+impl Recent {
+    /// Notes that it happened to `key` now (no allocation for a key noted before).
+    fn note(&self, key: &str, within: Duration) {
+        let mut m = self.0.lock().unpoisoned();
+        if let Some(at) = m.get_mut(key) {
+            *at = Instant::now();
+            return;
+        }
+        if m.len() >= 1024 {
+            m.retain(|_, at| at.elapsed() < within);
+        }
+        m.insert(key.to_owned(), Instant::now());
+    }
+
+    /// Whether it happened to `key` within the last `within`.
+    fn lately(&self, key: &str, within: Duration) -> bool {
+        let m = self.0.lock().unpoisoned();
+        m.get(key).is_some_and(|at| at.elapsed() < within)
+    }
 }
 
 /// How long after this `Locker` released a key a wait for it counts as coming back for it
@@ -94,18 +120,7 @@ impl Queues {
 
     /// A guard of this `Locker` released `key`.
     pub(crate) fn wake(&self, key: &str) {
-        {
-            let mut m = self.released.lock().unpoisoned();
-            if m.len() >= 1024 && !m.contains_key(key) {
-                m.retain(|_, at| at.elapsed() < RELEASED_FOR);
-            }
-            match m.get_mut(key) {
-                Some(at) => *at = Instant::now(),
-                None => {
-                    m.insert(key.to_owned(), Instant::now());
-                }
-            }
-        }
+        self.released.note(key, RELEASED_FOR);
         let mut map = self.lock();
         if let Some(q) = map.get_mut(key) {
             q.held = false;
@@ -146,11 +161,7 @@ impl Queues {
 
     /// Notes that `key` was found held, or taken by a waiter in line.
     pub(super) fn mark_contended(&self, key: &str) {
-        let mut m = self.contended.lock().unpoisoned();
-        if m.len() >= 1024 {
-            m.retain(|_, at| at.elapsed() < CONTENDED_FOR);
-        }
-        m.insert(key.to_owned(), Instant::now());
+        self.contended.note(key, CONTENDED_FOR);
     }
 
     /// The floor of `key`'s line seen lately (0: none known).
@@ -180,14 +191,12 @@ impl Queues {
 
     /// Whether a guard of this `Locker` released `key` within the last `RELEASED_FOR`.
     pub(super) fn released_lately(&self, key: &str) -> bool {
-        let m = self.released.lock().unpoisoned();
-        m.get(key).is_some_and(|at| at.elapsed() < RELEASED_FOR)
+        self.released.lately(key, RELEASED_FOR)
     }
 
     /// Whether `key` was found contended within the last `CONTENDED_FOR`.
     pub(super) fn contended(&self, key: &str) -> bool {
-        let m = self.contended.lock().unpoisoned();
-        m.get(key).is_some_and(|at| at.elapsed() < CONTENDED_FOR)
+        self.contended.lately(key, CONTENDED_FOR)
     }
 
     #[cfg(all(test, feature = "postgres"))]

@@ -43,6 +43,17 @@ fn locker(url: &str, s: Strategy) -> Locker<AnyConnection> {
     Locker::connect(url).unwrap().strategy(s).build().unwrap()
 }
 
+/// What every test of this file starts from: a temp dir (the SQLite file, and the test's
+/// own files), the backend's URL, and a migrated `Locker` of strategy `s`. `None` where the
+/// backend is not configured (the test then returns at once).
+fn start(backend: &str, s: &str) -> Option<(tempfile::TempDir, String, Locker<AnyConnection>)> {
+    let dir = tempfile::tempdir().unwrap();
+    let url = url(backend, &dir)?;
+    let first = locker(&url, strategy(s));
+    first.migrate().unwrap();
+    Some((dir, url, first))
+}
+
 /// How many wait for `key` in its line, as `admin` reads it (0 when nobody holds it).
 fn waiting(conn: &mut Pool<ConnectionManager<AnyConnection>>, key: &str) -> u32 {
     let mut c = conn.get().unwrap();
@@ -132,12 +143,9 @@ fn got(child: &mut Child) -> Instant {
 /// A holder holds; five processes start waiting one after the other (each once the one
 /// before it is in line); released, the key goes to them in the order they came.
 fn served_in_order(backend: &str, s: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(url) = url(backend, &dir) else {
+    let Some((dir, url, holder)) = start(backend, s) else {
         return;
     };
-    let holder = locker(&url, strategy(s));
-    holder.migrate().unwrap();
     let key = common::unique_key(&format!("line-order-{s}"));
     let file = dir.path().join("order").to_str().unwrap().to_owned();
     let mut admin_pool = connect(&url).unwrap();
@@ -173,12 +181,9 @@ fn served_in_order(backend: &str, s: &str) {
 /// the key and gives it back at once, and the third gets it within the dead place's ttl
 /// (2 s with the default `max_backoff`) + 1 s.
 fn a_killed_second_in_line_is_passed_over(backend: &str, s: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(url) = url(backend, &dir) else {
+    let Some((dir, url, holder)) = start(backend, s) else {
         return;
     };
-    let holder = locker(&url, strategy(s));
-    holder.migrate().unwrap();
     let key = common::unique_key(&format!("line-killed-{s}"));
     let file = dir.path().join("order").to_str().unwrap().to_owned();
     let mut admin_pool = connect(&url).unwrap();
@@ -209,12 +214,9 @@ fn a_killed_second_in_line_is_passed_over(backend: &str, s: &str) {
 /// with a token above the one the dead head was granted. The release comes only once the
 /// head is dead (`wait`) or wholly stopped (`stop_wholly`).
 fn a_killed_head_loses_its_grant(backend: &str, s: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(url) = url(backend, &dir) else {
+    let Some((dir, url, holder)) = start(backend, s) else {
         return;
     };
-    let holder = locker(&url, strategy(s));
-    holder.migrate().unwrap();
     let mut admin_pool = connect(&url).unwrap();
     for stop in [false, true] {
         let key = common::unique_key(&format!("line-dead-head-{s}-{stop}"));
@@ -283,12 +285,9 @@ fn stop_wholly(child: &Child) {
 /// one whose thread panics while it waits (here: in the pool's checkout of its next
 /// attempt).
 fn impatient_and_panicking_waiters_leave_no_place(backend: &str, s: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(url) = url(backend, &dir) else {
+    let Some((_dir, url, holder)) = start(backend, s) else {
         return;
     };
-    let holder = locker(&url, strategy(s));
-    holder.migrate().unwrap();
     let key = common::unique_key(&format!("line-impatient-{s}"));
     let mut admin_pool = connect(&url).unwrap();
     let g = holder.lock(&key).unwrap();
@@ -383,12 +382,9 @@ impl r2d2::HandleEvent for PanicOnce {
 /// `try_lock` (a newcomer) does not take a key that is free for a moment while others wait
 /// in line for it: the first in line gets it.
 fn newcomers_do_not_barge(backend: &str, s: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(url) = url(backend, &dir) else {
+    let Some((_dir, url, holder)) = start(backend, s) else {
         return;
     };
-    let holder = locker(&url, strategy(s));
-    holder.migrate().unwrap();
     let key = common::unique_key(&format!("line-barge-{s}"));
     let mut admin_pool = connect(&url).unwrap();
     let g = holder.lock(&key).unwrap();
@@ -437,12 +433,9 @@ fn newcomers_do_not_barge(backend: &str, s: &str) {
 /// times (18–107 ms); now it joins the line first. Five newcomers, each a `Locker` that has
 /// never released the key, one after the other.
 fn a_newcomer_is_served_beside_a_looper(backend: &str, s: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(url) = url(backend, &dir) else {
+    let Some((_dir, url, looper)) = start(backend, s) else {
         return;
     };
-    let looper = locker(&url, strategy(s));
-    looper.migrate().unwrap();
     let key = common::unique_key(&format!("line-looper-{s}"));
     let turns = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));

@@ -5,6 +5,7 @@
 mod builder;
 mod cancel;
 mod deadline;
+mod in_line;
 mod line;
 mod metered;
 mod modes;

@@ -259,8 +259,8 @@ fn three_candidates<C: Terms>(h: &Harness<C>, backend: &str, strat: &str) {
     for _ in 0..2 {
         // Let the leader write for a while, then kill it.
         std::thread::sleep(Duration::from_millis(300));
+        let killed = Instant::now(); // before the signal: see `chaos`
         kids[leader].kill().unwrap(); // SIGKILL
-        let killed = Instant::now();
         kids[leader].wait().unwrap();
         let (next, next_term, at) = next_leader(&rx, TTL + Duration::from_secs(5));
         let took = at.saturating_duration_since(killed);
@@ -478,8 +478,12 @@ fn chaos<C: Terms>(h: &Harness<C>, backend: &str, strat: &str) {
             }
         }
         if round % 2 == 0 {
-            kids[leader].kill().unwrap();
+            // The instant before the signal: on `Advisory` the server frees the lock as the
+            // process dies, and the next leader's line can be read before this thread, on a
+            // loaded machine, runs again after `kill` (a line of the kill's own successor
+            // then looked older than the kill, and was skipped below).
             let killed = Instant::now();
+            kids[leader].kill().unwrap();
             kids[leader].wait().unwrap();
             kills += 1;
             kids[leader] = spawn(leader, &spec, tx.clone());

@@ -249,23 +249,15 @@ fn renew_lease<C: LockConnection>(
 
 /// The heartbeat of one `Locker`.
 pub(crate) struct Heartbeat<C: LockConnection> {
-    shared: Arc<Shared>,
-    renew: Renew<C>,
-    /// Renews healthy leases in batches, if the rows have such a statement.
-    renew_many: Option<RenewMany<C>>,
-    /// Confirms grants (`register_granted`), if the rows are ever granted.
-    confirm: Option<Confirm<C>>,
-    pool: r2d2::Pool<ConnectionManager<C>>,
-    interval: Duration,
-    ttl: Duration,
-    /// At most this many threads renew at once (the pool's size).
-    max_threads: usize,
+    /// What every thread it starts is given (its statements, pool, timings and the shared
+    /// state): each new thread's `Worker` is a clone of it.
+    worker: Worker<C>,
 }
 
 impl<C: LockConnection> std::fmt::Debug for Heartbeat<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Heartbeat")
-            .field("interval", &self.interval)
+            .field("interval", &self.worker.interval)
             .finish_non_exhaustive()
     }
 }
@@ -322,7 +314,7 @@ impl<C: LockConnection> Heartbeat<C> {
             renew_lease::<C>,
             Some(renew_leases::<C>),
         );
-        h.confirm = Some(confirm_lease::<C>);
+        h.worker.confirm = Some(confirm_lease::<C>);
         h
     }
 
@@ -336,22 +328,30 @@ impl<C: LockConnection> Heartbeat<C> {
         renew_many: Option<RenewMany<C>>,
     ) -> Self {
         Heartbeat {
-            renew,
-            renew_many,
-            confirm: None,
-            shared: Arc::default(),
-            max_threads: pool.max_size().max(1) as usize,
-            pool,
-            interval,
-            ttl,
+            worker: Worker {
+                renew,
+                renew_many,
+                confirm: None,
+                shared: Arc::default(),
+                max_threads: pool.max_size().max(1) as usize,
+                pool,
+                interval,
+                ttl,
+            },
         }
     }
 
     /// Starts renewing `holder`'s lease on `key` one interval from now. `sent` is when the
     /// acquiring statement was sent: the lease cannot have started before it.
     pub(crate) fn register(&self, key: &str, holder: &str, sent: Instant) -> Beat {
-        let lease = Arc::new(Validity::new(sent, self.ttl));
-        self.enter(key, holder, lease, Instant::now() + self.interval, None)
+        let lease = Arc::new(Validity::new(sent, self.worker.ttl));
+        self.enter(
+            key,
+            holder,
+            lease,
+            Instant::now() + self.worker.interval,
+            None,
+        )
     }
 
     /// Starts keeping a lease that a release granted to `place` of the key's line, which
@@ -371,10 +371,10 @@ impl<C: LockConnection> Heartbeat<C> {
         renewed: Instant,
         place_ttl: Duration,
     ) -> Beat {
-        if self.confirm.is_none() {
+        if self.worker.confirm.is_none() {
             return self.register(key, holder, renewed);
         }
-        let lease = Arc::new(Validity::granted(renewed, place_ttl, self.ttl));
+        let lease = Arc::new(Validity::granted(renewed, place_ttl, self.worker.ttl));
         let now = Instant::now();
         let left = lease
             .deadline()
@@ -392,7 +392,7 @@ impl<C: LockConnection> Heartbeat<C> {
         confirm: Option<i64>,
     ) -> Beat {
         let id = {
-            let mut st = self.shared.lock();
+            let mut st = self.worker.shared.lock();
             st.next_id += 1;
             let id = st.next_id;
             st.insert(
@@ -415,13 +415,13 @@ impl<C: LockConnection> Heartbeat<C> {
         };
         let (id, seen_in_time) = id;
         if !seen_in_time {
-            self.shared.wake.notify_one();
+            self.worker.shared.wake.notify_one();
         }
         self.ensure_thread();
         Beat {
             id,
             lease,
-            shared: self.shared.clone(),
+            shared: self.worker.shared.clone(),
         }
     }
 
@@ -433,15 +433,15 @@ impl<C: LockConnection> Heartbeat<C> {
     /// a loaded 2-core machine).
     pub(crate) fn call(&self, call: Call) {
         let more = {
-            let mut st = self.shared.lock();
+            let mut st = self.worker.shared.lock();
             st.calls.0.push_back(call);
-            let more = st.idle() == 0 && st.threads.len() + st.starting < self.max_threads;
+            let more = st.idle() == 0 && st.threads.len() + st.starting < self.worker.max_threads;
             if more {
                 st.starting += 1;
             }
             more
         };
-        self.shared.wake.notify_one();
+        self.worker.shared.wake.notify_one();
         if more {
             self.worker().spawn();
         }
@@ -449,7 +449,7 @@ impl<C: LockConnection> Heartbeat<C> {
 
     fn ensure_thread(&self) {
         let needed = {
-            let mut st = self.shared.lock();
+            let mut st = self.worker.shared.lock();
             let needed = st.threads.is_empty() && st.starting == 0;
             if needed {
                 st.starting += 1;
@@ -462,23 +462,14 @@ impl<C: LockConnection> Heartbeat<C> {
     }
 
     fn worker(&self) -> Worker<C> {
-        Worker {
-            renew: self.renew,
-            renew_many: self.renew_many,
-            confirm: self.confirm,
-            shared: self.shared.clone(),
-            pool: self.pool.clone(),
-            interval: self.interval,
-            ttl: self.ttl,
-            max_threads: self.max_threads,
-        }
+        self.worker.clone()
     }
 }
 
 impl<C: LockConnection> Drop for Heartbeat<C> {
     fn drop(&mut self) {
         let idle: Vec<JoinHandle<()>> = {
-            let mut st = self.shared.lock();
+            let mut st = self.worker.shared.lock();
             st.shutdown = true;
             let busy = st.busy.clone();
             let ids: Vec<ThreadId> = st
@@ -489,7 +480,7 @@ impl<C: LockConnection> Drop for Heartbeat<C> {
                 .collect();
             ids.iter().filter_map(|id| st.threads.remove(id)).collect()
         };
-        self.shared.wake.notify_all();
+        self.worker.shared.wake.notify_all();
         // An idle thread sees `shutdown` at once. One inside a renewal (perhaps waiting for
         // a row lock) is left to end by itself once its statement returns.
         for handle in idle {

@@ -14,13 +14,32 @@ use std::time::{Duration, Instant};
 /// What one heartbeat thread needs.
 pub(super) struct Worker<C: LockConnection> {
     pub(super) renew: Renew<C>,
+    /// Renews healthy leases in batches, if the rows have such a statement.
     pub(super) renew_many: Option<RenewMany<C>>,
+    /// Confirms grants (`register_granted`), if the rows are ever granted.
     pub(super) confirm: Option<Confirm<C>>,
     pub(super) shared: Arc<Shared>,
     pub(super) pool: r2d2::Pool<ConnectionManager<C>>,
     pub(super) interval: Duration,
     pub(super) ttl: Duration,
+    /// At most this many threads renew at once (the pool's size).
     pub(super) max_threads: usize,
+}
+
+impl<C: LockConnection> Clone for Worker<C> {
+    // By hand: a derive would ask `C: Clone`, which a connection is not.
+    fn clone(&self) -> Self {
+        Worker {
+            renew: self.renew,
+            renew_many: self.renew_many,
+            confirm: self.confirm,
+            shared: self.shared.clone(),
+            pool: self.pool.clone(),
+            interval: self.interval,
+            ttl: self.ttl,
+            max_threads: self.max_threads,
+        }
+    }
 }
 
 impl<C: LockConnection> Worker<C> {
@@ -142,25 +161,12 @@ impl<C: LockConnection> Worker<C> {
         if more {
             st.starting += 1;
             drop(st);
-            self.clone_worker().spawn();
+            self.clone().spawn();
         } else if uncovered {
             drop(st);
             self.shared.wake.notify_one();
         }
         work
-    }
-
-    fn clone_worker(&self) -> Worker<C> {
-        Worker {
-            renew: self.renew,
-            renew_many: self.renew_many,
-            confirm: self.confirm,
-            shared: self.shared.clone(),
-            pool: self.pool.clone(),
-            interval: self.interval,
-            ttl: self.ttl,
-            max_threads: self.max_threads,
-        }
     }
 
     fn run(self) {

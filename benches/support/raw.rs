@@ -172,6 +172,7 @@ pub mod pg {
             .bind::<Text, _>(HOLDER)
             .bind::<Text, _>(key)
             .bind::<BigInt, _>(TTL.as_micros() as i64)
+            .bind::<diesel::sql_types::Bool, _>(true)
             .get_result::<Acquired>(c)
             .expect("lease acquire");
     }
@@ -182,7 +183,6 @@ pub mod pg {
             sql(lib::LEASE_RELEASE_ALONE)
                 .bind::<Text, _>(key)
                 .bind::<Text, _>(HOLDER)
-                .bind::<Text, _>(key)
                 .execute(c)
                 .expect("lease release")
         } else {

@@ -114,8 +114,8 @@ impl<T> LockConnection for T where T: sealed::Sealed + diesel::r2d2::R2D2Connect
     allow(unused_imports)
 )]
 pub(crate) use sealed::{
-    Acquired, Dialect, Drawn, Flavor, ForUpdateLocked, PurgeTable, SessionLocks, Spot, Wait,
-    XactLocked,
+    Acquired, Dialect, Drawn, Flavor, ForUpdateLocked, Joined, PurgeTable, SessionLocks, Spot,
+    Wait, XactLocked,
 };
 
 /// The `place` of an acquisition by a caller that has no place in the key's line (a
@@ -440,7 +440,8 @@ pub(crate) mod sealed {
     /// [`NO_PLACE`](super::NO_PLACE) for a newcomer; they take a free key only if no live
     /// place with a lower number exists, and a waiter's acquisition removes its place.
     pub trait Lines {
-        /// Takes a place at the end of `key`'s line, alive for `ttl_us`; returns its number.
+        /// Takes a place at the end of `key`'s line, alive for `ttl_us`; returns its number,
+        /// and whether the key's `Lease` row was marked as waited for (`Joined::flagged`).
         /// `holder`: the holder id the waiter will hold the key under if a release grants it
         /// the key.
         /// `shared`: the place of a reader or a semaphore permit, which others of its kind
@@ -453,7 +454,16 @@ pub(crate) mod sealed {
             ttl_us: i64,
             holder: &str,
             shared: bool,
-        ) -> QueryResult<i64>;
+        ) -> QueryResult<Joined>;
+        /// Marks `key`'s `Lease` row, if it has one, as waited for (PostgreSQL's
+        /// `line_free`, cleared: its acquisitions and releases then look into the line).
+        /// `line_join` does it in the same statement; a waiter whose join found no row to
+        /// mark (the row was being inserted) and whose first try then failed does it again,
+        /// so that the row its try met is marked. Nothing on backends that mark in the join's
+        /// own transaction under the row's lock, or not at all.
+        fn line_flag(&mut self, _key: &str) -> QueryResult<()> {
+            Ok(())
+        }
         /// The live places of `key` ahead of place `place` (every live place for
         /// [`NO_PLACE`](super::NO_PLACE)): how many, and how many of them are exclusive
         /// waiters'. A read only; inside the caller's transaction if one is open.
@@ -519,6 +529,17 @@ pub(crate) mod sealed {
         /// Granted on `Lease`: the lease the grant gave the place's holder, read by the same
         /// look (`Lines::line_look_lease`), so that the waiter need not read it again.
         pub lease: Option<Acquired>,
+    }
+
+    /// A place taken (`Lines::line_join`).
+    #[derive(Debug, Clone, Copy)]
+    pub struct Joined {
+        /// The place's number.
+        pub id: i64,
+        /// The join marked the key's `Lease` row as waited for, or needs not (the backend
+        /// marks it otherwise): false only where `Lines::line_flag` should follow a failed
+        /// first try.
+        pub flagged: bool,
     }
 
     /// The places ahead of one, as `Lines::line_ahead` counts them.

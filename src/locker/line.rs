@@ -74,6 +74,9 @@ pub(super) struct Place<'a, C: LockConnection> {
     renewed: Instant,
     /// When the place was taken, and how many were ahead at the first look.
     joined: Instant,
+    /// The join marked the key's `Lease` row as waited for (`Lines::line_join`), or needs
+    /// not: false only where `Lines::line_flag` should follow a failed first try.
+    pub(super) flagged: bool,
     ahead_at_first_look: Option<i64>,
     /// The live places ahead of this one at the last look; `None` before the first.
     ahead: Option<i64>,
@@ -113,7 +116,7 @@ impl<'a, C: LockConnection> Place<'a, C> {
         let renewed = Instant::now();
         let room = shared.then(|| raw.room());
         let holder = crate::random::holder_id();
-        let id = conn
+        let crate::backend::Joined { id, flagged } = conn
             .sql()
             .line_join(key, owner, channel, ttl_us, &holder, shared)?;
         log::trace!("lock {key:?}: waiting in line, place {id}");
@@ -130,6 +133,7 @@ impl<'a, C: LockConnection> Place<'a, C> {
             ttl_us,
             renewed,
             joined: renewed,
+            flagged,
             ahead_at_first_look: None,
             ahead: None,
             exclusive_ahead: 0,

@@ -477,6 +477,12 @@ pub(crate) trait RawLock<C: LockConnection>: Send + Sync + 'static {
         Ok(())
     }
 
+    /// For a lock that `lines`: whether its key has a `Lease` row that its line marks as
+    /// waited for (`Lines::line_flag`): true for `Lease` and its readers and permits.
+    fn flags_line(&self) -> bool {
+        false
+    }
+
     /// For a lock that `lines`: whether its acquisition removes the waiter's place itself
     /// (in the acquiring statement or transaction: `Row`, `Lease`, `Lease` readers and
     /// permits, `Advisory` permits). False for `ForUpdate` permits, whose acquisition is

@@ -1,7 +1,7 @@
 //! MySQL's statements of the line of waiters (`dlock_waiters`). No notifications here:
 //! waiters poll their own place (`line_renew`, an update by primary key and an indexed count).
 
-use crate::backend::sealed::{LineAhead, LineStat, Lines, Spot};
+use crate::backend::sealed::{Joined, LineAhead, LineStat, Lines, Spot};
 use crate::backend::shared::Mine;
 use crate::backend::stmt::stmt;
 use diesel::mysql::MysqlConnection;
@@ -45,7 +45,7 @@ impl Lines for MysqlConnection {
         ttl_us: i64,
         holder: &str,
         shared: bool,
-    ) -> QueryResult<i64> {
+    ) -> QueryResult<Joined> {
         // Lapsed places are left to `purge` (and ignored meanwhile): a DELETE by key here
         // would take next-key locks on the key's places and deadlock with other joiners.
         // Run again if it was a deadlock's victim: the INSERT writes the place's record,
@@ -76,7 +76,10 @@ impl Lines for MysqlConnection {
         )?;
         stmt("SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS n")
             .get_result::<Count>(self)
-            .map(|c| c.n)
+            .map(|c| Joined {
+                id: c.n,
+                flagged: true,
+            })
     }
 
     fn line_ahead(&mut self, key: &str, place: i64) -> QueryResult<LineAhead> {
@@ -265,6 +268,7 @@ mod tests {
             false,
         )
         .unwrap()
+        .id
     }
 
     fn connection_id(c: &mut MysqlConnection) -> i64 {
@@ -386,7 +390,7 @@ mod tests {
         .expect("the transaction with writes survives the deadlock");
         stmt("ROLLBACK").execute(&mut a).unwrap();
         let (mut b, place) = joining.join().unwrap();
-        let place = place.expect("the join is run again after the deadlock");
+        let place = place.expect("the join is run again after the deadlock").id;
         assert!(b
             .line_look("unit-join", place, 0)
             .unwrap()

@@ -1,6 +1,6 @@
 //! PostgreSQL's statements of the line of waiters (`dlock_waiters`).
 
-use crate::backend::sealed::{LineAhead, LineStat, Lines, Spot};
+use crate::backend::sealed::{Joined, LineAhead, LineStat, Lines, Spot};
 use crate::backend::shared::Mine;
 use crate::backend::stmt::stmt;
 use diesel::pg::PgConnection;
@@ -26,10 +26,24 @@ macro_rules! look {
 
 const LOOK: &str = look!();
 
+/// `Lines::line_flag`: the key's lease row, if it has one, no longer says that nobody waits
+/// (`line_free`, which lets `Lease`'s acquisition and release skip their look into the
+/// line: `locks.rs`), and counts one join more (`line_joins`), which tells a release about
+/// to set `line_free` that a place may have come after its snapshot. An UPDATE: it waits
+/// for any statement holding the row, and marks its newest version. Binds the key.
+macro_rules! line_flag {
+    () => {
+        "UPDATE dlock_leases SET line_free = false, line_joins = line_joins + 1 WHERE lock_key = ?"
+    };
+}
+
+/// What `line_join`'s statement returns.
 #[derive(QueryableByName)]
-struct Id {
+struct JoinedRow {
     #[diesel(sql_type = BigInt)]
     id: i64,
+    #[diesel(sql_type = BigInt)]
+    flagged: i64,
 }
 
 /// What `line_leave` answers: the notifications sent (read so that they are sent) and
@@ -52,16 +66,26 @@ impl Lines for PgConnection {
         ttl_us: i64,
         holder: &str,
         shared: bool,
-    ) -> QueryResult<i64> {
-        // The key's lapsed places go in the same statement (a dead waiter's place would
-        // otherwise stay until a purge; it is ignored meanwhile, as every statement here
-        // asks for live places only).
-        stmt(
-            "WITH gone AS (DELETE FROM dlock_waiters WHERE lock_key = ? AND expires_at <= now()) \
-             INSERT INTO dlock_waiters (lock_key, owner, channel, since, expires_at, holder, shared) \
-             VALUES (?, ?, ?, clock_timestamp(), clock_timestamp() + ? * interval '1 microsecond', ?, ?) \
-             RETURNING id",
-        )
+    ) -> QueryResult<Joined> {
+        // The key's lease row, if it has one, is marked first (`f`, before the place is
+        // written: `LINE_FLAG`); the key's lapsed places go in the same statement (a dead
+        // waiter's place would otherwise stay until a purge; it is ignored meanwhile, as every
+        // statement here asks for live places only), skipping any another statement has
+        // locked: the join then waits for no place's lock while it holds the lease row's.
+        stmt(concat!(
+            "WITH f AS (",
+            line_flag!(),
+            " RETURNING 1), \
+             gone AS (DELETE FROM dlock_waiters WHERE id IN ( \
+               SELECT id FROM dlock_waiters WHERE lock_key = ? AND expires_at <= now() \
+               FOR UPDATE SKIP LOCKED)), \
+             i AS (INSERT INTO dlock_waiters (lock_key, owner, channel, since, expires_at, holder, shared) \
+               SELECT ?, ?, ?, clock_timestamp(), clock_timestamp() + ? * interval '1 microsecond', ?, ? \
+               FROM (SELECT count(*) AS n FROM f) x \
+               RETURNING id) \
+             SELECT i.id, (SELECT count(*) FROM f) AS flagged FROM i"
+        ))
+        .bind::<Text, _>(key)
         .bind::<Text, _>(key)
         .bind::<Text, _>(key)
         .bind::<Text, _>(owner)
@@ -69,8 +93,18 @@ impl Lines for PgConnection {
         .bind::<BigInt, _>(ttl_us)
         .bind::<Nullable<Text>, _>((!shared).then_some(holder))
         .bind::<Integer, _>(i32::from(shared))
-        .get_result::<Id>(self)
-        .map(|r| r.id)
+        .get_result::<JoinedRow>(self)
+        .map(|r| Joined {
+            id: r.id,
+            flagged: r.flagged > 0,
+        })
+    }
+
+    fn line_flag(&mut self, key: &str) -> QueryResult<()> {
+        stmt(line_flag!())
+            .bind::<Text, _>(key)
+            .execute(self)
+            .map(drop)
     }
 
     fn line_ahead(&mut self, key: &str, place: i64) -> QueryResult<LineAhead> {

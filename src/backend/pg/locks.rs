@@ -10,7 +10,7 @@ use crate::backend::stmt::stmt;
 use crate::backend::{Acquired, NO_PLACE};
 use crate::key::floor_bucket;
 use diesel::pg::PgConnection;
-use diesel::sql_types::{Array, BigInt, Nullable, Text};
+use diesel::sql_types::{Array, BigInt, Bool, Nullable, Text};
 use diesel::{OptionalExtension, QueryResult, RunQueryDsl};
 
 // The texts of the statements the benches' raw floors run too (`diesel_lock::__bench_sql`);
@@ -153,13 +153,15 @@ macro_rules! lease_acquire {
          token = ", pg_next_token!("token"), ", \
          acquired_at = clock_timestamp(), expires_at = clock_timestamp() + ? * interval '1 microsecond' \
        WHERE lock_key = ? AND (holder_id IS NULL OR expires_at <= now()) \
-         AND (shared_until IS NULL OR shared_until <= now()) AND (SELECT turn FROM l) \
+         AND (shared_until IS NULL OR shared_until <= now()) \
+         AND (dlock_leases.line_free OR (SELECT turn FROM l)) \
        RETURNING token, acquired_at), ",
-     pg_floor!("NOT EXISTS (SELECT 1 FROM dlock_leases WHERE lock_key = ?) AND (SELECT turn FROM l)"), ", \
+     pg_floor!("CASE WHEN EXISTS (SELECT 1 FROM dlock_leases WHERE lock_key = ?) THEN false \
+                ELSE (SELECT turn FROM l) END"), ", \
      i AS ( \
-       INSERT INTO dlock_leases (lock_key, owner, holder_id, token, acquired_at, expires_at) \
+       INSERT INTO dlock_leases (lock_key, owner, holder_id, token, acquired_at, expires_at, line_free) \
        SELECT ?, ?, ?, ", pg_first_token!("COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0)"), ", \
-              clock_timestamp(), clock_timestamp() + ? * interval '1 microsecond' FROM f \
+              clock_timestamp(), clock_timestamp() + ? * interval '1 microsecond', ? FROM f \
        ON CONFLICT (lock_key) DO NOTHING  \
        RETURNING token, acquired_at) ")
     };
@@ -224,7 +226,11 @@ pub const LEASE_RELEASE: &str = concat!(
              holder_id = CASE WHEN ", handing!(), " THEN w.holder END, \
              token = CASE WHEN ", handing!(), " THEN ", pg_next_token!("l.token"), " ELSE l.token END, \
              acquired_at = CASE WHEN ", handing!(), " THEN clock_timestamp() ELSE l.acquired_at END, \
-             expires_at = CASE WHEN ", handing!(), " THEN w.expires_at END \
+             expires_at = CASE WHEN ", handing!(), " THEN w.expires_at END, \
+             line_free = (w.id IS NULL \
+               AND NOT EXISTS (SELECT 1 FROM dlock_waiters v \
+                               WHERE v.lock_key = l.lock_key AND v.expires_at > now()) \
+               AND l.line_joins = (SELECT j.line_joins FROM dlock_leases j WHERE j.lock_key = l.lock_key)) \
            FROM (SELECT 1) o LEFT JOIN w ON true \
            WHERE l.lock_key = ? AND l.holder_id = ? \
            RETURNING l.lock_key, CASE WHEN ", handing!(), " THEN w.id END AS wid), \
@@ -244,11 +250,9 @@ pub const LEASE_RELEASE: &str = concat!(
 /// cleared (as `LEASE_RELEASE` clears it when it hands over nothing); 0 rows runs
 /// `LEASE_RELEASE`. Not for a lease a release granted (`lease_release_granted`): its own
 /// place may still be there to remove.
-pub const LEASE_RELEASE_ALONE: &str = concat!(
+pub const LEASE_RELEASE_ALONE: &str =
     "UPDATE dlock_leases SET holder_id = NULL, expires_at = NULL \
-     WHERE lock_key = ? AND holder_id = ? AND ",
-    nobody_in_line!("?")
-);
+     WHERE lock_key = ? AND holder_id = ? AND line_free";
 
 /// `lease_confirm`: the granted lease, still the holder's and unexpired, runs its own ttl
 /// from now, and the place goes.
@@ -387,6 +391,7 @@ impl Locks for PgConnection {
                 .bind::<Text, _>(holder)
                 .bind::<Text, _>(key)
                 .bind::<BigInt, _>(ttl_us)
+                .bind::<Bool, _>(place == NO_PLACE)
         };
         if place == NO_PLACE {
             q(LEASE_ACQUIRE).get_result::<AcquiredRow>(self)
@@ -449,7 +454,6 @@ impl Locks for PgConnection {
         let alone = stmt(LEASE_RELEASE_ALONE)
             .bind::<Text, _>(key)
             .bind::<Text, _>(holder)
-            .bind::<Text, _>(key)
             .execute(self)?;
         if alone == 1 {
             return Ok(true);
@@ -480,5 +484,196 @@ impl Locks for PgConnection {
             .get_result::<One>(self)
             .optional(),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::sealed::{Dialect, Lines};
+    use diesel::Connection;
+    use std::time::{Duration, Instant};
+
+    fn url() -> Option<String> {
+        match std::env::var("DLOCK_TEST_PG_URL") {
+            Ok(u) if !u.is_empty() => Some(u),
+            _ => {
+                let required = std::env::var("DLOCK_TEST_REQUIRE").unwrap_or_default();
+                assert!(
+                    !required
+                        .split([',', ' '])
+                        .any(|r| r == "all" || r == "postgres"),
+                    "DLOCK_TEST_PG_URL is not set"
+                );
+                None
+            }
+        }
+    }
+
+    fn key(what: &str) -> String {
+        format!(
+            "unit-{what}-{}-{}",
+            std::process::id(),
+            crate::random::holder_id()
+        )
+    }
+
+    #[derive(diesel::QueryableByName)]
+    struct Free {
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        line_free: bool,
+    }
+
+    fn line_free(c: &mut PgConnection, key: &str) -> bool {
+        stmt("SELECT line_free FROM dlock_leases WHERE lock_key = ?")
+            .bind::<Text, _>(key)
+            .get_result::<Free>(c)
+            .unwrap()
+            .line_free
+    }
+
+    #[derive(diesel::QueryableByName)]
+    struct Pid {
+        #[diesel(sql_type = diesel::sql_types::Integer)]
+        pid: i32,
+    }
+
+    #[derive(diesel::QueryableByName)]
+    struct Waiting {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+
+    /// Until session `pid` waits for a lock (pg_locks), watched from `watch`.
+    fn until_waiting(watch: &mut PgConnection, pid: i32) {
+        let start = Instant::now();
+        while stmt("SELECT count(*) AS n FROM pg_locks WHERE pid = ? AND NOT granted")
+            .bind::<diesel::sql_types::Integer, _>(pid)
+            .get_result::<Waiting>(watch)
+            .unwrap()
+            .n
+            == 0
+        {
+            assert!(start.elapsed() < Duration::from_secs(20), "never waited");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    const TTL_US: i64 = 60_000_000;
+
+    /// The race that decides `line_free`: a release that finds nobody in line in its snapshot
+    /// while a join, not committed yet, holds the lease row (marked as waited for, one join
+    /// more). The release waits for the row, and must not mark the line free once it has
+    /// it: the join's place is there. A newcomer then does not take the key past the place.
+    #[test]
+    fn a_release_does_not_free_the_line_past_a_join_it_could_not_see() {
+        let Some(url) = url() else { return };
+        let mut a = PgConnection::establish(&url).unwrap();
+        a.run_migrations().unwrap();
+        let mut j = PgConnection::establish(&url).unwrap();
+        let mut watch = PgConnection::establish(&url).unwrap();
+        let k = key("free-race");
+        // The first holder inserts the row (not marked free); its release marks it free.
+        assert!(a
+            .lease_acquire(&k, "o", "h1", TTL_US, false, NO_PLACE)
+            .unwrap()
+            .is_some());
+        assert!(a.lease_release(&k, "h1").unwrap());
+        assert!(
+            line_free(&mut a, &k),
+            "a release with nobody in line frees the line"
+        );
+        // Held again, and waited for by a place that left: the row is not marked free, so
+        // that the release takes the hand-over statement, which looks into the line.
+        assert!(a
+            .lease_acquire(&k, "o", "h2", TTL_US, false, NO_PLACE)
+            .unwrap()
+            .is_some());
+        let left = j.line_join(&k, "o", None, TTL_US, "hl", false).unwrap();
+        assert!(!j.line_leave(&k, left.id).unwrap());
+        assert!(!line_free(&mut a, &k));
+        // A join that stays open, holding the row: the release's snapshot cannot see its
+        // place, and its UPDATE waits for the row.
+        stmt("BEGIN").execute(&mut j).unwrap();
+        let joined = j.line_join(&k, "o", None, TTL_US, "hj", false).unwrap();
+        assert!(joined.flagged);
+        let pid = stmt("SELECT pg_backend_pid() AS pid")
+            .get_result::<Pid>(&mut a)
+            .unwrap()
+            .pid;
+        let key2 = k.clone();
+        let release = std::thread::spawn(move || {
+            let ok = a.lease_release(&key2, "h2").unwrap();
+            (a, ok)
+        });
+        until_waiting(&mut watch, pid);
+        stmt("COMMIT").execute(&mut j).unwrap();
+        let (mut a, ok) = release.join().unwrap();
+        assert!(ok, "the holder's release");
+        assert!(!line_free(&mut a, &k), "the join's place waits");
+        assert!(
+            a.lease_acquire(&k, "o", "hn", TTL_US, false, NO_PLACE)
+                .unwrap()
+                .is_none(),
+            "a newcomer took the key past a waiter's place"
+        );
+        // The waiter takes it, and its release (the line empty again) frees the line.
+        assert!(j
+            .lease_acquire(&k, "o", "hj", TTL_US, true, joined.id)
+            .unwrap()
+            .is_some());
+        assert!(j.lease_release(&k, "hj").unwrap());
+        assert!(line_free(&mut j, &k));
+        stmt("DELETE FROM dlock_leases WHERE lock_key = ?")
+            .bind::<Text, _>(&k)
+            .execute(&mut j)
+            .unwrap();
+    }
+
+    /// A join that found no lease row to mark (the row's insert not committed yet) says so,
+    /// and `line_flag` marks the row once it is there: the holder's release then looks into
+    /// the line and grants the key to the place.
+    #[test]
+    fn a_join_that_met_no_row_marks_it_after() {
+        let Some(url) = url() else { return };
+        let mut n = PgConnection::establish(&url).unwrap();
+        n.run_migrations().unwrap();
+        let mut j = PgConnection::establish(&url).unwrap();
+        let k = key("flag-late");
+        stmt("BEGIN").execute(&mut n).unwrap();
+        assert!(n
+            .lease_acquire(&k, "o", "hn", TTL_US, false, NO_PLACE)
+            .unwrap()
+            .is_some());
+        let joined = j.line_join(&k, "o", None, TTL_US, "hj", false).unwrap();
+        assert!(!joined.flagged, "the row was not committed");
+        stmt("COMMIT").execute(&mut n).unwrap();
+        // Freed with nobody in line (the place is ignored: a stand-in for a release whose
+        // snapshot came before the join), then taken again by a newcomer.
+        stmt("UPDATE dlock_leases SET line_free = true WHERE lock_key = ?")
+            .bind::<Text, _>(&k)
+            .execute(&mut n)
+            .unwrap();
+        assert!(j
+            .lease_acquire(&k, "o", "hj", TTL_US, true, joined.id)
+            .unwrap()
+            .is_none());
+        j.line_flag(&k).unwrap();
+        assert!(!line_free(&mut n, &k));
+        assert!(n.lease_release(&k, "hn").unwrap());
+        assert!(
+            j.line_look_lease(&k, joined.id, 0, "hj")
+                .unwrap()
+                .is_some_and(|s| s.granted),
+            "the release granted the key to the place"
+        );
+        stmt("DELETE FROM dlock_waiters WHERE lock_key = ?")
+            .bind::<Text, _>(&k)
+            .execute(&mut j)
+            .unwrap();
+        stmt("DELETE FROM dlock_leases WHERE lock_key = ?")
+            .bind::<Text, _>(&k)
+            .execute(&mut j)
+            .unwrap();
     }
 }

@@ -1,7 +1,7 @@
 //! SQLite's statements of the line of waiters (`dlock_waiters`). No notifications here:
 //! waiters poll their own place (`line_renew`).
 
-use crate::backend::sealed::{LineAhead, LineStat, Lines, Spot};
+use crate::backend::sealed::{Joined, LineAhead, LineStat, Lines, Spot};
 use crate::backend::shared::Mine;
 use crate::backend::stmt::stmt;
 use diesel::sql_types::{BigInt, Integer, Nullable, Text};
@@ -43,7 +43,7 @@ impl Lines for SqliteConnection {
         ttl_us: i64,
         holder: &str,
         shared: bool,
-    ) -> QueryResult<i64> {
+    ) -> QueryResult<Joined> {
         // One write (a second, to delete the key's lapsed places, would queue for the write
         // lock once more: lapsed places are ignored, and `purge` removes them), waiting for
         // the write lock at µs scale (`busy.rs`).
@@ -61,7 +61,10 @@ impl Lines for SqliteConnection {
             .bind::<Nullable<Text>, _>((!shared).then_some(holder))
             .bind::<Integer, _>(i32::from(shared))
             .get_result::<Count>(c)
-            .map(|c| c.n)
+            .map(|c| Joined {
+                id: c.n,
+                flagged: true,
+            })
         })
     }
 

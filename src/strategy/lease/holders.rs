@@ -126,6 +126,10 @@ impl<C: LockConnection> RawLock<C> for HolderLock<C> {
         true
     }
 
+    fn flags_line(&self) -> bool {
+        true
+    }
+
     /// A semaphore's permits; readers are not counted.
     fn room(&self) -> u32 {
         match self.mode {

@@ -192,6 +192,10 @@ impl<C: LockConnection> RawLock<C> for LeaseLock<C> {
         true
     }
 
+    fn flags_line(&self) -> bool {
+        true
+    }
+
     fn look(
         &self,
         conn: &mut C,

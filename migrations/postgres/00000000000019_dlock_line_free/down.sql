@@ -1,0 +1,2 @@
+ALTER TABLE dlock_leases DROP COLUMN IF EXISTS line_joins;
+ALTER TABLE dlock_leases DROP COLUMN IF EXISTS line_free;

@@ -172,7 +172,6 @@ pub mod pg {
             .bind::<Text, _>(HOLDER)
             .bind::<Text, _>(key)
             .bind::<BigInt, _>(TTL.as_micros() as i64)
-            .bind::<diesel::sql_types::Bool, _>(true)
             .get_result::<Acquired>(c)
             .expect("lease acquire");
     }
@@ -600,8 +599,6 @@ pub mod mysql {
                     let n = sql(lib::LEASE_RELEASE_ALONE)
                         .bind::<Text, _>(&k)
                         .bind::<Text, _>(HOLDER)
-                        .bind::<Text, _>(&k)
-                        .bind::<Text, _>(HOLDER)
                         .execute(&mut c)
                         .unwrap();
                     assert_eq!(n, 1);
@@ -767,6 +764,8 @@ pub mod sqlite {
                         .bind::<Text, _>(&k)
                         .bind::<BigInt, _>(diesel_lock::key_hash(&k) & 63)
                         .bind::<Text, _>(&ttl)
+                        .bind::<diesel::sql_types::Bool, _>(true)
+                        .bind::<Text, _>(&k)
                         .bind::<Text, _>(&k)
                         .bind::<BigInt, _>(i64::MAX)
                         .get_result::<Acquired>(&mut pool.get().unwrap())
@@ -774,7 +773,6 @@ pub mod sqlite {
                     let n = sql(lib::LEASE_RELEASE_ALONE)
                         .bind::<Text, _>(&k)
                         .bind::<Text, _>(HOLDER)
-                        .bind::<Text, _>(&k)
                         .execute(&mut pool.get().unwrap())
                         .unwrap();
                     assert_eq!(n, 1);

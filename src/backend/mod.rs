@@ -446,6 +446,10 @@ pub(crate) mod sealed {
         /// the key.
         /// `shared`: the place of a reader or a semaphore permit, which others of its kind
         /// may be let in past (`line_ahead`); otherwise an exclusive waiter's.
+        /// `flag`: the key has a `Lease` row to mark as waited for (`line_free` cleared:
+        /// its acquisitions and releases then look into the line). PostgreSQL marks any
+        /// such row whatever `flag` says.
+        #[allow(clippy::too_many_arguments)]
         fn line_join(
             &mut self,
             key: &str,
@@ -454,13 +458,13 @@ pub(crate) mod sealed {
             ttl_us: i64,
             holder: &str,
             shared: bool,
+            flag: bool,
         ) -> QueryResult<Joined>;
-        /// Marks `key`'s `Lease` row, if it has one, as waited for (PostgreSQL's
-        /// `line_free`, cleared: its acquisitions and releases then look into the line).
-        /// `line_join` does it in the same statement; a waiter whose join found no row to
-        /// mark (the row was being inserted) and whose first try then failed does it again,
-        /// so that the row its try met is marked. Nothing on backends that mark in the join's
-        /// own transaction under the row's lock, or not at all.
+        /// Marks `key`'s `Lease` row, if it has one, as waited for (`line_free` cleared).
+        /// PostgreSQL's `line_join` does it in the same statement; a waiter whose join found
+        /// no row to mark (the row was being inserted) and whose first try then failed does
+        /// it again, so that the row its try met is marked. Nothing on backends whose join
+        /// marks the row in its own transaction (SQLite) or right after its place (MySQL).
         fn line_flag(&mut self, _key: &str) -> QueryResult<()> {
             Ok(())
         }

@@ -116,9 +116,15 @@ impl<'a, C: LockConnection> Place<'a, C> {
         let renewed = Instant::now();
         let room = shared.then(|| raw.room());
         let holder = crate::random::holder_id();
-        let crate::backend::Joined { id, flagged } = conn
-            .sql()
-            .line_join(key, owner, channel, ttl_us, &holder, shared)?;
+        let crate::backend::Joined { id, flagged } = conn.sql().line_join(
+            key,
+            owner,
+            channel,
+            ttl_us,
+            &holder,
+            shared,
+            raw.flags_line(),
+        )?;
         log::trace!("lock {key:?}: waiting in line, place {id}");
         Ok(Place {
             pool,

@@ -77,12 +77,25 @@ pub const ROW_RELEASE_ALONE: &str = concat!(
     nobody_in_line!("dlock_rows.lock_key")
 );
 
-/// `lease_release` while nobody is in the key's line, as `ROW_RELEASE_ALONE`.
-pub const LEASE_RELEASE_ALONE: &str = concat!(
+/// `lease_release` while nobody is in the key's line: the row says so (`line_free`,
+/// migration 19), and no read of the line is needed. Set only by `LEASE_RELEASE_PLAIN`,
+/// cleared by every join once its place is written (`lines.rs`); a row inserted by an
+/// acquisition starts without it (its first release takes `release_or_grant`).
+pub const LEASE_RELEASE_ALONE: &str =
     "UPDATE dlock_leases SET holder_id = NULL, expires_at = NULL \
-     WHERE lock_key = ? AND holder_id = ? AND ",
-    nobody_in_line!("?")
-);
+     WHERE lock_key = ? AND holder_id = ? AND line_free";
+
+/// `lease_release`'s plain release in `release_or_grant` (nobody to hand the key to): the
+/// lease is cleared, and the row says that nobody waits if no live place of the key is in
+/// the line. The subquery is a locking read (shared next-key locks on the key's places,
+/// after the lease's row lock, as `nobody_in_line!`): a place being written meanwhile is
+/// waited for and seen, a later one waits for this statement, and its join then clears
+/// `line_free` again.
+pub(super) const LEASE_RELEASE_PLAIN: &str =
+    "UPDATE dlock_leases SET holder_id = NULL, expires_at = NULL, \
+       line_free = NOT EXISTS (SELECT 1 FROM dlock_waiters w WHERE w.lock_key = ? \
+                               AND w.expires_at > UTC_TIMESTAMP(6)) \
+     WHERE lock_key = ? AND holder_id = ?";
 
 /// A release of `Row` or `Lease`: a consistent read of the first live place of the key
 /// waiting for a grant (`first`, after the place id given; it also names the releaser's own

@@ -45,6 +45,7 @@ impl Lines for MysqlConnection {
         ttl_us: i64,
         holder: &str,
         shared: bool,
+        flag: bool,
     ) -> QueryResult<Joined> {
         // Lapsed places are left to `purge` (and ignored meanwhile): a DELETE by key here
         // would take next-key locks on the key's places and deadlock with other joiners.
@@ -74,12 +75,20 @@ impl Lines for MysqlConnection {
             },
             |_, e| super::deadlock(e),
         )?;
-        stmt("SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS n")
-            .get_result::<Count>(self)
-            .map(|c| Joined {
-                id: c.n,
-                flagged: true,
-            })
+        let id = stmt("SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS n")
+            .get_result::<Count>(self)?
+            .n;
+        if flag {
+            // A `Lease` key's row no longer says that nobody waits (`line_free`), once the
+            // place is there: a release that would set it again reads the line with a
+            // locking read, which sees the place (`handover.rs`). Between the two, a plain
+            // release hands nothing over, and the waiter's first try, after this, finds the
+            // key free.
+            stmt("UPDATE dlock_leases SET line_free = 0 WHERE lock_key = ? AND line_free")
+                .bind::<Text, _>(key)
+                .execute(self)?;
+        }
+        Ok(Joined { id, flagged: true })
     }
 
     fn line_ahead(&mut self, key: &str, place: i64) -> QueryResult<LineAhead> {
@@ -266,6 +275,7 @@ mod tests {
             60_000_000,
             &crate::random::holder_id(),
             false,
+            false,
         )
         .unwrap()
         .id
@@ -376,6 +386,7 @@ mod tests {
                 None,
                 60_000_000,
                 &crate::random::holder_id(),
+                false,
                 false,
             );
             (b, place)

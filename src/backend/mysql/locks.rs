@@ -4,7 +4,8 @@
 
 use super::handover::{
     confirmed_place, counter_there, delete_place, grant_lease, grant_row, release_or_grant,
-    FirstPlace, Id, LEASE_FIRST_PLACE, LEASE_RELEASE_ALONE, ROW_FIRST_PLACE, ROW_RELEASE_ALONE,
+    FirstPlace, Id, LEASE_FIRST_PLACE, LEASE_RELEASE_ALONE, LEASE_RELEASE_PLAIN, ROW_FIRST_PLACE,
+    ROW_RELEASE_ALONE,
 };
 use super::{with_lock_wait_timeout, with_transaction_bounds};
 use crate::backend::holders::stall_bound;
@@ -132,9 +133,11 @@ pub const LEASE_UPSERT: &str = concat!(
 
 /// `lease_acquire`, after the upsert: the token and time, if the lease is ours.
 /// The lease just taken, and the live places ahead of the caller's, as `ROW_READ_BACK`.
+/// The line is read only if the row does not say that nobody waits (`line_free`).
 pub const LEASE_READ_BACK: &str = "SELECT CAST(0 AS SIGNED) AS id, l.token, l.acquired_at, \
+       CASE WHEN l.line_free THEN CAST(0 AS SIGNED) ELSE \
        (SELECT COUNT(*) FROM dlock_waiters w WHERE w.lock_key = l.lock_key AND w.id < ? \
-          AND w.expires_at > UTC_TIMESTAMP(6) AND w.granted_at IS NULL) AS ahead \
+          AND w.expires_at > UTC_TIMESTAMP(6) AND w.granted_at IS NULL) END AS ahead \
      FROM dlock_leases l WHERE l.lock_key = ? AND l.holder_id = ?";
 
 /// What the read-backs answer.
@@ -249,8 +252,6 @@ impl Locks for MysqlConnection {
         let alone = stmt(LEASE_RELEASE_ALONE)
             .bind::<Text, _>(key)
             .bind::<Text, _>(holder)
-            .bind::<Text, _>(key)
-            .bind::<Text, _>(holder)
             .execute(self)?;
         if alone == 1 {
             return Ok(true);
@@ -273,7 +274,8 @@ impl Locks for MysqlConnection {
             },
             |c, w| grant_lease(c, key, holder, w),
             |c| {
-                stmt(shared::LEASE_RELEASE)
+                stmt(LEASE_RELEASE_PLAIN)
+                    .bind::<Text, _>(key)
                     .bind::<Text, _>(key)
                     .bind::<Text, _>(holder)
                     .execute(c)

@@ -66,6 +66,7 @@ impl Lines for PgConnection {
         ttl_us: i64,
         holder: &str,
         shared: bool,
+        _flag: bool,
     ) -> QueryResult<Joined> {
         // The key's lease row, if it has one, is marked first (`f`, before the place is
         // written: `LINE_FLAG`); the key's lapsed places go in the same statement (a dead

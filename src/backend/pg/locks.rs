@@ -10,7 +10,7 @@ use crate::backend::stmt::stmt;
 use crate::backend::{Acquired, NO_PLACE};
 use crate::key::floor_bucket;
 use diesel::pg::PgConnection;
-use diesel::sql_types::{Array, BigInt, Bool, Nullable, Text};
+use diesel::sql_types::{Array, BigInt, Nullable, Text};
 use diesel::{OptionalExtension, QueryResult, RunQueryDsl};
 
 // The texts of the statements the benches' raw floors run too (`diesel_lock::__bench_sql`);
@@ -159,9 +159,9 @@ macro_rules! lease_acquire {
      pg_floor!("CASE WHEN EXISTS (SELECT 1 FROM dlock_leases WHERE lock_key = ?) THEN false \
                 ELSE (SELECT turn FROM l) END"), ", \
      i AS ( \
-       INSERT INTO dlock_leases (lock_key, owner, holder_id, token, acquired_at, expires_at, line_free) \
+       INSERT INTO dlock_leases (lock_key, owner, holder_id, token, acquired_at, expires_at) \
        SELECT ?, ?, ?, ", pg_first_token!("COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0)"), ", \
-              clock_timestamp(), clock_timestamp() + ? * interval '1 microsecond', ? FROM f \
+              clock_timestamp(), clock_timestamp() + ? * interval '1 microsecond' FROM f \
        ON CONFLICT (lock_key) DO NOTHING  \
        RETURNING token, acquired_at) ")
     };
@@ -391,7 +391,6 @@ impl Locks for PgConnection {
                 .bind::<Text, _>(holder)
                 .bind::<Text, _>(key)
                 .bind::<BigInt, _>(ttl_us)
-                .bind::<Bool, _>(place == NO_PLACE)
         };
         if place == NO_PLACE {
             q(LEASE_ACQUIRE).get_result::<AcquiredRow>(self)
@@ -573,11 +572,13 @@ mod tests {
         let mut j = PgConnection::establish(&url).unwrap();
         let mut watch = PgConnection::establish(&url).unwrap();
         let k = key("free-race");
-        // The first holder inserts the row (not marked free); its release marks it free.
+        // The first holder inserts the row, not marked free (see `lease_acquire!`); its
+        // release, which looks into the line, marks it free.
         assert!(a
             .lease_acquire(&k, "o", "h1", TTL_US, false, NO_PLACE)
             .unwrap()
             .is_some());
+        assert!(!line_free(&mut a, &k));
         assert!(a.lease_release(&k, "h1").unwrap());
         assert!(
             line_free(&mut a, &k),
@@ -589,13 +590,17 @@ mod tests {
             .lease_acquire(&k, "o", "h2", TTL_US, false, NO_PLACE)
             .unwrap()
             .is_some());
-        let left = j.line_join(&k, "o", None, TTL_US, "hl", false).unwrap();
+        let left = j
+            .line_join(&k, "o", None, TTL_US, "hl", false, true)
+            .unwrap();
         assert!(!j.line_leave(&k, left.id).unwrap());
         assert!(!line_free(&mut a, &k));
         // A join that stays open, holding the row: the release's snapshot cannot see its
         // place, and its UPDATE waits for the row.
         stmt("BEGIN").execute(&mut j).unwrap();
-        let joined = j.line_join(&k, "o", None, TTL_US, "hj", false).unwrap();
+        let joined = j
+            .line_join(&k, "o", None, TTL_US, "hj", false, true)
+            .unwrap();
         assert!(joined.flagged);
         let pid = stmt("SELECT pg_backend_pid() AS pid")
             .get_result::<Pid>(&mut a)
@@ -645,7 +650,9 @@ mod tests {
             .lease_acquire(&k, "o", "hn", TTL_US, false, NO_PLACE)
             .unwrap()
             .is_some());
-        let joined = j.line_join(&k, "o", None, TTL_US, "hj", false).unwrap();
+        let joined = j
+            .line_join(&k, "o", None, TTL_US, "hj", false, true)
+            .unwrap();
         assert!(!joined.flagged, "the row was not committed");
         stmt("COMMIT").execute(&mut n).unwrap();
         // Freed with nobody in line (the place is ignored: a stand-in for a release whose

@@ -43,12 +43,14 @@ impl Lines for SqliteConnection {
         ttl_us: i64,
         holder: &str,
         shared: bool,
+        flag: bool,
     ) -> QueryResult<Joined> {
         // One write (a second, to delete the key's lapsed places, would queue for the write
         // lock once more: lapsed places are ignored, and `purge` removes them), waiting for
-        // the write lock at µs scale (`busy.rs`).
+        // the write lock at µs scale (`busy.rs`). A `Lease` key's row no longer says that
+        // nobody waits (`line_free`), in the same transaction.
         short_write(self, |c| {
-            stmt(
+            let id = stmt(
                 "INSERT INTO dlock_waiters (lock_key, owner, channel, since, expires_at, holder, shared) \
                  VALUES (?, ?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now'), \
                          strftime('%Y-%m-%d %H:%M:%f', 'now', ?), ?, ?) \
@@ -60,11 +62,14 @@ impl Lines for SqliteConnection {
             .bind::<Text, _>(seconds('+', ttl_us))
             .bind::<Nullable<Text>, _>((!shared).then_some(holder))
             .bind::<Integer, _>(i32::from(shared))
-            .get_result::<Count>(c)
-            .map(|c| Joined {
-                id: c.n,
-                flagged: true,
-            })
+            .get_result::<Count>(c)?
+            .n;
+            if flag {
+                stmt("UPDATE dlock_leases SET line_free = 0 WHERE lock_key = ? AND line_free")
+                    .bind::<Text, _>(key)
+                    .execute(c)?;
+            }
+            Ok(Joined { id, flagged: true })
         })
     }
 

@@ -9,7 +9,7 @@ use crate::backend::shared::{exists, HolderId, One};
 use crate::backend::stmt::{in_list, pad, stmt, BATCH_SIZES};
 use crate::backend::Acquired;
 use crate::key::floor_bucket;
-use diesel::sql_types::{BigInt, Nullable, Text};
+use diesel::sql_types::{BigInt, Bool, Nullable, Text};
 use diesel::sqlite::SqliteConnection;
 use diesel::{OptionalExtension, QueryResult, RunQueryDsl};
 use std::sync::OnceLock;
@@ -48,17 +48,21 @@ pub const ROW_ACQUIRE: &str = concat!(
      RETURNING id, token, acquired_at"
 );
 
-/// `lease_acquire`. A row with live readers or permits (`shared_until`, raised by each of
+/// `lease_acquire`. The line is looked into only if the key's row does not say that nobody
+/// waits (`line_free`, migration 19: cleared by every join in its write, set by a release
+/// that found no live place under the same write lock, and by this statement's insert of
+/// a new row for a newcomer, whose look found nobody). A row with live readers or permits (`shared_until`, raised by each of
 /// them under the same single write lock: `holders.rs`) is not taken; a key with shared
 /// holders always has its row, so the INSERT never runs beside them.
 pub const LEASE_ACQUIRE: &str = concat!(
-    "INSERT INTO dlock_leases (lock_key, owner, holder_id, token, acquired_at, expires_at) \
+    "INSERT INTO dlock_leases (lock_key, owner, holder_id, token, acquired_at, expires_at, line_free) \
      SELECT ?, ?, ?, ",
     sqlite_next_token!("(SELECT token FROM dlock_tokens WHERE lock_key = ?)"),
     ", \
              strftime('%Y-%m-%d %H:%M:%f', 'now'), \
-             strftime('%Y-%m-%d %H:%M:%f', 'now', ?) \
-     WHERE NOT EXISTS (SELECT 1 FROM dlock_waiters WHERE lock_key = ? AND id < ? \
+             strftime('%Y-%m-%d %H:%M:%f', 'now', ?), ? \
+     WHERE COALESCE((SELECT line_free FROM dlock_leases WHERE lock_key = ?), 0) \
+        OR NOT EXISTS (SELECT 1 FROM dlock_waiters WHERE lock_key = ? AND id < ? \
                        AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') AND granted_at IS NULL) \
      ON CONFLICT (lock_key) DO UPDATE SET \
        owner = excluded.owner, holder_id = excluded.holder_id, \
@@ -79,13 +83,11 @@ pub const ROW_RELEASE_ALONE: &str =
        AND w.expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
        AND w.granted_at IS NULL AND w.holder IS NOT NULL)";
 
-/// `lease_release` when nobody waits, as `ROW_RELEASE_ALONE`.
+/// `lease_release` when nobody waits: the row says so (`line_free`, see `LEASE_ACQUIRE`),
+/// with no look into the line; else the hand-over runs.
 pub const LEASE_RELEASE_ALONE: &str =
     "UPDATE dlock_leases SET holder_id = NULL, expires_at = NULL \
-     WHERE lock_key = ? AND holder_id = ? \
-     AND NOT EXISTS (SELECT 1 FROM dlock_waiters w WHERE w.lock_key = ? \
-       AND w.expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
-       AND w.granted_at IS NULL AND w.holder IS NOT NULL)";
+     WHERE lock_key = ? AND holder_id = ? AND line_free";
 
 impl Locks for SqliteConnection {
     shared::statements!(row_forget, row_held, row_give_back);
@@ -160,7 +162,6 @@ impl Locks for SqliteConnection {
         let n = stmt(LEASE_RELEASE_ALONE)
             .bind::<Text, _>(key)
             .bind::<Text, _>(holder)
-            .bind::<Text, _>(key)
             .execute(self)?;
         if n == 1 {
             return Ok(true);
@@ -318,6 +319,8 @@ impl Locks for SqliteConnection {
                 .bind::<Text, _>(key)
                 .bind::<BigInt, _>(floor_bucket(key))
                 .bind::<Text, _>(seconds('+', ttl_us))
+                .bind::<Bool, _>(place == crate::backend::NO_PLACE)
+                .bind::<Text, _>(key)
                 .bind::<Text, _>(key)
                 .bind::<BigInt, _>(place)
                 .get_result::<AcquiredRow>(c)
@@ -433,11 +436,21 @@ fn in_line(
 fn lease_hand_over(c: &mut SqliteConnection, key: &str, holder: &str) -> QueryResult<bool> {
     let granted = write_txn(c, |c| {
         let Some(w) = first_place(c, key)? else {
-            return stmt(shared::LEASE_RELEASE)
+            let n = stmt(shared::LEASE_RELEASE)
                 .bind::<Text, _>(key)
                 .bind::<Text, _>(holder)
-                .execute(c)
-                .map(|n| (n == 1, None));
+                .execute(c)?;
+            // Under the write lock every join waits: with no live place left, the row says
+            // that nobody waits, for the next acquisitions and releases to skip the line.
+            stmt(
+                "UPDATE dlock_leases SET line_free = 1 WHERE lock_key = ? AND NOT line_free \
+                 AND NOT EXISTS (SELECT 1 FROM dlock_waiters WHERE lock_key = ? \
+                                 AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now'))",
+            )
+            .bind::<Text, _>(key)
+            .bind::<Text, _>(key)
+            .execute(c)?;
+            return Ok((n == 1, None));
         };
         let n = stmt(
             "UPDATE dlock_leases SET owner = ?, holder_id = ?, token = token + 1, \

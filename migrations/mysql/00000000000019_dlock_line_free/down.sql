@@ -1,0 +1,1 @@
+ALTER TABLE dlock_leases DROP COLUMN IF EXISTS line_free;

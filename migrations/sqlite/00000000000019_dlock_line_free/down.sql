@@ -1,0 +1,1 @@
+ALTER TABLE dlock_leases DROP COLUMN line_free;

@@ -431,7 +431,7 @@ fn markdown(
         .filter_map(|((o, s), r)| r.raw_silent.map(|x| (o, s, r.raw, x)))
         .collect();
     if !notify.is_empty() {
-        writeln!(m, "\nWhat the line costs a release with nobody waiting, its look into `dlock_waiters` (raw floors, same rotation; a waiter in line sends the release to the hand-over statement, with its `pg_notify`):\n\n| strategy | backend | release looking at the line, cycles/s | plain release, cycles/s | cost |\n|---|---|---:|---:|---:|").unwrap();
+        writeln!(m, "\nWhat the line costs a release with nobody waiting (raw floors, same rotation): `row`'s look into `dlock_waiters`, `lease`'s read of its row's `line_free` (a waiter in line sends the release to the hand-over statement, with its `pg_notify`):\n\n| strategy | backend | release minding the line, cycles/s | plain release, cycles/s | cost |\n|---|---|---:|---:|---:|").unwrap();
         for (o, s, with, without) in notify {
             writeln!(
                 m,

@@ -219,6 +219,8 @@ pub mod optimistic;
 mod random;
 mod strategy;
 mod sync;
+#[cfg(test)]
+mod test_env;
 mod watcher;
 
 #[cfg(feature = "sqlite")]

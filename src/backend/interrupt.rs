@@ -56,19 +56,7 @@ mod tests {
     use diesel::sql_types::{BigInt, Text};
     use diesel::{sql_query, Connection, QueryableByName, RunQueryDsl};
 
-    fn url(var: &str, name: &str) -> Option<String> {
-        match std::env::var(var) {
-            Ok(u) if !u.is_empty() => Some(u),
-            _ => {
-                let required = std::env::var("DLOCK_TEST_REQUIRE").unwrap_or_default();
-                assert!(
-                    !required.split([',', ' ']).any(|r| r == "all" || r == name),
-                    "{var} is not set"
-                );
-                None
-            }
-        }
-    }
+    use crate::test_env::server_url as url;
 
     #[derive(QueryableByName)]
     struct Got {

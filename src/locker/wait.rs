@@ -617,17 +617,7 @@ mod tests {
     }
 
     fn url() -> Option<String> {
-        match std::env::var("DLOCK_TEST_PG_URL") {
-            Ok(u) if !u.is_empty() => Some(u),
-            _ => {
-                let required = std::env::var("DLOCK_TEST_REQUIRE").unwrap_or_default();
-                assert!(
-                    !required.split([',', ' ']).any(|r| r == "all" || r == "pg"),
-                    "DLOCK_TEST_PG_URL is not set"
-                );
-                None
-            }
-        }
+        crate::test_env::server_url("DLOCK_TEST_PG_URL", "pg")
     }
 
     /// A waiter that first queued behind another local waiter also listens once it is first

@@ -232,19 +232,7 @@ mod tests {
     /// Three connections to a new, migrated database; `None` where no MySQL server is
     /// configured (and none is required).
     fn connections(tag: &str) -> Option<(OwnDb, [MysqlConnection; 3])> {
-        let admin = match std::env::var("DLOCK_TEST_MYSQL_URL") {
-            Ok(u) if !u.is_empty() => u,
-            _ => {
-                let required = std::env::var("DLOCK_TEST_REQUIRE").unwrap_or_default();
-                assert!(
-                    !required
-                        .split([',', ' '])
-                        .any(|r| r == "all" || r == "mysql"),
-                    "DLOCK_TEST_MYSQL_URL is not set"
-                );
-                return None;
-            }
-        };
+        let admin = crate::test_env::server_url("DLOCK_TEST_MYSQL_URL", "mysql")?;
         let name = format!(
             "dlock_t_unit_{tag}_{}_{}",
             std::process::id(),

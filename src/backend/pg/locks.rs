@@ -494,19 +494,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     fn url() -> Option<String> {
-        match std::env::var("DLOCK_TEST_PG_URL") {
-            Ok(u) if !u.is_empty() => Some(u),
-            _ => {
-                let required = std::env::var("DLOCK_TEST_REQUIRE").unwrap_or_default();
-                assert!(
-                    !required
-                        .split([',', ' '])
-                        .any(|r| r == "all" || r == "postgres"),
-                    "DLOCK_TEST_PG_URL is not set"
-                );
-                None
-            }
-        }
+        crate::test_env::server_url("DLOCK_TEST_PG_URL", "pg")
     }
 
     fn key(what: &str) -> String {

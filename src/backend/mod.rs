@@ -447,8 +447,8 @@ pub(crate) mod sealed {
         /// `shared`: the place of a reader or a semaphore permit, which others of its kind
         /// may be let in past (`line_ahead`); otherwise an exclusive waiter's.
         /// `flag`: the key has a `Lease` row to mark as waited for (`line_free` cleared:
-        /// its acquisitions and releases then look into the line). PostgreSQL marks any
-        /// such row whatever `flag` says.
+        /// its acquisitions and releases then look into the line); without it no row is
+        /// touched (the key's other strategies' places do not concern `Lease`).
         #[allow(clippy::too_many_arguments)]
         fn line_join(
             &mut self,

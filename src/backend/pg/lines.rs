@@ -4,7 +4,7 @@ use crate::backend::sealed::{Joined, LineAhead, LineStat, Lines, Spot};
 use crate::backend::shared::Mine;
 use crate::backend::stmt::stmt;
 use diesel::pg::PgConnection;
-use diesel::sql_types::{BigInt, Integer, Nullable, Text};
+use diesel::sql_types::{BigInt, Bool, Integer, Nullable, Text};
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
 use super::LookRow;
@@ -66,17 +66,17 @@ impl Lines for PgConnection {
         ttl_us: i64,
         holder: &str,
         shared: bool,
-        _flag: bool,
+        flag: bool,
     ) -> QueryResult<Joined> {
-        // The key's lease row, if it has one, is marked first (`f`, before the place is
-        // written: `LINE_FLAG`); the key's lapsed places go in the same statement (a dead
+        // The key's lease row, if it has one and `flag` asks for it, is marked first (`f`,
+        // before the place is written: `line_flag!`); the key's lapsed places go in the same statement (a dead
         // waiter's place would otherwise stay until a purge; it is ignored meanwhile, as every
         // statement here asks for live places only), skipping any another statement has
         // locked: the join then waits for no place's lock while it holds the lease row's.
         stmt(concat!(
             "WITH f AS (",
             line_flag!(),
-            " RETURNING 1), \
+            " AND ? RETURNING 1), \
              gone AS (DELETE FROM dlock_waiters WHERE id IN ( \
                SELECT id FROM dlock_waiters WHERE lock_key = ? AND expires_at <= now() \
                FOR UPDATE SKIP LOCKED)), \
@@ -87,6 +87,7 @@ impl Lines for PgConnection {
              SELECT i.id, (SELECT count(*) FROM f) AS flagged FROM i"
         ))
         .bind::<Text, _>(key)
+        .bind::<Bool, _>(flag)
         .bind::<Text, _>(key)
         .bind::<Text, _>(key)
         .bind::<Text, _>(owner)

@@ -548,6 +548,41 @@ mod tests {
 
     const TTL_US: i64 = 60_000_000;
 
+    /// A join that does not ask for it (`flag` false: the place of a strategy other than
+    /// `Lease` on a key that also has a lease row) leaves the row's `line_free` alone; one
+    /// that asks clears it.
+    #[test]
+    fn a_join_marks_the_lease_row_only_when_asked() {
+        let Some(url) = url() else { return };
+        let mut a = PgConnection::establish(&url).unwrap();
+        a.run_migrations().unwrap();
+        let k = key("join-flag");
+        assert!(a
+            .lease_acquire(&k, "o", "h1", TTL_US, false, NO_PLACE)
+            .unwrap()
+            .is_some());
+        assert!(a.lease_release(&k, "h1").unwrap());
+        assert!(line_free(&mut a, &k));
+        let other = a
+            .line_join(&k, "o", None, TTL_US, "hr", false, false)
+            .unwrap();
+        assert!(!other.flagged);
+        assert!(
+            line_free(&mut a, &k),
+            "a join without `flag` marked the row"
+        );
+        assert!(!a.line_leave(&k, other.id).unwrap());
+        let lease = a
+            .line_join(&k, "o", None, TTL_US, "hl", false, true)
+            .unwrap();
+        assert!(lease.flagged);
+        assert!(
+            !line_free(&mut a, &k),
+            "a join with `flag` left the row free"
+        );
+        assert!(!a.line_leave(&k, lease.id).unwrap());
+    }
+
     /// The race that decides `line_free`: a release that finds nobody in line in its snapshot
     /// while a join, not committed yet, holds the lease row (marked as waited for, one join
     /// more). The release waits for the row, and must not mark the line free once it has

@@ -172,6 +172,14 @@ impl HolderSteps for MysqlConnection {
 
 impl HolderLocks for MysqlConnection {
     fn holders_purge(&mut self, idle_us: i64) -> QueryResult<usize> {
+        // A scan of the whole table (no index on the expiry). Under REPEATABLE READ it kept
+        // every holder row it passed locked until its end, live ones too, and waited meanwhile
+        // for any row another transaction had locked (a stopped holder's, an acquisition's):
+        // the live readers and permits before that row could not renew, and lost their leases
+        // (`tests/purge.rs`; what the adversary met beside a `dlock purge` loop). READ
+        // COMMITTED lets go of the rows that are not expired (as `purge_lapsed_places`; for
+        // the next transaction only).
+        read_committed(self)?;
         stmt(
             "DELETE FROM dlock_shared_leases \
              WHERE expires_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND",

@@ -91,6 +91,13 @@ pub mod pg {
         pub acquired_at: DateTime<Utc>,
     }
 
+    /// What `LEASE_TAKE` answers.
+    #[derive(QueryableByName)]
+    pub struct Taken {
+        #[diesel(sql_type = diesel::sql_types::Nullable<BigInt>)]
+        pub token: Option<i64>,
+    }
+
     #[derive(QueryableByName)]
     struct Released {
         #[diesel(sql_type = Bool)]
@@ -157,23 +164,20 @@ pub mod pg {
         assert_eq!(n, 1);
     }
 
+    /// The acquisition of a key whose row is there (the library's `LEASE_TAKE`; its row was
+    /// made by `build`'s first cycle).
     pub fn lease_acquire(c: &mut PgConnection, key: &str) {
-        sql(lib::LEASE_ACQUIRE)
+        let t = sql(lib::LEASE_TAKE)
             .bind::<Text, _>(key)
             .bind::<BigInt, _>(i64::MAX)
             .bind::<Text, _>(OWNER)
             .bind::<Text, _>(HOLDER)
             .bind::<BigInt, _>(TTL.as_micros() as i64)
             .bind::<Text, _>(key)
-            .bind::<BigInt, _>(diesel_lock::key_hash(key) & 63)
             .bind::<Text, _>(key)
-            .bind::<Text, _>(key)
-            .bind::<Text, _>(OWNER)
-            .bind::<Text, _>(HOLDER)
-            .bind::<Text, _>(key)
-            .bind::<BigInt, _>(TTL.as_micros() as i64)
-            .get_result::<Acquired>(c)
-            .expect("lease acquire");
+            .get_result::<Taken>(c)
+            .expect("lease take");
+        assert!(t.token.is_some(), "lease take: the key was not free");
     }
 
     /// `notify: false` as in `row_release`.
@@ -339,7 +343,7 @@ pub mod pg {
                     lease_acquire(&mut pool.get().unwrap(), &k);
                     lease_release(&mut pool.get().unwrap(), &k, true);
                 }),
-                "UPDATE if free, else token upsert + INSERT (one CTE) RETURNING; UPDATE … holder = NULL if nobody is in line",
+                "UPDATE if free RETURNING (the row is there; a first INSERT is a second statement); UPDATE … holder = NULL if the row says nobody is in line",
             ),
             Strategy::ForUpdate => (
                 Box::new(move || {

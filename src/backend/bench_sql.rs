@@ -15,7 +15,7 @@ pub mod shared {
 #[cfg(feature = "postgres")]
 pub mod pg {
     pub use crate::backend::pg::locks::{
-        LEASE_ACQUIRE, LEASE_RELEASE, LEASE_RELEASE_ALONE, ROW_ACQUIRE, ROW_RELEASE,
+        LEASE_ACQUIRE, LEASE_RELEASE, LEASE_RELEASE_ALONE, LEASE_TAKE, ROW_ACQUIRE, ROW_RELEASE,
         ROW_RELEASE_ALONE,
     };
     pub use crate::backend::pg::sessions::{

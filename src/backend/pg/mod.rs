@@ -1,4 +1,5 @@
-//! PostgreSQL: every acquire and every release is one statement.
+//! PostgreSQL: every acquire and every release is one statement (a `Lease` newcomer whose
+//! key has no row yet: two, the second inserting it).
 //!
 //! This file classifies the connection and its errors and runs the migrations; the
 //! statements are in `locks.rs` (`Row`, `Lease`), `sessions.rs` (`ForUpdate`, `Advisory`)

@@ -28,7 +28,7 @@
 
 use crate::backend::LockConnection;
 use crate::backend::Sql;
-use crate::{key, Result};
+use crate::{key, Result, StrategyKind};
 
 pub use crate::lock_info::LockInfo;
 
@@ -177,7 +177,19 @@ fn add_lines<C: LockConnection>(
         lines => lines?,
     };
     for line in lines {
-        for info in infos.iter_mut().filter(|i| i.key == line.lock_key) {
+        // Each lock's own line: a `Row` lock's waiters are not a `Lease` lock's of the
+        // same name (`backend::Line`).
+        let kind = match crate::backend::Line::from_id(line.line) {
+            Some(crate::backend::Line::Row) => StrategyKind::Row,
+            Some(crate::backend::Line::Lease) => StrategyKind::Lease,
+            Some(crate::backend::Line::ForUpdatePermits) => StrategyKind::ForUpdate,
+            Some(crate::backend::Line::AdvisoryPermits) => StrategyKind::Advisory,
+            None => continue,
+        };
+        for info in infos
+            .iter_mut()
+            .filter(|i| i.key == line.lock_key && i.strategy == kind)
+        {
             info.waiting = u32::try_from(line.waiting).unwrap_or(u32::MAX);
             info.longest_wait = Some(std::time::Duration::from_micros(
                 u64::try_from(line.longest_us).unwrap_or(0),

@@ -332,25 +332,38 @@ fn exec(pool: &Pool<ConnectionManager<AnyConnection>>, sql: &str, key: &str) {
 }
 
 /// A reader's or permit's place at the head of `key`'s line that lives 60 s and never
-/// tries: a waiter that is slow to look (a paused process, a loaded machine).
-fn phantom_place(pool: &Pool<ConnectionManager<AnyConnection>>, backend: &str, key: &str) {
+/// tries: a waiter that is slow to look (a paused process, a loaded machine). In the line
+/// of strategy `s`'s semaphores (`dlock_waiters.line`: 0 `Lease`, 2 `ForUpdate`, 3
+/// `Advisory`).
+fn phantom_place(pool: &Pool<ConnectionManager<AnyConnection>>, backend: &str, s: &str, key: &str) {
+    let line: i32 = match s {
+        "lease" => 0,
+        "for_update" => 2,
+        "advisory" => 3,
+        other => panic!("no semaphore line for {other}"),
+    };
     let sql = match backend {
         "pg" | "pgbouncer" => {
-            "INSERT INTO dlock_waiters (lock_key, owner, since, expires_at, shared) \
-             VALUES ($1, 'phantom', now(), now() + interval '60 seconds', 1)"
+            "INSERT INTO dlock_waiters (lock_key, line, owner, since, expires_at, shared) \
+             VALUES ($1, $2, 'phantom', now(), now() + interval '60 seconds', 1)"
         }
         "mysql" => {
-            "INSERT INTO dlock_waiters (lock_key, owner, since, expires_at, shared) \
-             VALUES (CAST(? AS BINARY), 'phantom', UTC_TIMESTAMP(6), \
+            "INSERT INTO dlock_waiters (lock_key, line, owner, since, expires_at, shared) \
+             VALUES (CAST(? AS BINARY), ?, 'phantom', UTC_TIMESTAMP(6), \
                      UTC_TIMESTAMP(6) + INTERVAL 60 SECOND, 1)"
         }
         _ => {
-            "INSERT INTO dlock_waiters (lock_key, owner, since, expires_at, shared) \
-             VALUES (?, 'phantom', strftime('%Y-%m-%d %H:%M:%f', 'now'), \
+            "INSERT INTO dlock_waiters (lock_key, line, owner, since, expires_at, shared) \
+             VALUES (?, ?, 'phantom', strftime('%Y-%m-%d %H:%M:%f', 'now'), \
                      strftime('%Y-%m-%d %H:%M:%f', 'now', '+60 seconds'), 1)"
         }
     };
-    exec(pool, sql, key);
+    let mut c = pool.get().unwrap();
+    diesel::sql_query(sql)
+        .bind::<diesel::sql_types::Text, _>(key)
+        .bind::<diesel::sql_types::Integer, _>(line)
+        .execute(&mut *c)
+        .unwrap();
 }
 
 fn remove_phantom(pool: &Pool<ConnectionManager<AnyConnection>>, backend: &str, key: &str) {
@@ -414,7 +427,7 @@ fn permits_admitted_together(backend: &str, s: &str) {
     // Behind a slow first place.
     let key = common::unique_key(&format!("kinds-together-slow-{s}"));
     let held: Vec<_> = (0..N).map(|_| holder.permit(&key, N).unwrap()).collect();
-    phantom_place(&admin, backend, &key);
+    phantom_place(&admin, backend, s, &key);
     let (got_tx, got) = channel();
     let done = Arc::new(Barrier::new(N as usize + 1));
     let mut waiters = permit_waiters(&url, s, &key, N, N as usize - 1, &got_tx, &done);

@@ -257,7 +257,7 @@ pub(crate) fn decide(
     // An exclusive holder, or an exclusive waiter's place ahead in the key's line (which
     // new readers and permits must not overtake), makes the key busy. (A newcomer's place is
     // `NO_PLACE`: every live place is ahead of it.)
-    let line = steps.line_ahead(ask.key, ask.place)?;
+    let line = steps.line_ahead(ask.key, super::Line::Lease, ask.place)?;
     if exclusive || line.exclusive > 0 {
         return Ok(Some(HolderAnswer::Busy));
     }
@@ -276,7 +276,7 @@ pub(crate) fn decide(
     // A waiter's place goes with its acquisition, in the same transaction (on PostgreSQL
     // this notifies the next live place, which may have room now too).
     if ask.place != super::NO_PLACE {
-        steps.line_leave(ask.key, ask.place)?;
+        steps.line_leave(ask.key, super::Line::Lease, ask.place)?;
     }
     Ok(Some(HolderAnswer::Taken(taken)))
 }

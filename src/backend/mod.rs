@@ -8,6 +8,18 @@ use crate::Result;
 use chrono::{DateTime, Utc};
 use diesel::QueryResult;
 
+/// The `dlock_waiters.line` of a lock's line, as the SQL literal the statements of one
+/// strategy write beside the key (`AND w.line = 1`): the values of [`Line`], whose unit test
+/// checks that they agree. Defined before the backends' modules, which use it.
+macro_rules! line_sql {
+    (lease) => {
+        "0"
+    };
+    (row) => {
+        "1"
+    };
+}
+
 mod any;
 #[cfg(feature = "bench-sql")]
 pub mod bench_sql;
@@ -114,8 +126,8 @@ impl<T> LockConnection for T where T: sealed::Sealed + diesel::r2d2::R2D2Connect
     allow(unused_imports)
 )]
 pub(crate) use sealed::{
-    Acquired, Dialect, Drawn, Flavor, ForUpdateLocked, Joined, PurgeTable, SessionLocks, Spot,
-    Wait, XactLocked,
+    Acquired, Dialect, Drawn, Flavor, ForUpdateLocked, Joined, Line, PurgeTable, SessionLocks,
+    Spot, Wait, XactLocked,
 };
 
 /// The `place` of an acquisition by a caller that has no place in the key's line (a
@@ -154,6 +166,44 @@ pub(crate) fn static_backend<C: LockConnection>() -> Option<Backend> {
 
 pub(crate) mod sealed {
     use super::*;
+
+    /// Whose line a place is in (`dlock_waiters.line`). A key's name is not a lock: a `Row`
+    /// lock, a `Lease` lock (its writers, readers and permits together), a `ForUpdate`
+    /// semaphore and an `Advisory` semaphore of the same name are four locks, each with a line
+    /// of its own, so that a release hands a key only to a waiter for that lock and a waiter
+    /// holds up only its own lock's newcomers. Places of a build from before the column
+    /// (migration 20) are in `Lease`'s line, its default.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Line {
+        /// A `Lease` key's writers, readers and permits (`line_sql!(lease)`).
+        Lease = 0,
+        /// A `Row` key's waiters (`line_sql!(row)`).
+        Row = 1,
+        /// A `ForUpdate` semaphore's permits.
+        ForUpdatePermits = 2,
+        /// An `Advisory` semaphore's permits.
+        AdvisoryPermits = 3,
+    }
+
+    impl Line {
+        /// The value of `dlock_waiters.line`.
+        pub(crate) fn id(self) -> i32 {
+            self as i32
+        }
+
+        /// The line of a value read back (`LineStat::line`); `None` for one this build does not
+        /// know (a newer build's).
+        pub(crate) fn from_id(id: i64) -> Option<Line> {
+            [
+                Line::Lease,
+                Line::Row,
+                Line::ForUpdatePermits,
+                Line::AdvisoryPermits,
+            ]
+            .into_iter()
+            .find(|l| i64::from(l.id()) == id)
+        }
+    }
 
     /// The key to a connection's statements. Its field is private to this crate, so only the
     /// crate can make one, and only the crate can call [`Sealed`]'s methods.
@@ -440,7 +490,8 @@ pub(crate) mod sealed {
     /// [`NO_PLACE`](super::NO_PLACE) for a newcomer; they take a free key only if no live
     /// place with a lower number exists, and a waiter's acquisition removes its place.
     pub trait Lines {
-        /// Takes a place at the end of `key`'s line, alive for `ttl_us`; returns its number,
+        /// Takes a place at the end of `key`'s `line` (whose lock: see [`Line`]), alive for
+        /// `ttl_us`; returns its number,
         /// and whether the key's `Lease` row was marked as waited for (`Joined::flagged`).
         /// `holder`: the holder id the waiter will hold the key under if a release grants it
         /// the key.
@@ -453,6 +504,7 @@ pub(crate) mod sealed {
         fn line_join(
             &mut self,
             key: &str,
+            line: Line,
             owner: &str,
             channel: Option<&str>,
             ttl_us: i64,
@@ -468,10 +520,10 @@ pub(crate) mod sealed {
         fn line_flag(&mut self, _key: &str) -> QueryResult<()> {
             Ok(())
         }
-        /// The live places of `key` ahead of place `place` (every live place for
+        /// The live places of `key`'s `line` ahead of place `place` (every live place for
         /// [`NO_PLACE`](super::NO_PLACE)): how many, and how many of them are exclusive
         /// waiters'. A read only; inside the caller's transaction if one is open.
-        fn line_ahead(&mut self, key: &str, place: i64) -> QueryResult<LineAhead>;
+        fn line_ahead(&mut self, key: &str, line: Line, place: i64) -> QueryResult<LineAhead>;
         /// Keeps place `id` alive for `ttl_us` more and counts the live places ahead of it;
         /// `None` if the place is gone or lapsed (others have been let past it meanwhile:
         /// its waiter joins again, at the end, rather than jump back ahead of them).
@@ -481,6 +533,7 @@ pub(crate) mod sealed {
         fn line_renew(
             &mut self,
             key: &str,
+            line: Line,
             id: i64,
             ttl_us: i64,
             floor: i64,
@@ -489,7 +542,13 @@ pub(crate) mod sealed {
         /// a write would queue for the database's one write lock); `None` if the place is
         /// gone.
         /// `floor` as for `line_renew`.
-        fn line_look(&mut self, key: &str, id: i64, floor: i64) -> QueryResult<Option<Spot>>;
+        fn line_look(
+            &mut self,
+            key: &str,
+            line: Line,
+            id: i64,
+            floor: i64,
+        ) -> QueryResult<Option<Spot>>;
         /// `line_look` for a `Lease` waiter, in the same statement: if the place is granted,
         /// the lease (token, acquisition time) the grant gave `holder` (`Spot::lease`; `None`
         /// if it lapsed or was taken away): the waiter needs no read more to take it.
@@ -505,8 +564,8 @@ pub(crate) mod sealed {
         /// granted the key: the caller then gives the key back (`row_give_back`, `lease_release`), which hands it
         /// on. The removal comes first and commits: a release that has not granted the place
         /// yet can no longer do so, and one that has is seen by the give-back.
-        fn line_leave(&mut self, key: &str, id: i64) -> QueryResult<bool>;
-        /// The live lines: per key (all keys, or one), how many wait and how long the
+        fn line_leave(&mut self, key: &str, line: Line, id: i64) -> QueryResult<bool>;
+        /// The live lines: per key (all keys, or one) and line, how many wait and how long the
         /// longest has waited, in microseconds of database time. A place granted the key
         /// (not yet confirmed) holds it, and is not counted.
         fn line_stats(&mut self, key: Option<&str>) -> QueryResult<Vec<LineStat>>;
@@ -562,6 +621,9 @@ pub(crate) mod sealed {
     pub struct LineStat {
         #[diesel(sql_type = diesel::sql_types::Text)]
         pub lock_key: String,
+        /// Whose line (`Line::id`).
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        pub line: i64,
         #[diesel(sql_type = diesel::sql_types::BigInt)]
         pub waiting: i64,
         #[diesel(sql_type = diesel::sql_types::BigInt)]
@@ -765,5 +827,25 @@ pub(crate) fn migrate_with_retry<C>(
             );
             f(conn)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Line;
+
+    #[test]
+    fn the_lines_sql_literals_are_their_ids() {
+        assert_eq!(line_sql!(lease), Line::Lease.id().to_string());
+        assert_eq!(line_sql!(row), Line::Row.id().to_string());
+        for l in [
+            Line::Lease,
+            Line::Row,
+            Line::ForUpdatePermits,
+            Line::AdvisoryPermits,
+        ] {
+            assert_eq!(Line::from_id(l.id().into()), Some(l));
+        }
+        assert_eq!(Line::from_id(4), None);
     }
 }

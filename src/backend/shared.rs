@@ -404,7 +404,12 @@ macro_rules! statements {
         }
     };
     (@line_leave) => {
-        fn line_leave(&mut self, _key: &str, id: i64) -> diesel::QueryResult<bool> {
+        fn line_leave(
+            &mut self,
+            _key: &str,
+            _line: $crate::backend::Line,
+            id: i64,
+        ) -> diesel::QueryResult<bool> {
             use diesel::RunQueryDsl as _;
             // No RETURNING on MySQL: a place not granted goes in one statement (a locking
             // delete of the newest version, which waits for a grant under way); only one

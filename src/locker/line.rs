@@ -14,7 +14,7 @@
 //! polls. A place whose waiter died lapses at its expiry; one whose wait ended otherwise
 //! (deadline, cancel, error, panic) is given up when its `Place` is dropped.
 
-use crate::backend::{LockConnection, Sql};
+use crate::backend::{Line, LockConnection, Sql};
 use crate::strategy::{Pool, RawLock};
 use std::time::{Duration, Instant};
 
@@ -58,6 +58,8 @@ pub(super) struct Place<'a, C: LockConnection> {
     /// Gives back a key granted as the wait ended (`RawLock::give_back`).
     raw: &'a dyn RawLock<C>,
     key: &'a str,
+    /// Whose line (`RawLock::line`).
+    line: Line,
     pub(super) id: i64,
     /// The holder id a grant gives the key to.
     pub(super) holder: String,
@@ -116,8 +118,12 @@ impl<'a, C: LockConnection> Place<'a, C> {
         let renewed = Instant::now();
         let room = shared.then(|| raw.room());
         let holder = crate::random::holder_id();
+        // Only a lock that lines up takes a place (`RawLock::lines`); `Lease`'s line
+        // otherwise, as places of builds from before the line's column are.
+        let line = raw.line().unwrap_or(Line::Lease);
         let crate::backend::Joined { id, flagged } = conn.sql().line_join(
             key,
+            line,
             owner,
             channel,
             ttl_us,
@@ -130,6 +136,7 @@ impl<'a, C: LockConnection> Place<'a, C> {
             pool,
             raw,
             key,
+            line,
             id,
             holder,
             granted: false,
@@ -200,9 +207,9 @@ impl<'a, C: LockConnection> Place<'a, C> {
     pub(super) fn refresh(&mut self, conn: &mut C) -> crate::Result<bool> {
         let sent = Instant::now();
         let spot = if !self.granted && sent.duration_since(self.renewed) >= self.ttl / 3 {
-            let spot = conn
-                .sql()
-                .line_renew(self.key, self.id, self.ttl_us, self.floor)?;
+            let spot =
+                conn.sql()
+                    .line_renew(self.key, self.line, self.id, self.ttl_us, self.floor)?;
             if spot.is_some_and(|s| !s.granted) {
                 self.renewed = sent;
             }
@@ -211,18 +218,19 @@ impl<'a, C: LockConnection> Place<'a, C> {
                 // the renewal waited for the place (PostgreSQL's renewal then reads the rest
                 // of its answer from before that commit): a look of its own tells. A grant
                 // the renewal saw is looked at too: on `Lease` the look reads what it gave.
-                None => self
-                    .raw
-                    .look(conn, self.key, self.id, self.floor, &self.holder)?,
+                None => {
+                    self.raw
+                        .look(conn, self.key, self.line, self.id, self.floor, &self.holder)?
+                }
                 Some(s) if s.granted && s.lease.is_none() => {
                     self.raw
-                        .look(conn, self.key, self.id, self.floor, &self.holder)?
+                        .look(conn, self.key, self.line, self.id, self.floor, &self.holder)?
                 }
                 spot => spot,
             }
         } else {
             self.raw
-                .look(conn, self.key, self.id, self.floor, &self.holder)?
+                .look(conn, self.key, self.line, self.id, self.floor, &self.holder)?
         };
         self.granted = spot.is_some_and(|s| s.granted);
         self.lease = spot.and_then(|s| s.lease);
@@ -349,7 +357,7 @@ impl<'a, C: LockConnection> Place<'a, C> {
     fn give_up(&self, conn: &mut C) -> crate::Result<()> {
         #[cfg(feature = "test-hooks")]
         crate::hooks::before_leave(self.key);
-        let granted = conn.sql().line_leave(self.key, self.id)?;
+        let granted = conn.sql().line_leave(self.key, self.line, self.id)?;
         if granted || self.may_hold {
             self.raw.give_back(conn, self.key, &self.holder)?;
         }

@@ -449,25 +449,32 @@ pub(crate) trait RawLock<C: LockConnection>: Send + Sync + 'static {
         0
     }
 
-    /// Whether waiters line up in the database (`dlock_waiters`, `locker/line.rs`): true
-    /// for `Row` and `Lease`, whose waiters would otherwise poll in no order. The
-    /// strategies that wait in the server's own lock queue have no need of one.
-    fn lines(&self) -> bool {
-        false
+    /// The line its waiters take places in (`dlock_waiters`, `locker/line.rs`): `Row`'s,
+    /// `Lease`'s, and the session strategies' semaphores', whose waiters would otherwise
+    /// poll in no order. `None`: the strategy's waiters wait in the server's own lock queue,
+    /// and need no line.
+    fn line(&self) -> Option<crate::backend::Line> {
+        None
     }
 
-    /// For a lock that `lines`: a waiter's look at its place `id` (`Lines::line_look`),
+    /// Whether waiters line up in the database (`line`).
+    fn lines(&self) -> bool {
+        self.line().is_some()
+    }
+
+    /// For a lock that `lines`: a waiter's look at its place `id` in `line` (`Lines::line_look`),
     /// which a strategy whose grant the waiter reads (`Lease`) widens to read it too, in the
     /// same statement (`Lines::line_look_lease`, `Spot::lease`).
     fn look(
         &self,
         conn: &mut C,
         key: &str,
+        line: crate::backend::Line,
         id: i64,
         floor: i64,
         _holder: &str,
     ) -> diesel::QueryResult<Option<crate::backend::Spot>> {
-        conn.sql().line_look(key, id, floor)
+        conn.sql().line_look(key, line, id, floor)
     }
 
     /// Gives back the key a release may have granted to a place taken with `holder`, whose

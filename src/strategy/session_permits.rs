@@ -47,6 +47,17 @@ pub(super) struct SlotCore {
     pub(super) known: Mutex<HashSet<(String, u32)>>,
 }
 
+impl SlotKind {
+    /// The line of its semaphores' waiters: a `ForUpdate` semaphore and an `Advisory` one of
+    /// the same name are different locks.
+    fn line(self) -> crate::backend::Line {
+        match self {
+            SlotKind::ForUpdate(_) => crate::backend::Line::ForUpdatePermits,
+            SlotKind::Advisory => crate::backend::Line::AdvisoryPermits,
+        }
+    }
+}
+
 impl SlotCore {
     pub(super) fn new(kind: SlotKind) -> Arc<SlotCore> {
         Arc::new(SlotCore {
@@ -188,7 +199,7 @@ impl<C: LockConnection> SlotLock<C> {
                     // lapses at its expiry.
                     let place = conn.place;
                     if place != crate::backend::NO_PLACE {
-                        if let Err(e) = conn.sql().line_leave(key, place) {
+                        if let Err(e) = conn.sql().line_leave(key, self.core.kind.line(), place) {
                             log::debug!("lock {key:?}: giving up place {place} in line failed ({e}); it lapses");
                         }
                     }
@@ -241,7 +252,10 @@ impl<C: LockConnection> RawLock<C> for SlotLock<C> {
         // joined after them is not seen, so a newcomer's attempt racing a waiter's joining
         // may still win; the waiter then tries again at once behind it.)
         let place = conn.place;
-        let ahead = conn.sql().line_ahead(key, place)?.ahead;
+        let ahead = conn
+            .sql()
+            .line_ahead(key, self.core.kind.line(), place)?
+            .ahead;
         if ahead >= i64::from(self.permits) {
             return Ok(None);
         }
@@ -260,8 +274,8 @@ impl<C: LockConnection> RawLock<C> for SlotLock<C> {
 
     /// Permit waiters poll the slots (no wait in the server's queue): they line up in the
     /// key's line, first come, first served.
-    fn lines(&self) -> bool {
-        true
+    fn line(&self) -> Option<crate::backend::Line> {
+        Some(self.core.kind.line())
     }
 
     /// `Advisory`: the attempt gives the place up on its own session once it has a slot.

@@ -195,7 +195,7 @@ impl Admin for MysqlConnection {
             // permit slots or row use it too. (MariaDB's subqueries here take shared locks
             // even at READ COMMITTED: each one locks rows of the key only after its lease row,
             // which is the order of every statement that writes them.)
-            PurgeTable::Leases => range(
+            PurgeTable::Leases => range(concat!(
                 "DELETE l, k FROM dlock_leases l \
                  LEFT JOIN dlock_shared_keys k ON k.lock_key = l.lock_key AND k.intent IS NULL \
                    AND NOT EXISTS (SELECT 1 FROM dlock_permit_slots p WHERE p.lock_key = l.lock_key) \
@@ -207,12 +207,13 @@ impl Admin for MysqlConnection {
                    AND (l.shared_until IS NULL \
                         OR l.shared_until <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND) \
                    AND NOT EXISTS (SELECT 1 FROM dlock_waiters w \
-                                   WHERE w.lock_key = l.lock_key \
-                                     AND w.expires_at > UTC_TIMESTAMP(6)) \
+                                   WHERE w.lock_key = l.lock_key AND w.line = ",
+                line_sql!(lease),
+                " AND w.expires_at > UTC_TIMESTAMP(6)) \
                    AND NOT EXISTS (SELECT 1 FROM dlock_shared_leases s \
                                    WHERE s.lock_key = l.lock_key \
                                      AND s.expires_at > UTC_TIMESTAMP(6))",
-            )
+            ))
             .bind::<BigInt, _>(highest)
             .bind::<BigInt, _>(idle_us)
             .bind::<BigInt, _>(idle_us)

@@ -59,10 +59,12 @@ pub(super) fn delete_place(conn: &mut MysqlConnection, place: i64) -> QueryResul
 /// after the lock of the row or lease released, the order of a grant's and a
 /// confirmation's), held until its autocommit: a place joining meanwhile waits for it.
 macro_rules! nobody_in_line {
-    ($key:literal) => {
+    ($key:literal, $line:ident) => {
         concat!(
             "NOT EXISTS (SELECT 1 FROM dlock_waiters w WHERE w.lock_key = ",
             $key,
+            " AND w.line = ",
+            line_sql!($line),
             " AND (w.expires_at > UTC_TIMESTAMP(6) OR w.holder = ?))"
         )
     };
@@ -74,7 +76,7 @@ macro_rules! nobody_in_line {
 /// the key once it has joined (`wait.rs`), as after `release_or_grant`'s read.
 pub const ROW_RELEASE_ALONE: &str = concat!(
     "DELETE FROM dlock_rows WHERE id = ? AND COALESCE(holder, '') = ? AND ",
-    nobody_in_line!("dlock_rows.lock_key")
+    nobody_in_line!("dlock_rows.lock_key", row)
 );
 
 /// `lease_release` while nobody is in the key's line: the row says so (`line_free`,
@@ -91,11 +93,14 @@ pub const LEASE_RELEASE_ALONE: &str =
 /// after the lease's row lock, as `nobody_in_line!`): a place being written meanwhile is
 /// waited for and seen, a later one waits for this statement, and its join then clears
 /// `line_free` again.
-pub(super) const LEASE_RELEASE_PLAIN: &str =
+pub(super) const LEASE_RELEASE_PLAIN: &str = concat!(
     "UPDATE dlock_leases SET holder_id = NULL, expires_at = NULL, \
        line_free = NOT EXISTS (SELECT 1 FROM dlock_waiters w WHERE w.lock_key = ? \
-                               AND w.expires_at > UTC_TIMESTAMP(6)) \
-     WHERE lock_key = ? AND holder_id = ?";
+                               AND w.line = ",
+    line_sql!(lease),
+    " AND w.expires_at > UTC_TIMESTAMP(6)) \
+     WHERE lock_key = ? AND holder_id = ?"
+);
 
 /// A release of `Row` or `Lease`: a consistent read of the first live place of the key
 /// waiting for a grant (`first`, after the place id given; it also names the releaser's own
@@ -181,7 +186,9 @@ pub const LEASE_FIRST_PLACE: &str = concat!(
     "SELECT id, lock_key, mine FROM ( \
        SELECT id, CAST(lock_key AS CHAR) AS lock_key, holder, CAST(0 AS SIGNED) AS mine \
        FROM dlock_waiters \
-       WHERE lock_key = ? AND id > ? AND expires_at > UTC_TIMESTAMP(6) AND granted_at IS NULL \
+       WHERE lock_key = ? AND line = ",
+    line_sql!(lease),
+    " AND id > ? AND expires_at > UTC_TIMESTAMP(6) AND granted_at IS NULL \
        ORDER BY id LIMIT 1) x \
      WHERE holder IS NOT NULL \
      UNION ALL ",
@@ -193,7 +200,9 @@ pub const LEASE_FIRST_PLACE: &str = concat!(
 pub const ROW_FIRST_PLACE: &str = concat!(
     "(SELECT w.id, CAST(w.lock_key AS CHAR) AS lock_key, CAST(0 AS SIGNED) AS mine \
       FROM dlock_waiters w JOIN dlock_rows r ON r.lock_key = w.lock_key WHERE r.id = ? \
-        AND w.id > ? AND w.expires_at > UTC_TIMESTAMP(6) AND w.granted_at IS NULL \
+        AND w.line = ",
+    line_sql!(row),
+    " AND w.id > ? AND w.expires_at > UTC_TIMESTAMP(6) AND w.granted_at IS NULL \
         AND w.holder IS NOT NULL ORDER BY w.id LIMIT 1) \
      UNION ALL ",
     confirmed!("(SELECT lock_key FROM dlock_rows WHERE id = ?)"),

@@ -4,6 +4,7 @@
 use crate::backend::sealed::{Joined, LineAhead, LineStat, Lines, Spot};
 use crate::backend::shared::Mine;
 use crate::backend::stmt::stmt;
+use crate::backend::Line;
 use diesel::mysql::MysqlConnection;
 use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
@@ -11,8 +12,8 @@ use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 use super::LookRow;
 
 /// A look at place `id` of a key's line (`Lines::line_look`), a consistent (non-locking)
-/// read of the key's places up to it: binds the place four times, then the key and the
-/// place.
+/// read of the key's places up to it: binds the place four times, then the key, the line and
+/// the place.
 macro_rules! look {
     () => {
         "SELECT CAST(COALESCE(SUM(id = ? AND expires_at > UTC_TIMESTAMP(6)), 0) AS SIGNED) \
@@ -24,7 +25,7 @@ macro_rules! look {
                 CAST(COALESCE(SUM(id = ? AND expires_at > UTC_TIMESTAMP(6) \
                                   AND granted_at IS NOT NULL), 0) AS SIGNED) AS granted, \
                 CAST(NULL AS SIGNED) AS floor \
-         FROM dlock_waiters WHERE lock_key = ? AND id <= ?"
+         FROM dlock_waiters WHERE lock_key = ? AND line = ? AND id <= ?"
     };
 }
 
@@ -40,6 +41,7 @@ impl Lines for MysqlConnection {
     fn line_join(
         &mut self,
         key: &str,
+        line: Line,
         owner: &str,
         channel: Option<&str>,
         ttl_us: i64,
@@ -61,11 +63,12 @@ impl Lines for MysqlConnection {
             |c| {
                 stmt(
                     "INSERT INTO dlock_waiters \
-                       (lock_key, owner, channel, since, expires_at, holder, shared) \
-                     VALUES (?, ?, ?, UTC_TIMESTAMP(6), \
+                       (lock_key, line, owner, channel, since, expires_at, holder, shared) \
+                     VALUES (?, ?, ?, ?, UTC_TIMESTAMP(6), \
                              UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?, ?)",
                 )
                 .bind::<Text, _>(key)
+                .bind::<Integer, _>(line.id())
                 .bind::<Text, _>(owner)
                 .bind::<Nullable<Text>, _>(channel)
                 .bind::<BigInt, _>(ttl_us)
@@ -91,16 +94,18 @@ impl Lines for MysqlConnection {
         Ok(Joined { id, flagged: true })
     }
 
-    fn line_ahead(&mut self, key: &str, place: i64) -> QueryResult<LineAhead> {
+    fn line_ahead(&mut self, key: &str, line: Line, place: i64) -> QueryResult<LineAhead> {
         // A consistent (non-locking) read: at READ COMMITTED (the holders' transaction) or
         // outside a transaction, the newest committed places.
         stmt(
             "SELECT CAST(COUNT(*) AS SIGNED) AS ahead, \
                     CAST(COALESCE(SUM(shared = 0), 0) AS SIGNED) AS exclusive \
              FROM dlock_waiters \
-             WHERE lock_key = ? AND id < ? AND expires_at > UTC_TIMESTAMP(6) AND granted_at IS NULL",
+             WHERE lock_key = ? AND line = ? AND id < ? AND expires_at > UTC_TIMESTAMP(6) \
+               AND granted_at IS NULL",
         )
         .bind::<Text, _>(key)
+        .bind::<Integer, _>(line.id())
         .bind::<BigInt, _>(place)
         .get_result(self)
     }
@@ -108,6 +113,7 @@ impl Lines for MysqlConnection {
     fn line_renew(
         &mut self,
         key: &str,
+        line: Line,
         id: i64,
         ttl_us: i64,
         floor: i64,
@@ -133,16 +139,23 @@ impl Lines for MysqlConnection {
             },
             |_, e| super::deadlock(e),
         )?;
-        self.line_look(key, id, floor)
+        self.line_look(key, line, id, floor)
     }
 
-    fn line_look(&mut self, key: &str, id: i64, _floor: i64) -> QueryResult<Option<Spot>> {
+    fn line_look(
+        &mut self,
+        key: &str,
+        line: Line,
+        id: i64,
+        _floor: i64,
+    ) -> QueryResult<Option<Spot>> {
         stmt(look!())
             .bind::<BigInt, _>(id)
             .bind::<BigInt, _>(id)
             .bind::<BigInt, _>(id)
             .bind::<BigInt, _>(id)
             .bind::<Text, _>(key)
+            .bind::<Integer, _>(line.id())
             .bind::<BigInt, _>(id)
             .get_result::<Mine>(self)
             .map(Mine::spot)
@@ -169,6 +182,7 @@ impl Lines for MysqlConnection {
         .bind::<BigInt, _>(id)
         .bind::<BigInt, _>(id)
         .bind::<Text, _>(key)
+        .bind::<Integer, _>(Line::Lease.id())
         .bind::<BigInt, _>(id)
         .bind::<Text, _>(key)
         .bind::<Text, _>(holder)
@@ -178,12 +192,12 @@ impl Lines for MysqlConnection {
 
     fn line_stats(&mut self, key: Option<&str>) -> QueryResult<Vec<LineStat>> {
         stmt(
-            "SELECT CAST(lock_key AS CHAR) AS lock_key, CAST(COUNT(*) AS SIGNED) AS waiting, \
+            "SELECT CAST(lock_key AS CHAR) AS lock_key, CAST(line AS SIGNED) AS line, CAST(COUNT(*) AS SIGNED) AS waiting, \
                     CAST(TIMESTAMPDIFF(MICROSECOND, MIN(since), UTC_TIMESTAMP(6)) AS SIGNED) \
                       AS longest_us \
              FROM dlock_waiters WHERE expires_at > UTC_TIMESTAMP(6) AND granted_at IS NULL \
                AND (? IS NULL OR lock_key = ?) \
-             GROUP BY lock_key",
+             GROUP BY lock_key, line",
         )
         .bind::<Nullable<Text>, _>(key)
         .bind::<Nullable<Text>, _>(key)
@@ -258,6 +272,7 @@ mod tests {
     fn join(c: &mut MysqlConnection, key: &str) -> i64 {
         c.line_join(
             key,
+            Line::Row,
             "unit",
             None,
             60_000_000,
@@ -330,7 +345,7 @@ mod tests {
             .get_result::<Count>(&mut a)
             .unwrap();
         let renewal = std::thread::spawn(move || {
-            let spot = b.line_renew("unit-renew", place, 60_000_000, 0);
+            let spot = b.line_renew("unit-renew", Line::Row, place, 60_000_000, 0);
             (b, spot)
         });
         until_waiting(&mut watch, b_id);
@@ -370,6 +385,7 @@ mod tests {
         let joining = std::thread::spawn(move || {
             let place = b.line_join(
                 "unit-join",
+                Line::Row,
                 "unit",
                 None,
                 60_000_000,
@@ -391,7 +407,7 @@ mod tests {
         let (mut b, place) = joining.join().unwrap();
         let place = place.expect("the join is run again after the deadlock").id;
         assert!(b
-            .line_look("unit-join", place, 0)
+            .line_look("unit-join", Line::Row, place, 0)
             .unwrap()
             .is_some_and(|s| s.ahead == 0));
     }

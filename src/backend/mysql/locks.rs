@@ -76,10 +76,14 @@ fn refused_for_the_old_trigger(e: &diesel::result::Error) -> bool {
 /// caller's (its place, or none for a newcomer): more than none means the INSERT took the
 /// key ahead of the line (a place joined between the caller's look and its INSERT, or a
 /// newcomer, which does not look first), and the row is deleted again.
-pub const ROW_READ_BACK: &str = "SELECT r.id, r.token, r.acquired_at, \
-       (SELECT COUNT(*) FROM dlock_waiters w WHERE w.lock_key = r.lock_key AND w.id < ? \
+pub const ROW_READ_BACK: &str = concat!(
+    "SELECT r.id, r.token, r.acquired_at, \
+       (SELECT COUNT(*) FROM dlock_waiters w WHERE w.lock_key = r.lock_key AND w.line = ",
+    line_sql!(row),
+    " AND w.id < ? \
           AND w.expires_at > UTC_TIMESTAMP(6) AND w.granted_at IS NULL) AS ahead \
-     FROM dlock_rows r WHERE r.id = LAST_INSERT_ID()";
+     FROM dlock_rows r WHERE r.id = LAST_INSERT_ID()"
+);
 
 /// Whether the lease row an upsert met is free: no live exclusive lease and no live reader
 /// or permit (`shared_until`, raised by each of them with the row locked: `holders.rs`).
@@ -134,11 +138,15 @@ pub const LEASE_UPSERT: &str = concat!(
 /// `lease_acquire`, after the upsert: the token and time, if the lease is ours.
 /// The lease just taken, and the live places ahead of the caller's, as `ROW_READ_BACK`.
 /// The line is read only if the row does not say that nobody waits (`line_free`).
-pub const LEASE_READ_BACK: &str = "SELECT CAST(0 AS SIGNED) AS id, l.token, l.acquired_at, \
+pub const LEASE_READ_BACK: &str = concat!(
+    "SELECT CAST(0 AS SIGNED) AS id, l.token, l.acquired_at, \
        CASE WHEN l.line_free THEN CAST(0 AS SIGNED) ELSE \
-       (SELECT COUNT(*) FROM dlock_waiters w WHERE w.lock_key = l.lock_key AND w.id < ? \
+       (SELECT COUNT(*) FROM dlock_waiters w WHERE w.lock_key = l.lock_key AND w.line = ",
+    line_sql!(lease),
+    " AND w.id < ? \
           AND w.expires_at > UTC_TIMESTAMP(6) AND w.granted_at IS NULL) END AS ahead \
-     FROM dlock_leases l WHERE l.lock_key = ? AND l.holder_id = ?";
+     FROM dlock_leases l WHERE l.lock_key = ? AND l.holder_id = ?"
+);
 
 /// What the read-backs answer.
 #[derive(QueryableByName)]
@@ -373,12 +381,14 @@ impl Locks for MysqlConnection {
         // while a live place of the line is ahead of its own.
         if retry
             && exists(
-                stmt(
+                stmt(concat!(
                     "SELECT CAST(1 AS SIGNED) AS one FROM DUAL \
                      WHERE EXISTS (SELECT 1 FROM dlock_rows WHERE lock_key = ?) \
-                        OR EXISTS (SELECT 1 FROM dlock_waiters WHERE lock_key = ? AND id < ? \
+                        OR EXISTS (SELECT 1 FROM dlock_waiters WHERE lock_key = ? AND line = ",
+                    line_sql!(row),
+                    " AND id < ? \
                                    AND expires_at > UTC_TIMESTAMP(6) AND granted_at IS NULL)",
-                )
+                ))
                 .bind::<Text, _>(key)
                 .bind::<Text, _>(key)
                 .bind::<BigInt, _>(place)
@@ -591,14 +601,16 @@ impl Locks for MysqlConnection {
 /// readers or permits), or others ahead of `place` in the key's line?
 fn lease_visibly_held(conn: &mut MysqlConnection, key: &str, place: i64) -> QueryResult<bool> {
     exists(
-        stmt(
+        stmt(concat!(
             "SELECT CAST(1 AS SIGNED) AS one FROM DUAL \
              WHERE EXISTS (SELECT 1 FROM dlock_leases WHERE lock_key = ? \
                            AND (holder_id IS NOT NULL AND expires_at > UTC_TIMESTAMP(6) \
                                 OR shared_until > UTC_TIMESTAMP(6))) \
-                OR EXISTS (SELECT 1 FROM dlock_waiters WHERE lock_key = ? AND id < ? \
+                OR EXISTS (SELECT 1 FROM dlock_waiters WHERE lock_key = ? AND line = ",
+            line_sql!(lease),
+            " AND id < ? \
                            AND expires_at > UTC_TIMESTAMP(6) AND granted_at IS NULL)",
-        )
+        ))
         .bind::<Text, _>(key)
         .bind::<Text, _>(key)
         .bind::<BigInt, _>(place)

@@ -138,7 +138,7 @@ impl Admin for PgConnection {
             // The key's kind goes with its lease row: locked after it, as every reader's and
             // permit's acquisition locks them (`holders.rs`), and only where no session
             // strategy's permit slots or row use it too.
-            PurgeTable::Leases => range(
+            PurgeTable::Leases => range(concat!(
                 "WITH d AS (DELETE FROM dlock_leases WHERE lock_key IN ( \
                    SELECT lock_key FROM dlock_leases l \
                    WHERE lock_key > ? AND (?::text IS NULL OR lock_key <= ?) AND token <= ? \
@@ -146,7 +146,9 @@ impl Admin for PgConnection {
                           OR expires_at <= now() - ? * interval '1 microsecond') \
                      AND (shared_until IS NULL OR shared_until <= now() - ? * interval '1 microsecond') \
                      AND NOT EXISTS (SELECT 1 FROM dlock_waiters w \
-                                     WHERE w.lock_key = l.lock_key AND w.expires_at > now()) \
+                                     WHERE w.lock_key = l.lock_key AND w.line = ",
+                line_sql!(lease),
+                " AND w.expires_at > now()) \
                      AND NOT EXISTS (SELECT 1 FROM dlock_shared_leases s \
                                      WHERE s.lock_key = l.lock_key AND s.expires_at > now()) \
                    FOR UPDATE SKIP LOCKED) RETURNING lock_key), \
@@ -158,7 +160,7 @@ impl Admin for PgConnection {
                                          WHERE u.lock_key = k.lock_key) \
                        RETURNING 1) \
                  SELECT (SELECT count(*) FROM d) + (SELECT count(*) FROM h) AS one",
-            )
+            ))
             .bind::<BigInt, _>(highest)
             .bind::<BigInt, _>(idle_us)
             .bind::<BigInt, _>(idle_us)

@@ -3,6 +3,7 @@
 use crate::backend::sealed::{Joined, LineAhead, LineStat, Lines, Spot};
 use crate::backend::shared::Mine;
 use crate::backend::stmt::stmt;
+use crate::backend::Line;
 use diesel::pg::PgConnection;
 use diesel::sql_types::{BigInt, Bool, Integer, Nullable, Text};
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
@@ -10,7 +11,7 @@ use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 use super::LookRow;
 
 /// A look at place `id` of a key's line (`Lines::line_look`): binds the place four times,
-/// then the key, the floor and the place.
+/// then the key, the line, the floor and the place.
 macro_rules! look {
     () => {
         "SELECT count(*) FILTER (WHERE id = ? AND expires_at > now()) AS mine, \
@@ -20,7 +21,7 @@ macro_rules! look {
                 count(*) FILTER (WHERE id = ? AND expires_at > now() \
                                  AND granted_at IS NOT NULL) AS granted, \
                 min(id) FILTER (WHERE expires_at > now() AND granted_at IS NULL) AS floor \
-         FROM dlock_waiters WHERE lock_key = ? AND id >= ? AND id <= ?"
+         FROM dlock_waiters WHERE lock_key = ? AND line = ? AND id >= ? AND id <= ?"
     };
 }
 
@@ -61,6 +62,7 @@ impl Lines for PgConnection {
     fn line_join(
         &mut self,
         key: &str,
+        line: Line,
         owner: &str,
         channel: Option<&str>,
         ttl_us: i64,
@@ -80,8 +82,8 @@ impl Lines for PgConnection {
              gone AS (DELETE FROM dlock_waiters WHERE id IN ( \
                SELECT id FROM dlock_waiters WHERE lock_key = ? AND expires_at <= now() \
                FOR UPDATE SKIP LOCKED)), \
-             i AS (INSERT INTO dlock_waiters (lock_key, owner, channel, since, expires_at, holder, shared) \
-               SELECT ?, ?, ?, clock_timestamp(), clock_timestamp() + ? * interval '1 microsecond', ?, ? \
+             i AS (INSERT INTO dlock_waiters (lock_key, line, owner, channel, since, expires_at, holder, shared) \
+               SELECT ?, ?, ?, ?, clock_timestamp(), clock_timestamp() + ? * interval '1 microsecond', ?, ? \
                FROM (SELECT count(*) AS n FROM f) x \
                RETURNING id) \
              SELECT i.id, (SELECT count(*) FROM f) AS flagged FROM i"
@@ -90,6 +92,7 @@ impl Lines for PgConnection {
         .bind::<Bool, _>(flag)
         .bind::<Text, _>(key)
         .bind::<Text, _>(key)
+        .bind::<Integer, _>(line.id())
         .bind::<Text, _>(owner)
         .bind::<Nullable<Text>, _>(channel)
         .bind::<BigInt, _>(ttl_us)
@@ -109,13 +112,15 @@ impl Lines for PgConnection {
             .map(drop)
     }
 
-    fn line_ahead(&mut self, key: &str, place: i64) -> QueryResult<LineAhead> {
+    fn line_ahead(&mut self, key: &str, line: Line, place: i64) -> QueryResult<LineAhead> {
         stmt(
             "SELECT count(*) AS ahead, count(*) FILTER (WHERE shared = 0) AS exclusive \
              FROM dlock_waiters \
-             WHERE lock_key = ? AND id < ? AND expires_at > statement_timestamp() AND granted_at IS NULL",
+             WHERE lock_key = ? AND line = ? AND id < ? AND expires_at > statement_timestamp() \
+               AND granted_at IS NULL",
         )
         .bind::<Text, _>(key)
+        .bind::<Integer, _>(line.id())
         .bind::<BigInt, _>(place)
         .get_result(self)
     }
@@ -123,6 +128,7 @@ impl Lines for PgConnection {
     fn line_renew(
         &mut self,
         key: &str,
+        line: Line,
         id: i64,
         ttl_us: i64,
         floor: i64,
@@ -132,7 +138,7 @@ impl Lines for PgConnection {
                         SET expires_at = clock_timestamp() + ? * interval '1 microsecond' \
                         WHERE id = ? AND expires_at > now() AND granted_at IS NULL RETURNING id) \
              , w AS (SELECT id, shared FROM dlock_waiters \
-                     WHERE lock_key = ? AND id >= ? AND id <= ? AND expires_at > now() \
+                     WHERE lock_key = ? AND line = ? AND id >= ? AND id <= ? AND expires_at > now() \
                        AND granted_at IS NULL) \
              SELECT (SELECT count(*) FROM u) AS mine, \
                     (SELECT count(*) FROM w WHERE id < ?) AS ahead, \
@@ -144,6 +150,7 @@ impl Lines for PgConnection {
         .bind::<BigInt, _>(ttl_us)
         .bind::<BigInt, _>(id)
         .bind::<Text, _>(key)
+        .bind::<Integer, _>(line.id())
         .bind::<BigInt, _>(floor)
         .bind::<BigInt, _>(id)
         .bind::<BigInt, _>(id)
@@ -153,13 +160,20 @@ impl Lines for PgConnection {
         .map(Mine::spot)
     }
 
-    fn line_look(&mut self, key: &str, id: i64, floor: i64) -> QueryResult<Option<Spot>> {
+    fn line_look(
+        &mut self,
+        key: &str,
+        line: Line,
+        id: i64,
+        floor: i64,
+    ) -> QueryResult<Option<Spot>> {
         stmt(LOOK)
             .bind::<BigInt, _>(id)
             .bind::<BigInt, _>(id)
             .bind::<BigInt, _>(id)
             .bind::<BigInt, _>(id)
             .bind::<Text, _>(key)
+            .bind::<Integer, _>(line.id())
             .bind::<BigInt, _>(floor)
             .bind::<BigInt, _>(id)
             .get_result::<Mine>(self)
@@ -185,6 +199,7 @@ impl Lines for PgConnection {
         .bind::<BigInt, _>(id)
         .bind::<BigInt, _>(id)
         .bind::<Text, _>(key)
+        .bind::<Integer, _>(Line::Lease.id())
         .bind::<BigInt, _>(floor)
         .bind::<BigInt, _>(id)
         .bind::<Text, _>(key)
@@ -193,7 +208,7 @@ impl Lines for PgConnection {
         .map(LookRow::spot)
     }
 
-    fn line_leave(&mut self, key: &str, id: i64) -> QueryResult<bool> {
+    fn line_leave(&mut self, key: &str, line: Line, id: i64) -> QueryResult<bool> {
         // The DELETE's effect is not visible to the rest of the statement: the first live
         // place other than this one is the next in line. The DELETE waits for a release
         // granting this place at that moment, and returns the granted version.
@@ -201,13 +216,15 @@ impl Lines for PgConnection {
             "WITH d AS (DELETE FROM dlock_waiters WHERE id = ? RETURNING granted_at), \
              n AS (SELECT pg_notify(f.channel, f.lock_key) FROM ( \
                SELECT channel, lock_key FROM dlock_waiters \
-               WHERE lock_key = ? AND id <> ? AND expires_at > now() AND granted_at IS NULL ORDER BY id LIMIT 1) f \
+               WHERE lock_key = ? AND line = ? AND id <> ? AND expires_at > now() AND granted_at IS NULL \
+               ORDER BY id LIMIT 1) f \
              WHERE f.channel IS NOT NULL AND EXISTS (SELECT 1 FROM d)) \
              SELECT (SELECT count(*) FROM n) AS id, \
                     (SELECT count(*) FROM d WHERE granted_at IS NOT NULL) AS granted",
         )
         .bind::<BigInt, _>(id)
         .bind::<Text, _>(key)
+        .bind::<Integer, _>(line.id())
         .bind::<BigInt, _>(id)
         .get_result::<Left>(self)
         .map(|r| r.granted > 0)
@@ -215,11 +232,11 @@ impl Lines for PgConnection {
 
     fn line_stats(&mut self, key: Option<&str>) -> QueryResult<Vec<LineStat>> {
         stmt(
-            "SELECT lock_key, count(*) AS waiting, \
+            "SELECT lock_key, line::int8 AS line, count(*) AS waiting, \
                     (extract(epoch FROM now() - min(since)) * 1000000)::int8 AS longest_us \
              FROM dlock_waiters WHERE expires_at > now() AND granted_at IS NULL \
                AND (?::text IS NULL OR lock_key = ?) \
-             GROUP BY lock_key",
+             GROUP BY lock_key, line",
         )
         .bind::<Nullable<Text>, _>(key)
         .bind::<Nullable<Text>, _>(key)

@@ -20,14 +20,16 @@ use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 /// leaving at that moment either deleted it first, and the next place is taken, or waits
 /// for the grant to commit, and gives the key back), if it is an exclusive waiter's (a
 /// reader's or a permit's place has no holder id: it is never granted, and no place behind
-/// it is). `$key`: an expression for the key.
+/// it is). `$key`: an expression for the key; `$line`: the strategy's line (`line_sql!`).
 macro_rules! first_place {
-    ($key:literal) => {
+    ($key:literal, $line:ident) => {
         concat!(
             "SELECT x.id, x.owner, x.holder, x.expires_at FROM ( \
              SELECT w.id, w.owner, w.holder, w.expires_at FROM dlock_waiters w \
              WHERE w.lock_key = ",
             $key,
+            " AND w.line = ",
+            line_sql!($line),
             " AND w.expires_at > now() AND w.granted_at IS NULL \
              ORDER BY w.id LIMIT 1 FOR UPDATE) x \
            WHERE x.holder IS NOT NULL"
@@ -40,7 +42,8 @@ macro_rules! row_acquire {
     () => {
         concat!("WITH ", pg_floor!("NOT EXISTS (SELECT 1 FROM dlock_rows WHERE lock_key = ?) \
              AND NOT EXISTS (SELECT 1 FROM dlock_waiters \
-                             WHERE lock_key = ? AND id < ? AND expires_at > now())"), ", \
+                             WHERE lock_key = ? AND line = ", line_sql!(row), " AND id < ? \
+                               AND expires_at > now())"), ", \
          t AS ( \
            INSERT INTO dlock_tokens AS t (lock_key, token) \
            SELECT ?, ", pg_first_token!("0"), " FROM f \
@@ -86,7 +89,7 @@ const ROW_ACQUIRE_IN_LINE: &str = concat!(
 /// holder id.
 pub const ROW_RELEASE: &str = concat!(
     "WITH r AS (SELECT lock_key FROM dlock_rows WHERE id = ? AND COALESCE(holder, '') = ?), \
-     w AS MATERIALIZED (", first_place!("(SELECT lock_key FROM r)"), "), \
+     w AS MATERIALIZED (", first_place!("(SELECT lock_key FROM r)", row), "), \
      t AS (UPDATE dlock_tokens SET token = ", pg_next_token!("dlock_tokens.token"), " \
            FROM w WHERE dlock_tokens.lock_key = (SELECT lock_key FROM r) RETURNING dlock_tokens.token), \
      g AS (UPDATE dlock_rows SET owner = w.owner, holder = w.holder, token = t.token, \
@@ -108,10 +111,12 @@ pub const ROW_RELEASE: &str = concat!(
 /// or not, a reader's or a permit's too, sends the release to the hand-over statement. (No
 /// `granted_at IS NULL` beside it: see `lease_acquire!`.)
 macro_rules! nobody_in_line {
-    ($key:literal) => {
+    ($key:literal, $line:ident) => {
         concat!(
             "NOT EXISTS (SELECT 1 FROM dlock_waiters w WHERE w.lock_key = ",
             $key,
+            " AND w.line = ",
+            line_sql!($line),
             " AND w.expires_at > now())"
         )
     };
@@ -124,7 +129,7 @@ macro_rules! nobody_in_line {
 /// the key once it has joined (`wait.rs`), as it does after `ROW_RELEASE`'s.
 pub const ROW_RELEASE_ALONE: &str = concat!(
     "DELETE FROM dlock_rows r WHERE r.id = ? AND COALESCE(r.holder, '') = ? AND ",
-    nobody_in_line!("r.lock_key")
+    nobody_in_line!("r.lock_key", row)
 );
 
 /// `row_confirm`: the granted row, still the holder's and within its deadline, takes the
@@ -148,7 +153,8 @@ macro_rules! lease_update {
     () => {
         concat!("WITH l AS ( \
        SELECT NOT EXISTS (SELECT 1 FROM dlock_waiters \
-                          WHERE lock_key = ? AND id < ? AND expires_at > now()) AS turn), \
+                          WHERE lock_key = ? AND line = ", line_sql!(lease), " AND id < ? \
+                            AND expires_at > now()) AS turn), \
      u AS ( \
        UPDATE dlock_leases SET owner = ?, holder_id = ?, \
          token = ", pg_next_token!("token"), ", \
@@ -267,7 +273,7 @@ macro_rules! handing {
 /// entries read every place the key had since the last vacuum, 600 a statement in a 4 s
 /// hand-over run.)
 pub const LEASE_RELEASE: &str = concat!(
-    "WITH w AS MATERIALIZED (", first_place!("?"), "), \
+    "WITH w AS MATERIALIZED (", first_place!("?", lease), "), \
      u AS (UPDATE dlock_leases l SET owner = CASE WHEN ", handing!(), " THEN w.owner ELSE l.owner END, \
              holder_id = CASE WHEN ", handing!(), " THEN w.holder END, \
              token = CASE WHEN ", handing!(), " THEN ", pg_next_token!("l.token"), " ELSE l.token END, \
@@ -275,7 +281,8 @@ pub const LEASE_RELEASE: &str = concat!(
              expires_at = CASE WHEN ", handing!(), " THEN w.expires_at END, \
              line_free = (w.id IS NULL \
                AND NOT EXISTS (SELECT 1 FROM dlock_waiters v \
-                               WHERE v.lock_key = l.lock_key AND v.expires_at > now()) \
+                               WHERE v.lock_key = l.lock_key AND v.line = ", line_sql!(lease), " \
+                                 AND v.expires_at > now()) \
                AND l.line_joins = (SELECT j.line_joins FROM dlock_leases j WHERE j.lock_key = l.lock_key)) \
            FROM (SELECT 1) o LEFT JOIN w ON true \
            WHERE l.lock_key = ? AND l.holder_id = ? \
@@ -285,7 +292,8 @@ pub const LEASE_RELEASE: &str = concat!(
      n AS (SELECT pg_notify(channel, lock_key) FROM m WHERE channel IS NOT NULL), \
      s AS (SELECT pg_notify(f.channel, f.lock_key) FROM ( \
              SELECT channel, lock_key FROM dlock_waiters WHERE lock_key = ? \
-               AND expires_at > now() AND granted_at IS NULL ORDER BY id LIMIT 1) f, u \
+               AND line = ", line_sql!(lease), " AND expires_at > now() AND granted_at IS NULL \
+               ORDER BY id LIMIT 1) f, u \
            WHERE f.channel IS NOT NULL AND u.wid IS NULL), \
      x AS (DELETE FROM dlock_waiters WHERE id = ? AND holder = ? AND granted_at IS NOT NULL) \
      SELECT (SELECT count(*) FROM u) AS one, \

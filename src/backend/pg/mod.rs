@@ -47,7 +47,7 @@ macro_rules! pg_first_token {
 }
 
 /// The CTE `f`: the floor of the key's bucket (bound first), locked FOR SHARE, when `$cond`
-/// (SQL, after the bucket) holds. A purge raises the floor (an UPDATE, which waits for this
+/// (SQL, after the bucket, in pieces as `concat!` takes them) holds. A purge raises the floor (an UPDATE, which waits for this
 /// lock and which this lock waits for) and commits that before it deletes any counter
 /// (`admin.rs`), so the value read here, the newest whatever the statement's snapshot, is at
 /// least every token of a key whose counter row was gone when this statement inserted its
@@ -56,10 +56,10 @@ macro_rules! pg_first_token {
 /// `INSERT … ON CONFLICT` that finds the conflicting row deleted meanwhile inserts values
 /// computed from the old snapshot.
 macro_rules! pg_floor {
-    ($cond:literal) => {
+    ($($cond:expr),+) => {
         concat!(
             "f AS (SELECT floor_token FROM dlock_token_floor WHERE bucket = ? AND ",
-            $cond,
+            $($cond,)+
             " FOR SHARE)"
         )
     };

@@ -19,18 +19,21 @@ shared::held_row!(Timestamp, NaiveDateTime, |t| t.and_utc());
 /// token and the idle time three times.
 macro_rules! purgeable_leases {
     () => {
-        "WHERE lock_key > ? AND (? IS NULL OR lock_key <= ?) AND token <= ? \
+        concat!(
+            "WHERE lock_key > ? AND (? IS NULL OR lock_key <= ?) AND token <= ? \
                    AND ((holder_id IS NULL \
                          AND acquired_at <= strftime('%Y-%m-%d %H:%M:%f', 'now', ?)) \
                         OR expires_at <= strftime('%Y-%m-%d %H:%M:%f', 'now', ?)) \
                    AND (shared_until IS NULL \
                         OR shared_until <= strftime('%Y-%m-%d %H:%M:%f', 'now', ?)) \
                    AND NOT EXISTS (SELECT 1 FROM dlock_waiters w \
-                                   WHERE w.lock_key = dlock_leases.lock_key \
-                                     AND w.expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')) \
+                                   WHERE w.lock_key = dlock_leases.lock_key AND w.line = ",
+            line_sql!(lease),
+            " AND w.expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')) \
                    AND NOT EXISTS (SELECT 1 FROM dlock_shared_leases s \
                                    WHERE s.lock_key = dlock_leases.lock_key \
                                      AND s.expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now'))"
+        )
     };
 }
 

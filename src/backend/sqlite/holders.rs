@@ -269,12 +269,15 @@ impl HolderLocks for SqliteConnection {
             .bind::<Text, _>(key)
             .bind::<Text, _>(key)
             .execute(c)?;
-            let bells = stmt(
+            let bells = stmt(concat!(
                 "SELECT channel FROM dlock_waiters \
-                 WHERE lock_key = ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
+                 WHERE lock_key = ? AND line = ",
+                line_sql!(lease),
+                " \
+                   AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
                    AND granted_at IS NULL AND channel IS NOT NULL \
                  ORDER BY id LIMIT ?",
-            )
+            ))
             .bind::<Text, _>(key)
             .bind::<BigInt, _>(RING_FIRST)
             .load::<Bell>(c)?;

@@ -4,6 +4,7 @@
 use crate::backend::sealed::{Joined, LineAhead, LineStat, Lines, Spot};
 use crate::backend::shared::Mine;
 use crate::backend::stmt::stmt;
+use crate::backend::Line;
 use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 use diesel::sqlite::SqliteConnection;
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
@@ -12,7 +13,7 @@ use super::busy::short_write;
 use super::{seconds, LookRow};
 
 /// A look at place `id` of a key's line (`Lines::line_look`), a read (in WAL mode it never
-/// waits for the writer): binds the place four times, then the key and the place.
+/// waits for the writer): binds the place four times, then the key, the line and the place.
 macro_rules! look {
     () => {
         "SELECT COALESCE(SUM(id = ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now')), 0) \
@@ -24,7 +25,7 @@ macro_rules! look {
                 COALESCE(SUM(id = ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
                              AND granted_at IS NOT NULL), 0) AS granted, \
                 CAST(NULL AS INTEGER) AS floor \
-         FROM dlock_waiters WHERE lock_key = ? AND id <= ?"
+         FROM dlock_waiters WHERE lock_key = ? AND line = ? AND id <= ?"
     };
 }
 
@@ -38,6 +39,7 @@ impl Lines for SqliteConnection {
     fn line_join(
         &mut self,
         key: &str,
+        line: Line,
         owner: &str,
         channel: Option<&str>,
         ttl_us: i64,
@@ -51,12 +53,14 @@ impl Lines for SqliteConnection {
         // nobody waits (`line_free`), in the same transaction.
         short_write(self, |c| {
             let id = stmt(
-                "INSERT INTO dlock_waiters (lock_key, owner, channel, since, expires_at, holder, shared) \
-                 VALUES (?, ?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now'), \
+                "INSERT INTO dlock_waiters \
+                   (lock_key, line, owner, channel, since, expires_at, holder, shared) \
+                 VALUES (?, ?, ?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now'), \
                          strftime('%Y-%m-%d %H:%M:%f', 'now', ?), ?, ?) \
                  RETURNING id AS n",
             )
             .bind::<Text, _>(key)
+            .bind::<Integer, _>(line.id())
             .bind::<Text, _>(owner)
             .bind::<Nullable<Text>, _>(channel)
             .bind::<Text, _>(seconds('+', ttl_us))
@@ -73,13 +77,14 @@ impl Lines for SqliteConnection {
         })
     }
 
-    fn line_ahead(&mut self, key: &str, place: i64) -> QueryResult<LineAhead> {
+    fn line_ahead(&mut self, key: &str, line: Line, place: i64) -> QueryResult<LineAhead> {
         stmt(
             "SELECT COUNT(*) AS ahead, COALESCE(SUM(shared = 0), 0) AS exclusive \
-             FROM dlock_waiters WHERE lock_key = ? AND id < ? \
+             FROM dlock_waiters WHERE lock_key = ? AND line = ? AND id < ? \
                AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') AND granted_at IS NULL",
         )
         .bind::<Text, _>(key)
+        .bind::<Integer, _>(line.id())
         .bind::<BigInt, _>(place)
         .get_result(self)
     }
@@ -87,6 +92,7 @@ impl Lines for SqliteConnection {
     fn line_renew(
         &mut self,
         key: &str,
+        line: Line,
         id: i64,
         ttl_us: i64,
         floor: i64,
@@ -103,16 +109,23 @@ impl Lines for SqliteConnection {
             .bind::<BigInt, _>(id)
             .execute(c)
         })?;
-        self.line_look(key, id, floor)
+        self.line_look(key, line, id, floor)
     }
 
-    fn line_look(&mut self, key: &str, id: i64, _floor: i64) -> QueryResult<Option<Spot>> {
+    fn line_look(
+        &mut self,
+        key: &str,
+        line: Line,
+        id: i64,
+        _floor: i64,
+    ) -> QueryResult<Option<Spot>> {
         stmt(look!())
             .bind::<BigInt, _>(id)
             .bind::<BigInt, _>(id)
             .bind::<BigInt, _>(id)
             .bind::<BigInt, _>(id)
             .bind::<Text, _>(key)
+            .bind::<Integer, _>(line.id())
             .bind::<BigInt, _>(id)
             .get_result::<Mine>(self)
             .map(Mine::spot)
@@ -140,6 +153,7 @@ impl Lines for SqliteConnection {
         .bind::<BigInt, _>(id)
         .bind::<BigInt, _>(id)
         .bind::<Text, _>(key)
+        .bind::<Integer, _>(Line::Lease.id())
         .bind::<BigInt, _>(id)
         .bind::<Text, _>(key)
         .bind::<Text, _>(holder)
@@ -147,7 +161,7 @@ impl Lines for SqliteConnection {
         .map(LookRow::spot)
     }
 
-    fn line_leave(&mut self, _key: &str, id: i64) -> QueryResult<bool> {
+    fn line_leave(&mut self, _key: &str, _line: Line, id: i64) -> QueryResult<bool> {
         short_write(self, |c| {
             stmt("DELETE FROM dlock_waiters WHERE id = ? RETURNING (granted_at IS NOT NULL) AS n")
                 .bind::<BigInt, _>(id)
@@ -158,12 +172,12 @@ impl Lines for SqliteConnection {
 
     fn line_stats(&mut self, key: Option<&str>) -> QueryResult<Vec<LineStat>> {
         stmt(
-            "SELECT lock_key, COUNT(*) AS waiting, \
+            "SELECT lock_key, line, COUNT(*) AS waiting, \
                     CAST((julianday('now') - julianday(MIN(since))) * 86400000000 AS INTEGER) \
                       AS longest_us \
              FROM dlock_waiters WHERE expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
                AND granted_at IS NULL AND (? IS NULL OR lock_key = ?) \
-             GROUP BY lock_key",
+             GROUP BY lock_key, line",
         )
         .bind::<Nullable<Text>, _>(key)
         .bind::<Nullable<Text>, _>(key)

@@ -7,9 +7,9 @@ use crate::backend::sealed::Locks;
 use crate::backend::shared;
 use crate::backend::shared::{exists, HolderId, One};
 use crate::backend::stmt::{in_list, pad, stmt, BATCH_SIZES};
-use crate::backend::Acquired;
+use crate::backend::{Acquired, Line};
 use crate::key::floor_bucket;
-use diesel::sql_types::{BigInt, Bool, Nullable, Text};
+use diesel::sql_types::{BigInt, Bool, Integer, Nullable, Text};
 use diesel::sqlite::SqliteConnection;
 use diesel::{OptionalExtension, QueryResult, RunQueryDsl};
 use std::sync::OnceLock;
@@ -42,7 +42,9 @@ pub const ROW_ACQUIRE: &str = concat!(
     ", \
              strftime('%Y-%m-%d %H:%M:%f', 'now'), \
              strftime('%Y-%m-%d %H:%M:%f', 'now', ?) \
-     WHERE NOT EXISTS (SELECT 1 FROM dlock_waiters WHERE lock_key = ? AND id < ? \
+     WHERE NOT EXISTS (SELECT 1 FROM dlock_waiters WHERE lock_key = ? AND line = ",
+    line_sql!(row),
+    " AND id < ? \
                        AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') AND granted_at IS NULL) \
      ON CONFLICT (lock_key) DO NOTHING \
      RETURNING id, token, acquired_at"
@@ -62,7 +64,9 @@ pub const LEASE_ACQUIRE: &str = concat!(
              strftime('%Y-%m-%d %H:%M:%f', 'now'), \
              strftime('%Y-%m-%d %H:%M:%f', 'now', ?), ? \
      WHERE COALESCE((SELECT line_free FROM dlock_leases WHERE lock_key = ?), 0) \
-        OR NOT EXISTS (SELECT 1 FROM dlock_waiters WHERE lock_key = ? AND id < ? \
+        OR NOT EXISTS (SELECT 1 FROM dlock_waiters WHERE lock_key = ? AND line = ",
+    line_sql!(lease),
+    " AND id < ? \
                        AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') AND granted_at IS NULL) \
      ON CONFLICT (lock_key) DO UPDATE SET \
        owner = excluded.owner, holder_id = excluded.holder_id, \
@@ -77,11 +81,14 @@ pub const LEASE_ACQUIRE: &str = concat!(
 
 /// `row_release` when nobody waits: the DELETE by id and holder id, if no live place of the
 /// key's line waits for a grant (else the hand-over runs).
-pub const ROW_RELEASE_ALONE: &str =
+pub const ROW_RELEASE_ALONE: &str = concat!(
     "DELETE FROM dlock_rows WHERE id = ? AND COALESCE(holder, '') = ? \
      AND NOT EXISTS (SELECT 1 FROM dlock_waiters w WHERE w.lock_key = dlock_rows.lock_key \
-       AND w.expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
-       AND w.granted_at IS NULL AND w.holder IS NOT NULL)";
+       AND w.line = ",
+    line_sql!(row),
+    " AND w.expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
+       AND w.granted_at IS NULL AND w.holder IS NOT NULL)"
+);
 
 /// `lease_release` when nobody waits: the row says so (`line_free`, see `LEASE_ACQUIRE`),
 /// with no look into the line; else the hand-over runs.
@@ -120,7 +127,7 @@ impl Locks for SqliteConnection {
             let Some(key) = key else {
                 return Ok((false, None));
             };
-            let Some(w) = first_place(c, &key.n)? else {
+            let Some(w) = first_place(c, &key.n, Line::Row)? else {
                 return stmt(shared::ROW_RELEASE)
                     .bind::<BigInt, _>(id)
                     .bind::<Text, _>(holder)
@@ -235,9 +242,13 @@ impl Locks for SqliteConnection {
         if retry
             && held_or_behind(
                 self,
-                "SELECT 1 AS one WHERE EXISTS (SELECT 1 FROM dlock_rows WHERE lock_key = ?) \
-                   OR EXISTS (SELECT 1 FROM dlock_waiters WHERE lock_key = ? AND id < ? \
-                              AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') AND granted_at IS NULL)",
+                concat!(
+                    "SELECT 1 AS one WHERE EXISTS (SELECT 1 FROM dlock_rows WHERE lock_key = ?) \
+                     OR EXISTS (SELECT 1 FROM dlock_waiters WHERE lock_key = ? AND line = ",
+                    line_sql!(row),
+                    " AND id < ? \
+                       AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') AND granted_at IS NULL)"
+                ),
                 key,
                 place,
             )?
@@ -299,12 +310,16 @@ impl Locks for SqliteConnection {
         if retry
             && held_or_behind(
                 self,
+                concat!(
                 "SELECT 1 AS one WHERE EXISTS (SELECT 1 FROM dlock_leases WHERE lock_key = ? \
                      AND (holder_id IS NOT NULL \
                           AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
                           OR shared_until > strftime('%Y-%m-%d %H:%M:%f', 'now'))) \
-                   OR EXISTS (SELECT 1 FROM dlock_waiters WHERE lock_key = ? AND id < ? \
-                              AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') AND granted_at IS NULL)",
+                   OR EXISTS (SELECT 1 FROM dlock_waiters WHERE lock_key = ? AND line = ",
+                line_sql!(lease),
+                " AND id < ? \
+                              AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') AND granted_at IS NULL)"
+                ),
                 key,
                 place,
             )?
@@ -435,18 +450,19 @@ fn in_line(
 /// is cleared.
 fn lease_hand_over(c: &mut SqliteConnection, key: &str, holder: &str) -> QueryResult<bool> {
     let granted = write_txn(c, |c| {
-        let Some(w) = first_place(c, key)? else {
+        let Some(w) = first_place(c, key, Line::Lease)? else {
             let n = stmt(shared::LEASE_RELEASE)
                 .bind::<Text, _>(key)
                 .bind::<Text, _>(holder)
                 .execute(c)?;
             // Under the write lock every join waits: with no live place left, the row says
             // that nobody waits, for the next acquisitions and releases to skip the line.
-            stmt(
+            stmt(concat!(
                 "UPDATE dlock_leases SET line_free = 1 WHERE lock_key = ? AND NOT line_free \
-                 AND NOT EXISTS (SELECT 1 FROM dlock_waiters WHERE lock_key = ? \
-                                 AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now'))",
-            )
+                     AND NOT EXISTS (SELECT 1 FROM dlock_waiters WHERE lock_key = ? AND line = ",
+                line_sql!(lease),
+                " AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now'))"
+            ))
             .bind::<Text, _>(key)
             .bind::<Text, _>(key)
             .execute(c)?;
@@ -510,11 +526,16 @@ struct FirstPlace {
     channel: Option<String>,
 }
 
-/// Inside a release's IMMEDIATE transaction: the first live place of `key`'s line not
+/// Inside a release's IMMEDIATE transaction: the first live place of `key`'s `line` not
 /// granted yet, if any.
-fn first_place(conn: &mut SqliteConnection, key: &str) -> QueryResult<Option<FirstPlace>> {
+fn first_place(
+    conn: &mut SqliteConnection,
+    key: &str,
+    line: Line,
+) -> QueryResult<Option<FirstPlace>> {
     stmt(FIRST_PLACE)
         .bind::<Text, _>(key)
+        .bind::<Integer, _>(line.id())
         .get_result::<FirstPlace>(conn)
         .optional()
 }
@@ -524,7 +545,7 @@ fn first_place(conn: &mut SqliteConnection, key: &str) -> QueryResult<Option<Fir
 /// id) first in line means no grant (the key is freed and its waiter takes it).
 const FIRST_PLACE: &str = "SELECT id, lock_key, owner, holder, expires_at, channel FROM ( \
        SELECT id, lock_key, owner, holder, expires_at, channel FROM dlock_waiters \
-       WHERE lock_key = ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
+       WHERE lock_key = ? AND line = ? AND expires_at > strftime('%Y-%m-%d %H:%M:%f', 'now') \
          AND granted_at IS NULL ORDER BY id LIMIT 1) \
      WHERE holder IS NOT NULL";
 

@@ -122,8 +122,8 @@ impl<C: LockConnection> RawLock<C> for HolderLock<C> {
     }
 
     /// Readers and permits wait in the key's line with the exclusive waiters, in one order.
-    fn lines(&self) -> bool {
-        true
+    fn line(&self) -> Option<crate::backend::Line> {
+        Some(crate::backend::Line::Lease)
     }
 
     fn flags_line(&self) -> bool {

@@ -113,7 +113,11 @@ impl<C: LockConnection> LeaseLock<C> {
                     if last
                         || !conn.sql().admin_leases(Some(key))?.is_empty()
                         || !conn.sql().admin_holders(Some(key))?.is_empty()
-                        || !conn.sql().line_stats(Some(key))?.is_empty() =>
+                        || conn
+                            .sql()
+                            .line_stats(Some(key))?
+                            .iter()
+                            .any(|l| l.line == i64::from(crate::backend::Line::Lease.id())) =>
                 {
                     return Ok(None)
                 }
@@ -188,8 +192,8 @@ impl<C: LockConnection> RawLock<C> for LeaseLock<C> {
         contention_is_busy(&mut **conn, key, attempt)
     }
 
-    fn lines(&self) -> bool {
-        true
+    fn line(&self) -> Option<crate::backend::Line> {
+        Some(crate::backend::Line::Lease)
     }
 
     fn flags_line(&self) -> bool {
@@ -200,6 +204,7 @@ impl<C: LockConnection> RawLock<C> for LeaseLock<C> {
         &self,
         conn: &mut C,
         key: &str,
+        _line: crate::backend::Line,
         id: i64,
         floor: i64,
         holder: &str,

@@ -96,8 +96,8 @@ impl<C: LockConnection> RawLock<C> for RowLock<C> {
         contention_is_busy(&mut **conn, key, attempt)
     }
 
-    fn lines(&self) -> bool {
-        true
+    fn line(&self) -> Option<crate::backend::Line> {
+        Some(crate::backend::Line::Row)
     }
 
     fn give_back(&self, conn: &mut C, key: &str, holder: &str) -> Result<()> {

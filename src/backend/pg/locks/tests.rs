@@ -2,7 +2,7 @@
 //! `line_free` flag.
 
 use super::*;
-use crate::backend::sealed::{Dialect, Lines};
+use crate::backend::sealed::{Dialect, Line, Lines};
 use diesel::Connection;
 use std::time::{Duration, Instant};
 
@@ -77,23 +77,23 @@ fn a_join_marks_the_lease_row_only_when_asked() {
     assert!(a.lease_release(&k, "h1").unwrap());
     assert!(line_free(&mut a, &k));
     let other = a
-        .line_join(&k, "o", None, TTL_US, "hr", false, false)
+        .line_join(&k, Line::Row, "o", None, TTL_US, "hr", false, false)
         .unwrap();
     assert!(!other.flagged);
     assert!(
         line_free(&mut a, &k),
         "a join without `flag` marked the row"
     );
-    assert!(!a.line_leave(&k, other.id).unwrap());
+    assert!(!a.line_leave(&k, Line::Row, other.id).unwrap());
     let lease = a
-        .line_join(&k, "o", None, TTL_US, "hl", false, true)
+        .line_join(&k, Line::Lease, "o", None, TTL_US, "hl", false, true)
         .unwrap();
     assert!(lease.flagged);
     assert!(
         !line_free(&mut a, &k),
         "a join with `flag` left the row free"
     );
-    assert!(!a.line_leave(&k, lease.id).unwrap());
+    assert!(!a.line_leave(&k, Line::Lease, lease.id).unwrap());
 }
 
 /// The race that decides `line_free`: a release that finds nobody in line in its snapshot
@@ -127,15 +127,15 @@ fn a_release_does_not_free_the_line_past_a_join_it_could_not_see() {
         .unwrap()
         .is_some());
     let left = j
-        .line_join(&k, "o", None, TTL_US, "hl", false, true)
+        .line_join(&k, Line::Lease, "o", None, TTL_US, "hl", false, true)
         .unwrap();
-    assert!(!j.line_leave(&k, left.id).unwrap());
+    assert!(!j.line_leave(&k, Line::Lease, left.id).unwrap());
     assert!(!line_free(&mut a, &k));
     // A join that stays open, holding the row: the release's snapshot cannot see its
     // place, and its UPDATE waits for the row.
     stmt("BEGIN").execute(&mut j).unwrap();
     let joined = j
-        .line_join(&k, "o", None, TTL_US, "hj", false, true)
+        .line_join(&k, Line::Lease, "o", None, TTL_US, "hj", false, true)
         .unwrap();
     assert!(joined.flagged);
     let pid = stmt("SELECT pg_backend_pid() AS pid")
@@ -187,7 +187,7 @@ fn a_join_that_met_no_row_marks_it_after() {
         .unwrap()
         .is_some());
     let joined = j
-        .line_join(&k, "o", None, TTL_US, "hj", false, true)
+        .line_join(&k, Line::Lease, "o", None, TTL_US, "hj", false, true)
         .unwrap();
     assert!(!joined.flagged, "the row was not committed");
     stmt("COMMIT").execute(&mut n).unwrap();

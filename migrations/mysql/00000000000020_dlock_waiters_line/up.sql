@@ -1,0 +1,17 @@
+-- A key's name is not a lock: a `Row` lock, a `Lease` lock (its writers, readers and permits
+-- together), a `ForUpdate` semaphore and an `Advisory` semaphore of one name are four locks,
+-- and each has a line of its own. `line` says whose line a place is in (0 `Lease`, 1 `Row`,
+-- 2 `ForUpdate` permits, 3 `Advisory` permits), and every statement of a line reads its
+-- own places only: before it, a release handed a key to the first place of any of them (a
+-- `Lease` release granting a `Row` waiter's place, which could not take it), and a waiter
+-- of one held up the newcomers of the others. 0 by default: places of a build from before
+-- this migration are in `Lease`'s line. MySQL commits each DDL statement by itself (and has
+-- no ADD COLUMN IF NOT EXISTS): the column is added only when a partial run has not.
+SET @dlock_ddl = (
+    SELECT IF(COUNT(*) = 0, 'ALTER TABLE dlock_waiters ADD COLUMN line SMALLINT NOT NULL DEFAULT 0', 'DO 0')
+    FROM information_schema.COLUMNS
+    WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'dlock_waiters' AND COLUMN_NAME = 'line'
+);
+PREPARE dlock_stmt FROM @dlock_ddl;
+EXECUTE dlock_stmt;
+DEALLOCATE PREPARE dlock_stmt;

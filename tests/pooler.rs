@@ -118,6 +118,24 @@ fn listen_url_through_the_pooler_is_refused() {
     }
 }
 
+/// `Advisory` on a pool from a transaction pooler's URL is refused: its session locks would
+/// stay on whichever server session the pooler gave out. The strategies that work there
+/// are not (`connect_takes_the_pooler_url` runs them).
+#[test]
+fn advisory_through_the_pooler_is_refused() {
+    let Some(url) = common::pgbouncer_url() else {
+        return;
+    };
+    let r = Locker::connect(&url)
+        .unwrap()
+        .strategy(Strategy::Advisory)
+        .build();
+    match r {
+        Err(Error::InvalidConfig(why)) => assert!(why.contains("Advisory"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+}
+
 /// Whether the server shows a wait for `key` under `s` (the waiter's session is the
 /// pooler's choice, so it is found by the lock it waits for).
 fn waiting(conn: &mut PgConnection, key: &str, s: Strategy) -> bool {

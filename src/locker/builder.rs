@@ -330,7 +330,9 @@ impl<C: LockConnection> LockerBuilder<C> {
     /// # Errors
     /// [`Error::InvalidConfig`] for a ttl or `stale_after` under 1 ms, a heartbeat not shorter
     /// than the ttl, an empty or oversized owner, a zero `max_backoff`, a `listen_url` through
-    /// a transaction pooler (`dlock_pooler=transaction`), a `pool_size` of 0 or for a pool
+    /// a transaction pooler (`dlock_pooler=transaction`), the `Advisory` strategy on a pool
+    /// built from such a URL (its session locks would stay on whichever server session the
+    /// pooler gave out), a `pool_size` of 0 or for a pool
     /// of your own, a MySQL pool with
     /// autocommit off, or a SQLite pool without WAL or a busy timeout;
     /// [`Error::Unsupported`] for a strategy the backend cannot honour;
@@ -389,6 +391,14 @@ impl<C: LockConnection> LockerBuilder<C> {
                 (pool, None, None)
             }
             Source::Url { target, make } => {
+                if target.behind_pooler && matches!(self.strategy, Strategy::Advisory) {
+                    // A session's advisory locks stay on the server session that ran the
+                    // statement, which a transaction pooler hands to other clients: the lock
+                    // would be neither this guard's nor released by it.
+                    return Err(Error::InvalidConfig(
+                        "the Advisory strategy holds session locks, which a transaction pooler (dlock_pooler=transaction) hands to other clients: use AdvisoryXact, ForUpdate, Row or Lease there".into(),
+                    ));
+                }
                 let failures = Arc::new(Failures::new(target.clone()));
                 let size = self
                     .pool_size

@@ -294,7 +294,9 @@ impl<C: LockConnection> LockGuard<C> {
 
     /// Runs `f` once, on a thread of the library, when the lock is lost (see
     /// [`loss_watch`](Self::loss_watch)); never after a normal release. `f` should be quick:
-    /// send on a channel, set a flag, signal a process.
+    /// send on a channel, set a flag, signal a process. When `f` runs, the guard's
+    /// [`LossWatch::status`] reads [`LockStatus::Lost`]; each
+    /// guard's loss is found and told on its own (see [`LossWatch::on_lost`]).
     ///
     /// ```
     /// use diesel_lock::admin;

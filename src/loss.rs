@@ -341,7 +341,10 @@ impl LossWatch {
 
     /// Runs `f` once, on a thread of the library, when the lock is lost (at once if it is
     /// lost already); never if it is released. `f` should be quick: send on a channel, set a
-    /// flag, signal a process.
+    /// flag, signal a process. When `f` runs, [`status`](Self::status) reads
+    /// [`LockStatus::Lost`]. Locks lost at the same moment (forced releases of many keys, say)
+    /// are each found and told on their own, in no set order: one's callback may run while
+    /// another still reads `Held`.
     ///
     /// ```
     /// # fn main() -> diesel_lock::Result<()> {

@@ -456,9 +456,25 @@ impl<C: LockConnection> LockerBuilder<C> {
             Some(url) => {
                 let woken = shared.clone();
                 Some(
-                    crate::backend::pg::listen::Listener::new(url, move |key| match key {
-                        Some(key) => woken.queues.wake_remote(key),
-                        None => woken.queues.wake_all(),
+                    crate::backend::pg::listen::Listener::new(url, move |payload| {
+                        let Some(payload) = payload else {
+                            return woken.queues.wake_all();
+                        };
+                        // A grant's notification tells what it gave (its waiter takes the key
+                        // with no look); any payload is also taken for a key, which a key
+                        // that only reads as a grant is.
+                        if let Some((key, told)) = crate::backend::pg::listen::grant_in(payload) {
+                            woken.queues.wake_granted(
+                                key,
+                                super::queue::Told {
+                                    place: told.place,
+                                    holder: told.holder.to_owned(),
+                                    token: told.token,
+                                    acquired_us: told.acquired_us,
+                                },
+                            );
+                        }
+                        woken.queues.wake_remote(payload);
                     })
                     .map_err(Error::Thread)?,
                 )

@@ -24,7 +24,9 @@ impl<C: LockConnection> Locker<C> {
         place: &mut Option<Place<'a, C>>,
     ) -> Result<Option<Taken>> {
         if let Some(p) = place.as_mut() {
-            if !p.refresh(&mut **conn)? {
+            if p.take_told() {
+                // Its notification told the grant (`Place::told`): taken below, no look.
+            } else if !p.refresh(&mut **conn)? {
                 if let Some(p) = place.take() {
                     p.leave(&mut **conn);
                 }

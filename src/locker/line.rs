@@ -96,8 +96,11 @@ pub(super) struct Place<'a, C: LockConnection> {
     used: bool,
     /// No place below this one lives again (`Spot::floor`): the looks count from here.
     floor: i64,
-    /// What the grant gave, if the last look read it (`Spot::lease`).
+    /// What the grant gave, if the last look read it (`Spot::lease`) or its notification
+    /// told it (`told`).
     lease: Option<crate::backend::Acquired>,
+    /// The grant was told by its notification, and the next attempt takes it with no look.
+    told: bool,
 }
 
 impl<'a, C: LockConnection> Place<'a, C> {
@@ -156,6 +159,7 @@ impl<'a, C: LockConnection> Place<'a, C> {
             used: false,
             floor: 0,
             lease: None,
+            told: false,
         })
     }
 
@@ -170,6 +174,32 @@ impl<'a, C: LockConnection> Place<'a, C> {
             (None, Some(ahead)) => ahead == 0,
             (Some(room), Some(ahead)) => self.exclusive_ahead == 0 && ahead < i64::from(room),
         }
+    }
+
+    /// Takes the grant its notification told (PostgreSQL, `Queues::take_grant`) as a look
+    /// that saw it: granted, with the token and time it gave. Not while the place is past
+    /// half its ttl (a notification heard that late is left to a look, which sees whether
+    /// the grant lapsed). Whether it was taken.
+    pub(super) fn told(&mut self, told: &super::queue::Told) -> bool {
+        if self.renewed.elapsed() >= self.ttl / 2 {
+            return false;
+        }
+        let Some(acquired_at) = chrono::DateTime::from_timestamp_micros(told.acquired_us) else {
+            return false;
+        };
+        self.granted = true;
+        self.told = true;
+        self.lease = Some(crate::backend::Acquired {
+            id: 0,
+            token: told.token,
+            acquired_at,
+        });
+        true
+    }
+
+    /// Whether a grant was told since the last look (`told`), which then needs none; clears it.
+    pub(super) fn take_told(&mut self) -> bool {
+        std::mem::take(&mut self.told)
     }
 
     /// Whether a release granted this place the key (at the last look).

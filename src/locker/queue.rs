@@ -76,7 +76,24 @@ struct KeyQueue {
     released: u64,
     /// A guard of this `Locker` holds the key: only its release is worth waking up for.
     held: bool,
+    /// Grants told by their notifications (PostgreSQL), for the places' waiters to take
+    /// with no look (`take_grant`); the last `TOLD_KEPT`.
+    told: VecDeque<Told>,
 }
+
+/// A grant of the key to a place, as its notification told it (`wake_granted`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Told {
+    pub(crate) place: i64,
+    pub(crate) holder: String,
+    pub(crate) token: i64,
+    pub(crate) acquired_us: i64,
+}
+
+/// How many grants told a key's queue keeps: one per release, taken by the waiter at once;
+/// those of places whose waiter took the key by a look of its own meanwhile, or gave up,
+/// are never taken (a place's id and holder id are never used again).
+const TOLD_KEPT: usize = 4;
 
 impl KeyQueue {
     fn new() -> KeyQueue {
@@ -85,6 +102,7 @@ impl KeyQueue {
             wake: Arc::new(Condvar::new()),
             released: 0,
             held: false,
+            told: VecDeque::new(),
         }
     }
 }
@@ -148,6 +166,32 @@ impl Queues {
             q.released += 1;
             q.wake.notify_all();
         }
+    }
+
+    /// A release in another process granted `key` to a place of this `Locker`'s (its
+    /// notification told what it gave): kept for the place's waiter (`take_grant`), which is
+    /// woken as by `wake_remote`. Nothing if no thread here waits for the key.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(super) fn wake_granted(&self, key: &str, told: Told) {
+        if let Some(q) = self.lock().get_mut(key) {
+            if q.told.len() == TOLD_KEPT {
+                q.told.pop_front();
+            }
+            q.told.push_back(told);
+            q.released += 1;
+            q.wake.notify_all();
+        }
+    }
+
+    /// The grant told for place `place` taken with `holder`, if its notification came.
+    pub(super) fn take_grant(&self, key: &str, place: i64, holder: &str) -> Option<Told> {
+        let mut map = self.lock();
+        let q = map.get_mut(key)?;
+        let at = q
+            .told
+            .iter()
+            .position(|t| t.place == place && t.holder == holder)?;
+        q.told.remove(at)
     }
 
     /// Releases may have gone unheard: every waiter looks again.

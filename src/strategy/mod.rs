@@ -477,6 +477,14 @@ pub(crate) trait RawLock<C: LockConnection>: Send + Sync + 'static {
         conn.sql().line_look(key, line, id, floor)
     }
 
+    /// For a lock that `lines`: takes a grant of the key to place `place` (taken with
+    /// `holder`) that needs no statement (`Lease`: what the grant gave is in `grant.lease`,
+    /// and the heartbeat confirms it), with no connection; `None` where the grant needs its
+    /// confirmation first (`Row`: the attempt confirms it) or `grant.lease` is unknown.
+    fn take_grant(&self, _key: &str, _place: i64, _holder: &str, _grant: Grant) -> Option<Taken> {
+        None
+    }
+
     /// Gives back the key a release may have granted to a place taken with `holder`, whose
     /// waiter gave up (its place is already removed): released as the strategy releases,
     /// which hands it on to the next place. Nothing where it holds nothing.

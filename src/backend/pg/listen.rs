@@ -3,9 +3,11 @@
 //!
 //! Each listener hears a channel of its own (`dlock_w_` and 16 random hex digits), which
 //! its `Locker`'s waiters name in their places in a key's line (`dlock_waiters`); releases of
-//! `Row` and `Lease` locks notify the first live place's channel, with the key as payload, in
-//! the releasing statement itself (no extra round trip). So a release wakes one process, the
-//! one whose turn it is. Releases of a `Lease` `Locker`'s readers, writers and permits,
+//! `Row` and `Lease` locks notify the first live place's channel in the releasing statement
+//! itself (no extra round trip). So a release wakes one process, the one whose turn it is. A
+//! release that grants the key tells what it gave (`grant_in`: the place, its holder id, the
+//! token and the time, then the key), and the waiter takes it with no look of its own; any
+//! other payload is the key. Releases of a `Lease` `Locker`'s readers, writers and permits,
 //! which have no line, still notify a channel every listener hears (`SHARED_CHANNEL`).
 //!
 //! The connection is a libpq connection of its own (`socket.rs`), not a diesel one:
@@ -27,6 +29,39 @@ use std::time::Duration;
 /// writers and permits (`holders_release`), whose waiters have no line, notify it with the
 /// key as payload.
 pub(crate) const SHARED_CHANNEL: &str = "dlock_release";
+
+/// A grant told by its notification (`locks.rs`'s `grant_note!`): the place's id, the holder
+/// id, the token and the acquisition time in microseconds since the epoch, then the key.
+/// `None` for any other payload (a key: a release that granted nothing, a reader's or a
+/// permit's wake-up, or a grant by an older build). A key may itself read as a grant; the
+/// holder id, random and known only to the place's waiter, keeps it from being taken for
+/// one (`Queues::take_grant` matches it), and the caller wakes the whole payload's key too.
+pub(crate) fn grant_in(payload: &str) -> Option<(&str, GrantTold<'_>)> {
+    let mut parts = payload.splitn(5, ' ');
+    let place = parts.next()?.parse().ok()?;
+    let holder = parts.next()?;
+    let token = parts.next()?.parse().ok()?;
+    let acquired_us = parts.next()?.parse().ok()?;
+    let key = parts.next()?;
+    Some((
+        key,
+        GrantTold {
+            place,
+            holder,
+            token,
+            acquired_us,
+        },
+    ))
+}
+
+/// What a grant's notification told (`grant_in`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct GrantTold<'a> {
+    pub(crate) place: i64,
+    pub(crate) holder: &'a str,
+    pub(crate) token: i64,
+    pub(crate) acquired_us: i64,
+}
 
 /// What the thread calls with a notified key (`None`: some may have been missed).
 type Wake = Box<dyn Fn(Option<&str>) + Send>;
@@ -266,4 +301,34 @@ fn wait_woken(woken: &UnixStream, pause: Duration) {
     let _ = woken.set_read_timeout(Some(pause));
     let _ = (&*woken).read(&mut [0u8; 1]);
     let _ = woken.set_nonblocking(true);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{grant_in, GrantTold};
+
+    #[test]
+    fn a_grant_is_read_with_a_key_that_has_spaces() {
+        let told = grant_in("42 0123abcd 7 1764000000123456 nightly report 2");
+        assert_eq!(
+            told,
+            Some((
+                "nightly report 2",
+                GrantTold {
+                    place: 42,
+                    holder: "0123abcd",
+                    token: 7,
+                    acquired_us: 1_764_000_000_123_456,
+                }
+            ))
+        );
+    }
+
+    #[test]
+    fn a_plain_key_is_no_grant() {
+        assert_eq!(grant_in("nightly-report"), None);
+        assert_eq!(grant_in("1 2 3"), None);
+        assert_eq!(grant_in("1 h x 4 key"), None);
+        assert_eq!(grant_in(""), None);
+    }
 }

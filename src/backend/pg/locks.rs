@@ -37,6 +37,32 @@ macro_rules! first_place {
     };
 }
 
+/// What a grant's notification carries (`$g`: the granting step's name, SQL, whose rows
+/// have `wid`, `holder`, `token`, `acquired_at` and `lock_key`): the place's id, the holder
+/// id it was given the key under, the token, the acquisition time in microseconds since the
+/// epoch, and the key, separated by single spaces (the key last: it may hold spaces), so that
+/// the waiter takes the key with no look of its own (`listen::grant_in` reads it; a
+/// listener of an older build took the whole payload for the key, and looks at its
+/// fallback pace).
+macro_rules! grant_note {
+    ($g:literal) => {
+        concat!(
+            "concat_ws(' ', ",
+            $g,
+            ".wid, COALESCE(",
+            $g,
+            ".holder, '-'), ",
+            $g,
+            ".token, \
+             (extract(epoch FROM ",
+            $g,
+            ".acquired_at) * 1000000)::int8, ",
+            $g,
+            ".lock_key)"
+        )
+    };
+}
+
 /// The CTEs of `ROW_ACQUIRE` and `ROW_ACQUIRE_IN_LINE` (which add the final SELECT).
 macro_rules! row_acquire {
     () => {
@@ -95,12 +121,13 @@ pub const ROW_RELEASE: &str = concat!(
      g AS (UPDATE dlock_rows SET owner = w.owner, holder = w.holder, token = t.token, \
              acquired_at = clock_timestamp(), stale_at = w.expires_at \
            FROM w, t WHERE dlock_rows.id = ? AND COALESCE(dlock_rows.holder, '') = ? \
-           RETURNING dlock_rows.lock_key, w.id AS wid), \
+           RETURNING dlock_rows.lock_key, w.id AS wid, dlock_rows.holder, dlock_rows.token, \
+             dlock_rows.acquired_at), \
      d AS (DELETE FROM dlock_rows WHERE id = ? AND COALESCE(holder, '') = ? \
            AND NOT EXISTS (SELECT 1 FROM t) RETURNING lock_key), \
      m AS (UPDATE dlock_waiters SET granted_at = clock_timestamp() FROM g \
-           WHERE dlock_waiters.id = g.wid RETURNING dlock_waiters.channel, dlock_waiters.lock_key), \
-     n AS (SELECT pg_notify(channel, lock_key) FROM m WHERE channel IS NOT NULL) \
+           WHERE dlock_waiters.id = g.wid RETURNING dlock_waiters.channel, ", grant_note!("g"), " AS note), \
+     n AS (SELECT pg_notify(channel, note) FROM m WHERE channel IS NOT NULL) \
      SELECT (SELECT count(*) FROM g) + (SELECT count(*) FROM d) AS one, \
             (SELECT count(*) FROM n) AS woken"
 );
@@ -286,10 +313,11 @@ pub const LEASE_RELEASE: &str = concat!(
                AND l.line_joins = (SELECT j.line_joins FROM dlock_leases j WHERE j.lock_key = l.lock_key)) \
            FROM (SELECT 1) o LEFT JOIN w ON true \
            WHERE l.lock_key = ? AND l.holder_id = ? \
-           RETURNING l.lock_key, CASE WHEN ", handing!(), " THEN w.id END AS wid), \
+           RETURNING l.lock_key, CASE WHEN ", handing!(), " THEN w.id END AS wid, l.holder_id AS holder, \
+             l.token, l.acquired_at), \
      m AS (UPDATE dlock_waiters SET granted_at = clock_timestamp() FROM u \
-           WHERE dlock_waiters.id = u.wid RETURNING dlock_waiters.channel, dlock_waiters.lock_key), \
-     n AS (SELECT pg_notify(channel, lock_key) FROM m WHERE channel IS NOT NULL), \
+           WHERE dlock_waiters.id = u.wid RETURNING dlock_waiters.channel, ", grant_note!("u"), " AS note), \
+     n AS (SELECT pg_notify(channel, note) FROM m WHERE channel IS NOT NULL), \
      s AS (SELECT pg_notify(f.channel, f.lock_key) FROM ( \
              SELECT channel, lock_key FROM dlock_waiters WHERE lock_key = ? \
                AND line = ", line_sql!(lease), " AND expires_at > now() AND granted_at IS NULL \

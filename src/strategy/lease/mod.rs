@@ -68,12 +68,7 @@ impl<C: LockConnection> LeaseLock<C> {
             // renewal, off the waiter's path, and a holder that releases before it is due
             // never sends it (its release removes the place). `None`: the grant lapsed, or
             // was taken away (a forced release).
-            return Ok(grant.lease.map(|a| {
-                let beat =
-                    self.heartbeat
-                        .register_granted(key, &holder, place, grant.renewed, grant.ttl);
-                self.hold(holder, beat, a, Some(place))
-            }));
+            return Ok(self.granted(key, place, &holder, grant));
         }
         let mut backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(16));
         let mut tries = 0;
@@ -127,6 +122,18 @@ impl<C: LockConnection> LeaseLock<C> {
             std::thread::sleep(backoff.next_pause());
         };
         Ok(Some(self.taken(key, holder, sent, a)))
+    }
+
+    /// The hold of the lease a release granted to `place` (taken with `holder`), as the
+    /// grant gave it (`Grant::lease`; `None` if unknown): kept by the heartbeat, whose first
+    /// renewal confirms it.
+    fn granted(&self, key: &str, place: i64, holder: &str, grant: Grant) -> Option<Taken> {
+        grant.lease.map(|a| {
+            let beat =
+                self.heartbeat
+                    .register_granted(key, holder, place, grant.renewed, grant.ttl);
+            self.hold(holder.to_owned(), beat, a, Some(place))
+        })
     }
 
     /// The hold of a lease acquired (or confirmed) with a statement sent at `sent`.
@@ -194,6 +201,10 @@ impl<C: LockConnection> RawLock<C> for LeaseLock<C> {
 
     fn line(&self) -> Option<crate::backend::Line> {
         Some(crate::backend::Line::Lease)
+    }
+
+    fn take_grant(&self, key: &str, place: i64, holder: &str, grant: Grant) -> Option<Taken> {
+        self.granted(key, place, holder, grant)
     }
 
     fn flags_line(&self) -> bool {

@@ -28,7 +28,7 @@
 
 use crate::backend::LockConnection;
 use crate::backend::Sql;
-use crate::{key, Result, StrategyKind};
+use crate::{key, Result};
 
 pub use crate::lock_info::LockInfo;
 
@@ -179,12 +179,8 @@ fn add_lines<C: LockConnection>(
     for line in lines {
         // Each lock's own line: a `Row` lock's waiters are not a `Lease` lock's of the
         // same name (`backend::Line`).
-        let kind = match crate::backend::Line::from_id(line.line) {
-            Some(crate::backend::Line::Row) => StrategyKind::Row,
-            Some(crate::backend::Line::Lease) => StrategyKind::Lease,
-            Some(crate::backend::Line::ForUpdatePermits) => StrategyKind::ForUpdate,
-            Some(crate::backend::Line::AdvisoryPermits) => StrategyKind::Advisory,
-            None => continue,
+        let Some(kind) = crate::backend::Line::from_id(line.line).map(|l| l.kind()) else {
+            continue;
         };
         for info in infos
             .iter_mut()

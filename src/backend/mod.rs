@@ -8,18 +8,8 @@ use crate::Result;
 use chrono::{DateTime, Utc};
 use diesel::QueryResult;
 
-/// The `dlock_waiters.line` of a lock's line, as the SQL literal the statements of one
-/// strategy write beside the key (`AND w.line = 1`): the values of [`Line`], whose unit test
-/// checks that they agree. Defined before the backends' modules, which use it.
-macro_rules! line_sql {
-    (lease) => {
-        "0"
-    };
-    (row) => {
-        "1"
-    };
-}
-
+#[macro_use]
+mod line;
 mod any;
 #[cfg(feature = "bench-sql")]
 pub mod bench_sql;
@@ -125,9 +115,10 @@ impl<T> LockConnection for T where T: sealed::Sealed + diesel::r2d2::R2D2Connect
     not(any(feature = "postgres", feature = "mysql")),
     allow(unused_imports)
 )]
+pub(crate) use line::Line;
 pub(crate) use sealed::{
-    Acquired, Dialect, Drawn, Flavor, ForUpdateLocked, Joined, Line, PurgeTable, SessionLocks,
-    Spot, Wait, XactLocked,
+    Acquired, Dialect, Drawn, Flavor, ForUpdateLocked, Joined, PurgeTable, SessionLocks, Spot,
+    Wait, XactLocked,
 };
 
 /// The `place` of an acquisition by a caller that has no place in the key's line (a
@@ -166,44 +157,6 @@ pub(crate) fn static_backend<C: LockConnection>() -> Option<Backend> {
 
 pub(crate) mod sealed {
     use super::*;
-
-    /// Whose line a place is in (`dlock_waiters.line`). A key's name is not a lock: a `Row`
-    /// lock, a `Lease` lock (its writers, readers and permits together), a `ForUpdate`
-    /// semaphore and an `Advisory` semaphore of the same name are four locks, each with a line
-    /// of its own, so that a release hands a key only to a waiter for that lock and a waiter
-    /// holds up only its own lock's newcomers. Places of a build from before the column
-    /// (migration 20) are in `Lease`'s line, its default.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-    pub enum Line {
-        /// A `Lease` key's writers, readers and permits (`line_sql!(lease)`).
-        Lease = 0,
-        /// A `Row` key's waiters (`line_sql!(row)`).
-        Row = 1,
-        /// A `ForUpdate` semaphore's permits.
-        ForUpdatePermits = 2,
-        /// An `Advisory` semaphore's permits.
-        AdvisoryPermits = 3,
-    }
-
-    impl Line {
-        /// The value of `dlock_waiters.line`.
-        pub(crate) fn id(self) -> i32 {
-            self as i32
-        }
-
-        /// The line of a value read back (`LineStat::line`); `None` for one this build does not
-        /// know (a newer build's).
-        pub(crate) fn from_id(id: i64) -> Option<Line> {
-            [
-                Line::Lease,
-                Line::Row,
-                Line::ForUpdatePermits,
-                Line::AdvisoryPermits,
-            ]
-            .into_iter()
-            .find(|l| i64::from(l.id()) == id)
-        }
-    }
 
     /// The key to a connection's statements. Its field is private to this crate, so only the
     /// crate can make one, and only the crate can call [`Sealed`]'s methods.
@@ -827,25 +780,5 @@ pub(crate) fn migrate_with_retry<C>(
             );
             f(conn)
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Line;
-
-    #[test]
-    fn the_lines_sql_literals_are_their_ids() {
-        assert_eq!(line_sql!(lease), Line::Lease.id().to_string());
-        assert_eq!(line_sql!(row), Line::Row.id().to_string());
-        for l in [
-            Line::Lease,
-            Line::Row,
-            Line::ForUpdatePermits,
-            Line::AdvisoryPermits,
-        ] {
-            assert_eq!(Line::from_id(l.id().into()), Some(l));
-        }
-        assert_eq!(Line::from_id(4), None);
     }
 }

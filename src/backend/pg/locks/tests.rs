@@ -2,7 +2,8 @@
 //! `line_free` flag.
 
 use super::*;
-use crate::backend::sealed::{Dialect, Line, Lines};
+use crate::backend::sealed::{Dialect, Lines};
+use crate::backend::Line;
 use diesel::Connection;
 use std::time::{Duration, Instant};
 

@@ -292,6 +292,15 @@ fn must_get(
         })
 }
 
+/// The lock that `s` (`"row"` or `"lease"`) names.
+fn kind(s: &str) -> StrategyKind {
+    match s {
+        "row" => StrategyKind::Row,
+        "lease" => StrategyKind::Lease,
+        other => panic!("no such lock in these tests: {other}"),
+    }
+}
+
 /// A `Row` holder keeps "k" and a `Row` waiter waits in line for it. The key's `Lease` is
 /// another lock, free: a `Lease` newcomer's `try_lock` gets it at once (no `Row` place is
 /// ahead of it in the lease's line). Its release then hands the `Row` waiter nothing: the
@@ -299,111 +308,60 @@ fn must_get(
 /// the row is released, and no place is left. (The key is new, so the lease's acquisition
 /// is the one that inserts its row and looks into the line: a lease row that a release had
 /// marked `line_free` is taken without a look, as a `Row` place does not clear the mark.)
-fn a_lease_newcomer_is_not_held_behind_a_row_line(backend: &'static str) {
+/// The mirror (`lined` "lease", `newcomer` "row") likewise.
+fn a_newcomer_is_not_held_behind_another_locks_line(
+    backend: &'static str,
+    lined: &str,
+    newcomer: &str,
+) {
     let Some(db) = db(backend) else {
         return;
     };
-    let key = common::unique_key("scopes-lease-behind-row");
+    let key = common::unique_key(&format!("scopes-{newcomer}-behind-{lined}"));
+    let (holder, waiter, new) = (
+        format!("{lined}-holder"),
+        format!("{lined}-waiter"),
+        format!("{newcomer}-newcomer"),
+    );
     let held = must_get(
         backend,
-        &db.locker("row", "row-a"),
+        &db.locker(lined, &holder),
         &key,
         false,
         "fresh key",
     );
-    let b = db.waiter(&key, "row", "row-b", false);
-    db.until_in_line(&key, "row-b");
+    let b = db.waiter(&key, lined, &waiter, false);
+    db.until_in_line(&key, &waiter);
 
-    let lease = db.locker("lease", "lease-newcomer");
     let g = must_get(
         backend,
-        &lease,
+        &db.locker(newcomer, &new),
         &key,
         false,
-        "a Row waiter's place in the Row lock's line held up the Lease",
+        &format!("a {lined} waiter's place in its lock's line held up the {newcomer} lock"),
     );
-    assert_eq!(
-        db.holder(&key, StrategyKind::Lease).as_deref(),
-        Some("lease-newcomer")
-    );
+    assert_eq!(db.holder(&key, kind(newcomer)), Some(new));
     g.release().unwrap();
     assert_eq!(
-        db.holder(&key, StrategyKind::Lease),
+        db.holder(&key, kind(newcomer)),
         None,
-        "{backend}: the lease's release handed the lease on (to the Row waiter's place)"
+        "{backend}: the {newcomer}'s release handed it on (to the {lined} waiter's place)"
     );
     assert_eq!(
-        db.places_of(&key, "row-b"),
+        db.places_of(&key, &waiter),
         (1, 0),
-        "{backend}: row-b's place (waiting, granted) after the lease's release"
+        "{backend}: {waiter}'s place (waiting, granted) after the {newcomer}'s release"
     );
+    assert_eq!(db.holder(&key, kind(lined)), Some(holder));
 
     let first = held.token();
     held.release().unwrap();
     let token = b.got();
     assert!(
         token > first,
-        "{backend}: row-b's token {token} after {first}"
+        "{backend}: {waiter}'s token {token} after {first}"
     );
     b.finish();
-    assert_eq!(db.places(&key), 0, "{backend}: places left in the line");
-}
-
-/// The mirror: a `Lease` holder keeps "k" and a `Lease` waiter waits in line for it; a
-/// `Row` newcomer's `try_lock` of the key's row, another lock, free, gets it at once. Its
-/// release hands the `Lease` waiter nothing (the row is free again, the place not
-/// granted); the `Lease` waiter is served as the lease is released.
-fn a_row_newcomer_is_not_held_behind_a_lease_line(backend: &'static str) {
-    let Some(db) = db(backend) else {
-        return;
-    };
-    let key = common::unique_key("scopes-row-behind-lease");
-    let held = must_get(
-        backend,
-        &db.locker("lease", "lease-l"),
-        &key,
-        false,
-        "fresh key",
-    );
-    let w = db.waiter(&key, "lease", "lease-w", false);
-    db.until_in_line(&key, "lease-w");
-
-    let row = db.locker("row", "row-newcomer");
-    let g = must_get(
-        backend,
-        &row,
-        &key,
-        false,
-        "a Lease waiter's place in the lease's line held up the Row lock",
-    );
-    assert_eq!(
-        db.holder(&key, StrategyKind::Row).as_deref(),
-        Some("row-newcomer")
-    );
-    g.release().unwrap();
-    assert_eq!(
-        db.holder(&key, StrategyKind::Row),
-        None,
-        "{backend}: the row's release handed the row on (to the Lease waiter's place)"
-    );
-    assert_eq!(
-        db.places_of(&key, "lease-w"),
-        (1, 0),
-        "{backend}: lease-w's place (waiting, granted) after the row's release"
-    );
-    assert_eq!(
-        db.holder(&key, StrategyKind::Lease).as_deref(),
-        Some("lease-l")
-    );
-
-    let first = held.token();
-    held.release().unwrap();
-    let token = w.got();
-    assert!(
-        token > first,
-        "{backend}: lease-w's token {token} after {first}"
-    );
-    w.finish();
     assert_eq!(db.places(&key), 0, "{backend}: places left in the line");
 }
 
@@ -440,137 +398,74 @@ fn a_row_newcomer_is_not_held_behind_lease_permits(backend: &'static str) {
     assert_eq!(db.places(&key), 0, "{backend}: places left in the line");
 }
 
-/// A `Row` holder R keeps "k", a `Row` waiter B joins its line first; a `Lease` holder L
-/// keeps the key's lease and a `Lease` waiter W joins after B. L's release hands the lease
-/// to W, the first place of the lease's line: as the release returns, `admin` names W the
-/// lease's holder, and B's place is not granted (before, the lease went to B's place, the
-/// first of the key's name, whose waiter cannot confirm a lease: W got it once B's grant
-/// lapsed, some 1.4 s late). B is served as R releases; no place is left.
-fn a_lease_release_does_not_grant_a_row_place(backend: &'static str) {
+/// `first` and `second` are `"row"` and `"lease"` in either order. A holder of each keeps
+/// "k"; a waiter of `first` joins its line first, then a waiter of `second`. The `second`
+/// lock's release hands it to its own waiter, the first place of its own line: as the
+/// release returns, `admin` names that waiter the holder, and the `first` waiter's place is
+/// not granted. (Before, a `Lease` release gave the lease to the `Row` waiter's place, the
+/// first of the key's name, which cannot confirm a lease: the `Lease` waiter got it once
+/// that grant lapsed, some 1.4 s late; a `Row` release gave the row to the `Lease` waiter's
+/// place, which then lost its turn in the lease's line.) The `first` waiter is served as
+/// its own lock's holder releases; no place is left.
+fn a_release_does_not_grant_another_locks_place(backend: &'static str, first: &str, second: &str) {
     let Some(db) = db(backend) else {
         return;
     };
-    let key = common::unique_key("scopes-lease-release");
-    let r = must_get(
+    let key = common::unique_key(&format!("scopes-{second}-release"));
+    let names = |s: &str| (format!("{s}-holder"), format!("{s}-waiter"));
+    let ((first_holder, first_waiter), (second_holder, second_waiter)) =
+        (names(first), names(second));
+    let h1 = must_get(
         backend,
-        &db.locker("row", "row-r"),
+        &db.locker(first, &first_holder),
         &key,
         false,
         "fresh key",
     );
-    let l = must_get(
+    let h2 = must_get(
         backend,
-        &db.locker("lease", "lease-l"),
+        &db.locker(second, &second_holder),
         &key,
         false,
         "fresh key",
     );
-    let b = db.waiter(&key, "row", "row-b", false);
-    db.until_in_line(&key, "row-b");
-    let w = db.waiter(&key, "lease", "lease-w", false);
-    db.until_in_line(&key, "lease-w");
+    let w1 = db.waiter(&key, first, &first_waiter, false);
+    db.until_in_line(&key, &first_waiter);
+    let w2 = db.waiter(&key, second, &second_waiter, false);
+    db.until_in_line(&key, &second_waiter);
 
-    let first = l.token();
-    l.release().unwrap();
-    let lease_holder = db.holder(&key, StrategyKind::Lease);
-    let b_place = db.places_of(&key, "row-b");
+    let before = h2.token();
+    h2.release().unwrap();
+    let given = db.holder(&key, kind(second));
+    let first_place = db.places_of(&key, &first_waiter);
     assert_eq!(
-        lease_holder.as_deref(),
-        Some("lease-w"),
-        "{backend}: the lease's release gave the lease to {lease_holder:?}, not to the \
-         first place of the lease's line (row-b's place, waiting/granted: {b_place:?})"
+        given.as_deref(),
+        Some(second_waiter.as_str()),
+        "{backend}: the {second}'s release gave it to {given:?}, not to the first place of \
+         its own line ({first_waiter}'s place, waiting/granted: {first_place:?})"
     );
     assert_eq!(
-        b_place,
+        first_place,
         (1, 0),
-        "{backend}: row-b's place (waiting, granted) after the lease's release"
+        "{backend}: {first_waiter}'s place (waiting, granted) after the {second}'s release"
     );
-    let token = w.got();
+    let token = w2.got();
     assert!(
-        token > first,
-        "{backend}: lease-w's token {token} after {first}"
+        token > before,
+        "{backend}: {second_waiter}'s token {token} after {before}"
     );
-    assert_eq!(db.holder(&key, StrategyKind::Row).as_deref(), Some("row-r"));
+    assert_eq!(db.holder(&key, kind(first)), Some(first_holder));
 
-    let first = r.token();
-    r.release().unwrap();
-    assert_eq!(db.holder(&key, StrategyKind::Row).as_deref(), Some("row-b"));
-    let token = b.got();
+    let before = h1.token();
+    h1.release().unwrap();
+    assert_eq!(db.holder(&key, kind(first)), Some(first_waiter.clone()));
+    let token = w1.got();
     assert!(
-        token > first,
-        "{backend}: row-b's token {token} after {first}"
+        token > before,
+        "{backend}: {first_waiter}'s token {token} after {before}"
     );
-    w.finish();
-    b.finish();
-    assert_eq!(db.places(&key), 0, "{backend}: places left in the line");
-}
-
-/// The mirror: a `Lease` waiter W joins first (behind a `Lease` holder L), a `Row` waiter
-/// B after (behind a `Row` holder R). R's release hands the row to B: as it returns,
-/// `admin` names B the row's holder, and W's place is not granted (before, the row went to
-/// W's place, which then lost its turn in the lease's line). W is served as L releases.
-fn a_row_release_does_not_grant_a_lease_place(backend: &'static str) {
-    let Some(db) = db(backend) else {
-        return;
-    };
-    let key = common::unique_key("scopes-row-release");
-    let l = must_get(
-        backend,
-        &db.locker("lease", "lease-l"),
-        &key,
-        false,
-        "fresh key",
-    );
-    let r = must_get(
-        backend,
-        &db.locker("row", "row-r"),
-        &key,
-        false,
-        "fresh key",
-    );
-    let w = db.waiter(&key, "lease", "lease-w", false);
-    db.until_in_line(&key, "lease-w");
-    let b = db.waiter(&key, "row", "row-b", false);
-    db.until_in_line(&key, "row-b");
-
-    let first = r.token();
-    r.release().unwrap();
-    let row_holder = db.holder(&key, StrategyKind::Row);
-    let w_place = db.places_of(&key, "lease-w");
-    assert_eq!(
-        row_holder.as_deref(),
-        Some("row-b"),
-        "{backend}: the row's release gave the row to {row_holder:?}, not to the first \
-         place of the row's line (lease-w's place, waiting/granted: {w_place:?})"
-    );
-    assert_eq!(
-        w_place,
-        (1, 0),
-        "{backend}: lease-w's place (waiting, granted) after the row's release"
-    );
-    let token = b.got();
-    assert!(
-        token > first,
-        "{backend}: row-b's token {token} after {first}"
-    );
-    assert_eq!(
-        db.holder(&key, StrategyKind::Lease).as_deref(),
-        Some("lease-l")
-    );
-
-    let first = l.token();
-    l.release().unwrap();
-    assert_eq!(
-        db.holder(&key, StrategyKind::Lease).as_deref(),
-        Some("lease-w")
-    );
-    let token = w.got();
-    assert!(
-        token > first,
-        "{backend}: lease-w's token {token} after {first}"
-    );
-    b.finish();
-    w.finish();
+    w2.finish();
+    w1.finish();
     assert_eq!(db.places(&key), 0, "{backend}: places left in the line");
 }
 
@@ -678,11 +573,11 @@ macro_rules! scope_suite {
         mod $name {
             #[test]
             fn a_lease_newcomer_is_not_held_behind_a_row_line() {
-                super::a_lease_newcomer_is_not_held_behind_a_row_line($backend);
+                super::a_newcomer_is_not_held_behind_another_locks_line($backend, "row", "lease");
             }
             #[test]
             fn a_row_newcomer_is_not_held_behind_a_lease_line() {
-                super::a_row_newcomer_is_not_held_behind_a_lease_line($backend);
+                super::a_newcomer_is_not_held_behind_another_locks_line($backend, "lease", "row");
             }
             #[test]
             fn a_row_newcomer_is_not_held_behind_lease_permits() {
@@ -690,11 +585,11 @@ macro_rules! scope_suite {
             }
             #[test]
             fn a_lease_release_does_not_grant_a_row_place() {
-                super::a_lease_release_does_not_grant_a_row_place($backend);
+                super::a_release_does_not_grant_another_locks_place($backend, "row", "lease");
             }
             #[test]
             fn a_row_release_does_not_grant_a_lease_place() {
-                super::a_row_release_does_not_grant_a_lease_place($backend);
+                super::a_release_does_not_grant_another_locks_place($backend, "lease", "row");
             }
         }
     )+};

@@ -86,8 +86,8 @@ fn purge_expired(c: &mut MysqlConnection, idle_us: i64, most: usize) -> QueryRes
     }
 }
 
-/// Deletes those of `rows` still expired `idle_us` ago (one renewed since the read stays),
-/// in one statement; if it meets a row another transaction holds (the lock wait is 0 on
+/// Deletes those of `rows` still expired `idle_us` ago (the expiry is checked again: a row
+/// that no longer is, whatever changed it since the read, stays), in one statement; if it meets a row another transaction holds (the lock wait is 0 on
 /// MariaDB, 1 s on MySQL), in two halves, down to single rows, of which a held one is left.
 fn delete_expired(c: &mut MysqlConnection, rows: &[KeyHolder], idle_us: i64) -> QueryResult<usize> {
     static DELETE: [OnceLock<String>; BATCH_SIZES.len()] =

@@ -500,7 +500,9 @@ impl<C: LockConnection> Locker<C> {
     ///
     /// - `Lease`: lease rows free, or expired, for at least `idle`, with no live reader,
     ///   permit or waiter (and the key's kind, its number of permits, with them), and the rows
-    ///   of readers, writers and permits expired for at least `idle`.
+    ///   of readers, writers and permits expired for at least `idle`. The purge never waits
+    ///   for such a row that another transaction holds (a client stopped inside one): it
+    ///   leaves it, uncounted, for the next purge.
     /// - `Row`: rows past their *own* `stale_after` (never a row inserted without one);
     ///   `idle` is not used.
     /// - `Row` and `Lease`: the token counters of keys nobody holds.

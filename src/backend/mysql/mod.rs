@@ -129,11 +129,21 @@ fn with_lock_wait_timeout<T>(
     seconds: u64,
     f: impl FnOnce(&mut MysqlConnection) -> QueryResult<T>,
 ) -> QueryResult<T> {
+    with_lock_wait_setting(conn, seconds.clamp(1, 100_000_000) as i64, f)
+}
+
+/// `with_lock_wait_timeout` with `seconds` as the server takes it: 0, on MariaDB only, is
+/// no wait at all (a locked row is refused at once, as `NOWAIT`).
+fn with_lock_wait_setting<T>(
+    conn: &mut MysqlConnection,
+    seconds: i64,
+    f: impl FnOnce(&mut MysqlConnection) -> QueryResult<T>,
+) -> QueryResult<T> {
     stmt(
         "SET @dlock_saved_wait = @@SESSION.innodb_lock_wait_timeout, \
          SESSION innodb_lock_wait_timeout = ?",
     )
-    .bind::<BigInt, _>(seconds.clamp(1, 100_000_000) as i64)
+    .bind::<BigInt, _>(seconds)
     .execute(conn)?;
     let result = f(conn);
     stmt("SET SESSION innodb_lock_wait_timeout = @dlock_saved_wait").execute(conn)?;

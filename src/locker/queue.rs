@@ -325,3 +325,51 @@ impl Drop for Ticket<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{Queues, Told, TOLD_KEPT};
+
+    fn told(place: i64, holder: &str) -> Told {
+        Told {
+            place,
+            holder: holder.to_owned(),
+            token: 7,
+            acquired_us: 1,
+        }
+    }
+
+    #[test]
+    fn a_told_grant_is_taken_only_by_its_place_and_holder() {
+        let q = Queues::default();
+        let ticket = q.join("k");
+        q.wake_granted("k", told(5, "aaaa"));
+        // Another holder id at the same place (a key that only reads as a grant), another
+        // place, another key: none of them is this grant.
+        assert_eq!(q.take_grant("k", 5, "bbbb"), None);
+        assert_eq!(q.take_grant("k", 6, "aaaa"), None);
+        assert_eq!(q.take_grant("other", 5, "aaaa"), None);
+        assert_eq!(q.take_grant("k", 5, "aaaa"), Some(told(5, "aaaa")));
+        // Taken once.
+        assert_eq!(q.take_grant("k", 5, "aaaa"), None);
+        // The notification woke the waiter (`released` counted).
+        assert!(ticket.seen.get() < q.lock()["k"].released);
+    }
+
+    #[test]
+    fn grants_are_kept_only_while_a_thread_waits_and_only_the_last_few() {
+        let q = Queues::default();
+        q.wake_granted("k", told(1, "aaaa"));
+        let _ticket = q.join("k");
+        assert_eq!(
+            q.take_grant("k", 1, "aaaa"),
+            None,
+            "kept with nobody waiting"
+        );
+        for place in 0..=i64::try_from(TOLD_KEPT).unwrap() {
+            q.wake_granted("k", told(place, "aaaa"));
+        }
+        assert_eq!(q.take_grant("k", 0, "aaaa"), None, "the oldest is dropped");
+        assert_eq!(q.take_grant("k", 1, "aaaa"), Some(told(1, "aaaa")));
+    }
+}

@@ -333,6 +333,13 @@ impl<C: LockConnection> Locker<C> {
                         if let Some(p) = place.take() {
                             p.used();
                         }
+                        if cancel.is_some_and(Cancel::is_cancelled) {
+                            // Cancelled meanwhile: never a lock (its release hands it on).
+                            if let Err(e) = taken.hold.release(key) {
+                                log::debug!("lock {key:?}: releasing a lock granted as its wait was cancelled failed ({e})");
+                            }
+                            return Ok(None);
+                        }
                         return Ok(Some(taken));
                     }
                 }

@@ -224,8 +224,9 @@ fn wakeups(url: &str, s: &str) -> f64 {
         .unwrap();
         for ch in channels {
             if heard.insert(ch.channel.clone()) {
-                // Channel names are the library's own (`dlock_w_` and hex digits).
-                diesel::sql_query(format!("LISTEN {}", ch.channel))
+                // Channel names are the library's own (`dlock_v_` and hex digits); grants
+                // go to the channel's grants channel (`_g` after it).
+                diesel::sql_query(format!("LISTEN {0}; LISTEN {0}_g", ch.channel))
                     .execute(&mut c)
                     .unwrap();
             }

@@ -456,15 +456,12 @@ impl<C: LockConnection> LockerBuilder<C> {
             Some(url) => {
                 let woken = shared.clone();
                 Some(
-                    crate::backend::pg::listen::Listener::new(url, move |payload| {
-                        let Some(payload) = payload else {
-                            return woken.queues.wake_all();
-                        };
-                        // A grant's notification tells what it gave (its waiter takes the key
-                        // with no look); any payload is also taken for a key, which a key
-                        // that only reads as a grant is.
-                        if let Some((key, told)) = crate::backend::pg::listen::grant_in(payload) {
-                            woken.queues.wake_granted(
+                    crate::backend::pg::listen::Listener::new(url, move |heard| {
+                        use crate::backend::pg::listen::Heard;
+                        match heard {
+                            Heard::Key(key) => woken.queues.wake_remote(key),
+                            // What a release gave this Locker's waiter: taken with no look.
+                            Heard::Grant(key, told) => woken.queues.wake_granted(
                                 key,
                                 super::queue::Told {
                                     place: told.place,
@@ -472,9 +469,9 @@ impl<C: LockConnection> LockerBuilder<C> {
                                     token: told.token,
                                     acquired_us: told.acquired_us,
                                 },
-                            );
+                            ),
+                            Heard::Missed => woken.queues.wake_all(),
                         }
-                        woken.queues.wake_remote(payload);
                     })
                     .map_err(Error::Thread)?,
                 )

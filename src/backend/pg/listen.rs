@@ -1,13 +1,16 @@
 //! PostgreSQL: a connection of a `Locker`'s own that `LISTEN`s for releases, so that waiters
 //! are woken when a holder in another process releases instead of at their next poll.
 //!
-//! Each listener hears a channel of its own (`dlock_w_` and 16 random hex digits), which
+//! Each listener hears a channel of its own (`dlock_v_` and 16 random hex digits), which
 //! its `Locker`'s waiters name in their places in a key's line (`dlock_waiters`); releases of
 //! `Row` and `Lease` locks notify the first live place's channel in the releasing statement
 //! itself (no extra round trip). So a release wakes one process, the one whose turn it is. A
-//! release that grants the key tells what it gave (`grant_in`: the place, its holder id, the
-//! token and the time, then the key), and the waiter takes it with no look of its own; any
-//! other payload is the key. Releases of a `Lease` `Locker`'s readers, writers and permits,
+//! release that grants the key tells what it gave on the channel's grants channel (its name
+//! and `GRANTS`: `grant_in` reads the place, its holder id, the token and the time, then the
+//! key), and the waiter takes it with no look of its own. Only the grant statements write
+//! there, from the place's own row: a key, however it reads, cannot pass for a grant. Any
+//! other payload, on the channel itself, is the key. A place whose channel is not a
+//! listener's of this kind (`TOLD`: an older build's) is notified with the key, as before. Releases of a `Lease` `Locker`'s readers, writers and permits,
 //! which have no line, still notify a channel every listener hears (`SHARED_CHANNEL`).
 //!
 //! The connection is a libpq connection of its own (`socket.rs`), not a diesel one:
@@ -30,12 +33,28 @@ use std::time::Duration;
 /// key as payload.
 pub(crate) const SHARED_CHANNEL: &str = "dlock_release";
 
-/// A grant told by its notification (`locks.rs`'s `grant_note!`): the place's id, the holder
+/// How the channels of listeners that hear grants on their grants channel begin (`GRANTS`);
+/// an older build's began `dlock_w_`. The grant statements test for it (`locks.rs`'s
+/// `grant_notify!`).
+pub(crate) const TOLD: &str = "dlock_v_";
+
+/// What a listener's channel name is followed by in the name of its grants channel.
+pub(crate) const GRANTS: &str = "_g";
+
+/// What the listening thread heard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Heard<'a> {
+    /// A release of the key (a payload of the listener's own channel or of `SHARED_CHANNEL`).
+    Key(&'a str),
+    /// A grant of the key to a place, as its grants channel told it.
+    Grant(&'a str, GrantTold<'a>),
+    /// Some notifications may have been missed (the connection was re-established).
+    Missed,
+}
+
+/// A grant told on a grants channel (`locks.rs`'s `grant_note!`): the place's id, the holder
 /// id, the token and the acquisition time in microseconds since the epoch, then the key.
-/// `None` for any other payload (a key: a release that granted nothing, a reader's or a
-/// permit's wake-up, or a grant by an older build). A key may itself read as a grant; the
-/// holder id, random and known only to the place's waiter, keeps it from being taken for
-/// one (`Queues::take_grant` matches it), and the caller wakes the whole payload's key too.
+/// `None` for a payload not of that form (none is sent there).
 pub(crate) fn grant_in(payload: &str) -> Option<(&str, GrantTold<'_>)> {
     let mut parts = payload.splitn(5, ' ');
     let place = parts.next()?.parse().ok()?;
@@ -63,8 +82,8 @@ pub(crate) struct GrantTold<'a> {
     pub(crate) acquired_us: i64,
 }
 
-/// What the thread calls with a notified key (`None`: some may have been missed).
-type Wake = Box<dyn Fn(Option<&str>) + Send>;
+/// What the thread calls with what it heard.
+type Wake = Box<dyn Fn(Heard<'_>) + Send>;
 
 #[derive(Default)]
 struct Control {
@@ -99,17 +118,17 @@ impl std::fmt::Debug for Listener {
 }
 
 impl Listener {
-    /// A listener for `url`, not started yet. `wake(Some(key))` is called for every release
-    /// notified, `wake(None)` when some may have been missed.
+    /// A listener for `url`, not started yet. `wake` is called with every release or grant
+    /// notified, and with `Heard::Missed` when some may have been missed.
     pub(crate) fn new(
         url: String,
-        wake: impl Fn(Option<&str>) + Send + 'static,
+        wake: impl Fn(Heard<'_>) + Send + 'static,
     ) -> std::io::Result<Listener> {
         let (waker, woken) = UnixStream::pair()?;
         woken.set_nonblocking(true)?;
         // Lowercase letters, digits and '_' only: a plain identifier for LISTEN, which takes
         // no bound parameter (the releases' pg_notify does take it bound).
-        let channel = format!("dlock_w_{:016x}", crate::random::random_u64());
+        let channel = format!("{TOLD}{:016x}", crate::random::random_u64());
         Ok(Listener {
             url,
             wake_fn: Mutex::new(Some(Box::new(wake))),
@@ -187,7 +206,9 @@ fn connect(url: &str, channel: &str) -> Result<RawListener, String> {
     debug_assert!(channel
         .bytes()
         .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'));
-    conn.execute(&format!("LISTEN {channel}; LISTEN {SHARED_CHANNEL}"))?;
+    conn.execute(&format!(
+        "LISTEN {channel}; LISTEN {channel}{GRANTS}; LISTEN {SHARED_CHANNEL}"
+    ))?;
     Ok(conn)
 }
 
@@ -230,8 +251,9 @@ fn run(
     channel: &str,
     control: &(Mutex<Control>, Condvar),
     mut woken: UnixStream,
-    wake: &dyn Fn(Option<&str>),
+    wake: &dyn Fn(Heard<'_>),
 ) {
+    let grants = format!("{channel}{GRANTS}");
     let mut conn: Option<RawListener> = None;
     let mut retry = Duration::from_millis(100);
     loop {
@@ -254,7 +276,7 @@ fn run(
                         }
                         retry = Duration::from_millis(100);
                         // Releases before LISTEN took effect were not heard: let everyone look.
-                        wake(None);
+                        wake(Heard::Missed);
                         continue;
                     }
                     Err(e) => {
@@ -274,15 +296,23 @@ fn run(
             Some(c) => match c.wait(None, woken.as_raw_fd()) {
                 Ok(heard) => {
                     for n in heard {
-                        if n.channel == channel || n.channel == SHARED_CHANNEL {
-                            wake(Some(&n.payload));
+                        if n.channel == grants {
+                            match grant_in(&n.payload) {
+                                Some((key, told)) => wake(Heard::Grant(key, told)),
+                                None => log::debug!(
+                                    "release listener: a grant not understood: {:?}",
+                                    n.payload
+                                ),
+                            }
+                        } else if n.channel == channel || n.channel == SHARED_CHANNEL {
+                            wake(Heard::Key(&n.payload));
                         }
                     }
                 }
                 Err(e) => {
                     log::debug!("release listener: connection lost ({e}); reconnecting");
                     conn = None;
-                    wake(None);
+                    wake(Heard::Missed);
                 }
             },
         }

@@ -41,9 +41,8 @@ macro_rules! first_place {
 /// have `wid`, `holder`, `token`, `acquired_at` and `lock_key`): the place's id, the holder
 /// id it was given the key under, the token, the acquisition time in microseconds since the
 /// epoch, and the key, separated by single spaces (the key last: it may hold spaces), so that
-/// the waiter takes the key with no look of its own (`listen::grant_in` reads it; a
-/// listener of an older build took the whole payload for the key, and looks at its
-/// fallback pace).
+/// the waiter takes the key with no look of its own (`listen::grant_in` reads it). Sent by
+/// `grant_notify!`.
 macro_rules! grant_note {
     ($g:literal) => {
         concat!(
@@ -60,6 +59,17 @@ macro_rules! grant_note {
             $g,
             ".lock_key)"
         )
+    };
+}
+
+/// The grant's notification (`m`: the granted place's `channel`, `lock_key` and `note`,
+/// `grant_note!`): the note, on the grants channel of a listener that hears grants there
+/// (its channel begins `listen::TOLD`; the grants channel adds `listen::GRANTS`), which only
+/// these statements write to; the key, on the channel itself, for an older build's.
+macro_rules! grant_notify {
+    () => {
+        "pg_notify(CASE WHEN left(channel, 8) = 'dlock_v_' THEN channel || '_g' ELSE channel END, \
+                   CASE WHEN left(channel, 8) = 'dlock_v_' THEN note ELSE lock_key END)"
     };
 }
 
@@ -126,8 +136,8 @@ pub const ROW_RELEASE: &str = concat!(
      d AS (DELETE FROM dlock_rows WHERE id = ? AND COALESCE(holder, '') = ? \
            AND NOT EXISTS (SELECT 1 FROM t) RETURNING lock_key), \
      m AS (UPDATE dlock_waiters SET granted_at = clock_timestamp() FROM g \
-           WHERE dlock_waiters.id = g.wid RETURNING dlock_waiters.channel, ", grant_note!("g"), " AS note), \
-     n AS (SELECT pg_notify(channel, note) FROM m WHERE channel IS NOT NULL) \
+           WHERE dlock_waiters.id = g.wid RETURNING dlock_waiters.channel, dlock_waiters.lock_key, ", grant_note!("g"), " AS note), \
+     n AS (SELECT ", grant_notify!(), " FROM m WHERE channel IS NOT NULL) \
      SELECT (SELECT count(*) FROM g) + (SELECT count(*) FROM d) AS one, \
             (SELECT count(*) FROM n) AS woken"
 );
@@ -316,8 +326,8 @@ pub const LEASE_RELEASE: &str = concat!(
            RETURNING l.lock_key, CASE WHEN ", handing!(), " THEN w.id END AS wid, l.holder_id AS holder, \
              l.token, l.acquired_at), \
      m AS (UPDATE dlock_waiters SET granted_at = clock_timestamp() FROM u \
-           WHERE dlock_waiters.id = u.wid RETURNING dlock_waiters.channel, ", grant_note!("u"), " AS note), \
-     n AS (SELECT pg_notify(channel, note) FROM m WHERE channel IS NOT NULL), \
+           WHERE dlock_waiters.id = u.wid RETURNING dlock_waiters.channel, dlock_waiters.lock_key, ", grant_note!("u"), " AS note), \
+     n AS (SELECT ", grant_notify!(), " FROM m WHERE channel IS NOT NULL), \
      s AS (SELECT pg_notify(f.channel, f.lock_key) FROM ( \
              SELECT channel, lock_key FROM dlock_waiters WHERE lock_key = ? \
                AND line = ", line_sql!(lease), " AND expires_at > now() AND granted_at IS NULL \

@@ -220,3 +220,15 @@ fn a_join_that_met_no_row_marks_it_after() {
         .execute(&mut j)
         .unwrap();
 }
+
+/// The grant statements send the grant's note to the grants channel of the listeners that
+/// hear one there, by the prefix and suffix `listen.rs` names them with.
+#[test]
+fn grants_go_to_the_grants_channel_of_listeners_that_hear_them() {
+    use crate::backend::pg::listen::{GRANTS, TOLD};
+    let sql = grant_notify!();
+    assert!(sql.contains(&format!("left(channel, {}) = '{TOLD}'", TOLD.len())));
+    assert!(sql.contains(&format!("channel || '{GRANTS}'")));
+    assert!(super::ROW_RELEASE.contains(sql));
+    assert!(super::LEASE_RELEASE.contains(sql));
+}

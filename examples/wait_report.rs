@@ -193,6 +193,7 @@ fn child(url: &str, s: &str, key: &str, go: &str) {
 /// PostgreSQL: notifications per release while 8 `Locker`s contend (threads).
 #[cfg(feature = "postgres")]
 fn wakeups(url: &str, s: &str) -> f64 {
+    use diesel::connection::SimpleConnection;
     use diesel::{Connection, RunQueryDsl};
     #[derive(diesel::QueryableByName)]
     struct Ch {
@@ -226,8 +227,7 @@ fn wakeups(url: &str, s: &str) -> f64 {
             if heard.insert(ch.channel.clone()) {
                 // Channel names are the library's own (`dlock_v_` and hex digits); grants
                 // go to the channel's grants channel (`_g` after it).
-                diesel::sql_query(format!("LISTEN {0}; LISTEN {0}_g", ch.channel))
-                    .execute(&mut c)
+                c.batch_execute(&format!("LISTEN {0}; LISTEN {0}_g", ch.channel))
                     .unwrap();
             }
         }

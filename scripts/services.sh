@@ -55,6 +55,21 @@ if wants pg; then
     pg_admin "ALTER ROLE dlock CREATEDB" >/dev/null
   [ "$(pg_admin "SELECT 1 FROM pg_database WHERE datname='dlock_test'")" = 1 ] ||
     pg_admin "CREATE DATABASE dlock_test OWNER dlock" >/dev/null
+  # Sessions of the test role left by an earlier run: a process a test or an adversary
+  # stopped (SIGSTOP) and never resumed, or a harness that died mid-way. One sitting in a
+  # transaction keeps its row locks and holds back every vacuum; many of them take the
+  # server's connection slots (100 here; the suite itself opens up to ~75 at once). A CI run
+  # on a machine left so lost leases to renewals that could not get through (scale tests).
+  # Those idle in a transaction for over 5 minutes are ended (no test's transaction lasts
+  # that long: the library bounds its own to seconds); the rest are counted.
+  ended=$(pg_admin "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                    WHERE usename = 'dlock' AND state LIKE 'idle in transaction%' \
+                      AND state_change < now() - interval '5 minutes'")
+  [ "$ended" = 0 ] ||
+    say "ended $ended session(s) of role dlock idle in a transaction for over 5 minutes (an earlier run's)"
+  open_now=$(pg_admin "SELECT count(*) FROM pg_stat_activity WHERE usename = 'dlock'")
+  [ "$open_now" -le 20 ] ||
+    say "warning: $open_now sessions of role dlock already open on PostgreSQL (an earlier run's processes still alive, stopped?); the suite needs ~75 of its $(pg_admin "SHOW max_connections") slots"
   # A server without autovacuum (this machine's configuration file turns it off) keeps every
   # dead row the suite's churn leaves in the shared test database: 143k in dlock_leases and
   # 113k in dlock_waiters beside 19 and 17 live ones after a few runs, which every turn check
@@ -125,7 +140,7 @@ if wants mysql; then
     wait_port 3306 || { say "MariaDB did not come up on 3306"; exit 1; }
   fi
   my_admin() {
-    mariadb -u root -e "$1" 2>/dev/null || mariadb -h 127.0.0.1 -P 3306 -u root -e "$1"
+    mariadb -u root "${@:2}" -e "$1" 2>/dev/null || mariadb -h 127.0.0.1 -P 3306 -u root "${@:2}" -e "$1"
   }
   my_admin "SELECT 1" >/dev/null || { say "no root access to MariaDB"; exit 1; }
   my_admin "CREATE DATABASE IF NOT EXISTS dlock_test;
@@ -138,6 +153,14 @@ if wants mysql; then
             -- Scratch databases of the tests that purge or migrate, dlock_t_<pid>_<unique>.
             GRANT ALL ON \`dlock\\_t\\_%\`.* TO 'dlock'@'127.0.0.1';
             GRANT ALL ON \`dlock\\_t\\_%\`.* TO 'dlock'@'localhost';"
+  # As for PostgreSQL above: the test role's transactions open for over 5 minutes are an
+  # earlier run's leftovers (their row locks stall every acquisition of their keys): ended.
+  for id in $(my_admin "SELECT t.trx_mysql_thread_id FROM information_schema.INNODB_TRX t
+                        JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id
+                        WHERE p.USER = 'dlock' AND t.trx_started < NOW() - INTERVAL 5 MINUTE" -N); do
+    my_admin "KILL CONNECTION $id" >/dev/null 2>&1 &&
+      say "ended MariaDB session $id of role dlock, in a transaction for over 5 minutes (an earlier run's)"
+  done
   echo "export DLOCK_TEST_MYSQL_URL=mysql://dlock:dlock@127.0.0.1:3306/dlock_test"
 fi
 

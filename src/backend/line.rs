@@ -13,6 +13,22 @@ macro_rules! line_sql {
     };
 }
 
+/// A grant of a key to a place as the releasing statement told it (PostgreSQL: the grant's
+/// notification, `pg/listen.rs`'s `grant_in`), kept for the place's waiter
+/// (`Queues::wake_granted`), which takes it with no look (`Place::told`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) struct Told {
+    /// The place's id (`dlock_waiters.id`).
+    pub(crate) place: i64,
+    /// The holder id the place was taken with.
+    pub(crate) holder: String,
+    /// The key's token the grant gave.
+    pub(crate) token: i64,
+    /// When the grant took the key, in microseconds since the epoch.
+    pub(crate) acquired_us: i64,
+}
+
 /// Whose line a place is in (`dlock_waiters.line`). A key's name is not a lock: a `Row`
 /// lock, a `Lease` lock (its writers, readers and permits together), a `ForUpdate`
 /// semaphore and an `Advisory` semaphore of the same name are four locks, each with a line

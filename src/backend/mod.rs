@@ -115,7 +115,7 @@ impl<T> LockConnection for T where T: sealed::Sealed + diesel::r2d2::R2D2Connect
     not(any(feature = "postgres", feature = "mysql")),
     allow(unused_imports)
 )]
-pub(crate) use line::Line;
+pub(crate) use line::{Line, Told};
 pub(crate) use sealed::{
     Acquired, Dialect, Drawn, Flavor, ForUpdateLocked, Joined, PurgeTable, SessionLocks, Spot,
     Wait, XactLocked,

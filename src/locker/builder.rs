@@ -461,15 +461,7 @@ impl<C: LockConnection> LockerBuilder<C> {
                         match heard {
                             Heard::Key(key) => woken.queues.wake_remote(key),
                             // What a release gave this Locker's waiter: taken with no look.
-                            Heard::Grant(key, told) => woken.queues.wake_granted(
-                                key,
-                                super::queue::Told {
-                                    place: told.place,
-                                    holder: told.holder.to_owned(),
-                                    token: told.token,
-                                    acquired_us: told.acquired_us,
-                                },
-                            ),
+                            Heard::Grant(key, told) => woken.queues.wake_granted(key, told),
                             Heard::Missed => woken.queues.wake_all(),
                         }
                     })

@@ -2,6 +2,7 @@
 //! (`wait.rs`): a place's renewal or look, taking a key granted to it, the head's try, and
 //! a newcomer's joining with its try right after.
 
+use super::cancel::Cancel;
 use super::deadline::Deadline;
 use super::line::{place_ttl, Place};
 use super::Locker;
@@ -10,6 +11,46 @@ use crate::strategy::{Conn, RawLock, Taken};
 use crate::{Error, Result};
 
 impl<C: LockConnection> Locker<C> {
+    /// A grant its notification told (PostgreSQL, `Queues::take_grant`) to the waiter of
+    /// `place`, taken as a look that saw it would take it (`Place::told`). Where the strategy
+    /// needs no statement for it (`Lease`: `RawLock::take_grant`), the key is taken here, with
+    /// no statement and no connection: `Some` (`None` inside if the wait was cancelled
+    /// meanwhile: released at once, and its release hands the key on). Otherwise (`Row`) the
+    /// place is marked granted, and the attempt's `attempt_in_line` confirms it with no look.
+    pub(super) fn take_told<'a>(
+        &'a self,
+        raw: &'a dyn RawLock<C>,
+        key: &str,
+        place: &mut Option<Place<'a, C>>,
+        cancel: Option<&Cancel>,
+    ) -> Option<Option<Taken>> {
+        if cancel.is_some_and(Cancel::is_cancelled) {
+            return None;
+        }
+        let p = place.as_mut()?;
+        let told = self.inner.shared.queues.take_grant(key, p.id, &p.holder)?;
+        if !p.told(&told) {
+            return None;
+        }
+        let taken = raw.take_grant(key, p.id, &p.holder, p.grant())?;
+        log::trace!(
+            "lock {key:?}: took the key granted to place {}, as told",
+            p.id
+        );
+        if let Some(p) = place.take() {
+            p.used();
+        }
+        if cancel.is_some_and(Cancel::is_cancelled) {
+            if let Err(e) = taken.hold.release(key) {
+                log::debug!(
+                    "lock {key:?}: releasing a lock granted as its wait was cancelled failed ({e})"
+                );
+            }
+            return Some(None);
+        }
+        Some(Some(taken))
+    }
+
     /// One attempt of a strategy with a line (`line.rs`): a waiter with a place renews it
     /// when due and tries the key only if no live place is ahead of it; one without a place
     /// that finds the key held, and may wait, joins the line and tries once more at once (a

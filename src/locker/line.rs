@@ -180,7 +180,7 @@ impl<'a, C: LockConnection> Place<'a, C> {
     /// that saw it: granted, with the token and time it gave. Not while the place is past
     /// half its ttl (a notification heard that late is left to a look, which sees whether
     /// the grant lapsed). Whether it was taken.
-    pub(super) fn told(&mut self, told: &super::queue::Told) -> bool {
+    pub(super) fn told(&mut self, told: &crate::backend::Told) -> bool {
         if self.renewed.elapsed() >= self.ttl / 2 {
             return false;
         }

@@ -4,6 +4,7 @@
 
 use super::cancel::Cancel;
 use super::deadline::Deadline;
+use crate::backend::Told;
 use crate::sync::Unpoison;
 use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
@@ -79,15 +80,6 @@ struct KeyQueue {
     /// Grants told by their notifications (PostgreSQL), for the places' waiters to take
     /// with no look (`take_grant`); the last `TOLD_KEPT`.
     told: VecDeque<Told>,
-}
-
-/// A grant of the key to a place, as its notification told it (`wake_granted`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Told {
-    pub(crate) place: i64,
-    pub(crate) holder: String,
-    pub(crate) token: i64,
-    pub(crate) acquired_us: i64,
 }
 
 /// How many grants told a key's queue keeps: one per release, taken by the waiter at once;

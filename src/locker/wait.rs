@@ -318,31 +318,9 @@ impl<C: LockConnection> Locker<C> {
                 None => {}
             }
         }
-        // A grant its notification told (PostgreSQL): taken as a look that saw it would take
-        // it (`Place::told`), with no statement and no connection where the strategy needs
-        // none for it (`Lease`); otherwise (`Row`) the attempt below confirms it, with no look.
-        if raw.lines() && !cancel.is_some_and(Cancel::is_cancelled) {
-            if let Some(p) = place.as_mut() {
-                let told = self.inner.shared.queues.take_grant(key, p.id, &p.holder);
-                if told.is_some_and(|t| p.told(&t)) {
-                    if let Some(taken) = raw.take_grant(key, p.id, &p.holder, p.grant()) {
-                        log::trace!(
-                            "lock {key:?}: took the key granted to place {}, as told",
-                            p.id
-                        );
-                        if let Some(p) = place.take() {
-                            p.used();
-                        }
-                        if cancel.is_some_and(Cancel::is_cancelled) {
-                            // Cancelled meanwhile: never a lock (its release hands it on).
-                            if let Err(e) = taken.hold.release(key) {
-                                log::debug!("lock {key:?}: releasing a lock granted as its wait was cancelled failed ({e})");
-                            }
-                            return Ok(None);
-                        }
-                        return Ok(Some(taken));
-                    }
-                }
+        if raw.lines() {
+            if let Some(taken) = self.take_told(raw, key, place, cancel) {
+                return Ok(taken);
             }
         }
         let mut kept = kept;

@@ -20,6 +20,7 @@
 //! every waiter is then woken to look.
 
 use super::socket::RawListener;
+use crate::backend::Told;
 use crate::sync::Unpoison;
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
@@ -42,12 +43,12 @@ pub(crate) const TOLD: &str = "dlock_v_";
 pub(crate) const GRANTS: &str = "_g";
 
 /// What the listening thread heard.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Heard<'a> {
     /// A release of the key (a payload of the listener's own channel or of `SHARED_CHANNEL`).
     Key(&'a str),
     /// A grant of the key to a place, as its grants channel told it.
-    Grant(&'a str, GrantTold<'a>),
+    Grant(&'a str, Told),
     /// Some notifications may have been missed (the connection was re-established).
     Missed,
 }
@@ -55,7 +56,7 @@ pub(crate) enum Heard<'a> {
 /// A grant told on a grants channel (`locks.rs`'s `grant_note!`): the place's id, the holder
 /// id, the token and the acquisition time in microseconds since the epoch, then the key.
 /// `None` for a payload not of that form (none is sent there).
-pub(crate) fn grant_in(payload: &str) -> Option<(&str, GrantTold<'_>)> {
+pub(crate) fn grant_in(payload: &str) -> Option<(&str, Told)> {
     let mut parts = payload.splitn(5, ' ');
     let place = parts.next()?.parse().ok()?;
     let holder = parts.next()?;
@@ -64,22 +65,13 @@ pub(crate) fn grant_in(payload: &str) -> Option<(&str, GrantTold<'_>)> {
     let key = parts.next()?;
     Some((
         key,
-        GrantTold {
+        Told {
             place,
-            holder,
+            holder: holder.to_owned(),
             token,
             acquired_us,
         },
     ))
-}
-
-/// What a grant's notification told (`grant_in`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct GrantTold<'a> {
-    pub(crate) place: i64,
-    pub(crate) holder: &'a str,
-    pub(crate) token: i64,
-    pub(crate) acquired_us: i64,
 }
 
 /// What the thread calls with what it heard.
@@ -335,7 +327,8 @@ fn wait_woken(woken: &UnixStream, pause: Duration) {
 
 #[cfg(test)]
 mod tests {
-    use super::{grant_in, GrantTold};
+    use super::grant_in;
+    use crate::backend::Told;
 
     #[test]
     fn a_grant_is_read_with_a_key_that_has_spaces() {
@@ -344,9 +337,9 @@ mod tests {
             told,
             Some((
                 "nightly report 2",
-                GrantTold {
+                Told {
                     place: 42,
-                    holder: "0123abcd",
+                    holder: "0123abcd".to_owned(),
                     token: 7,
                     acquired_us: 1_764_000_000_123_456,
                 }

@@ -830,3 +830,111 @@ fn pg_purge_leaves_held_expired_holders() {
     let Some(h) = common::pg_own_db() else { return };
     purge_leaves_held_expired_holders(&h, Backend::Postgres);
 }
+
+/// An acquisition of a key one of whose expired holder rows another transaction holds (a
+/// purge's, a stopped client's) neither waits for that row nor counts it: it goes past it,
+/// and the key's live holders keep renewing. The acquisition's `expire` step deleted the
+/// key's expired holders with one statement, which waited for the held row (1 s, `ROW_WAIT`)
+/// with the key's lease row locked: the acquisition then counted as busy, and the key's
+/// readers, whose renewals lock that row first, lost their 2 s leases (an adversary's
+/// finding, beside purges).
+fn acquisitions_pass_a_held_expired_holder<C: LockConnection + SimpleConnection>(
+    h: &Harness<C>,
+    backend: Backend,
+) {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let short = h
+        .builder(Strategy::Lease {
+            ttl: Duration::from_secs(2),
+        })
+        .heartbeat(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let other = h.locker(Strategy::Lease {
+        ttl: Duration::from_secs(30),
+    });
+    // A semaphore of 2: one dead permit (held by the outside transaction), one live one.
+    let (key, sem) = (unique_key("expire-held"), unique_key("expire-held-sem"));
+    let dead = other.read(&key).unwrap();
+    let dead_permit = other.permit(&sem, 2).unwrap();
+    let readers: Vec<_> = (0..2).map(|_| short.read(&key).unwrap()).collect();
+    let live_permit = other.permit(&sem, 2).unwrap();
+    let mut c = h.pool.get().unwrap();
+    age_holder(&mut *c, backend, &key, dead.token());
+    age_holder(&mut *c, backend, &sem, dead_permit.token());
+    drop(c);
+    let mut holding = hold_expired_holders::<C>(&h.url, backend, &key);
+    let mut holding_sem = hold_expired_holders::<C>(&h.url, backend, &sem);
+
+    // The dead permit is not counted: the second permit is free.
+    let second = other.try_permit(&sem, 2).unwrap();
+    assert!(
+        second.is_some(),
+        "a permit refused: the held dead permit was waited for or counted"
+    );
+    // Nor is it deleted: the transaction still holds it (a third permit is refused).
+    assert!(
+        other.try_permit(&sem, 2).unwrap().is_none(),
+        "three permits of 2"
+    );
+
+    // New readers of `key` come and go, each acquisition meeting the held dead row.
+    let stop = Arc::new(AtomicBool::new(false));
+    let taken = Arc::new(AtomicUsize::new(0));
+    let acquirers: Vec<_> = (0..3)
+        .map(|_| {
+            let l = h.locker(Strategy::Lease {
+                ttl: Duration::from_secs(10),
+            });
+            let (key, stop, taken) = (key.clone(), stop.clone(), taken.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    if let Some(g) = l.try_read(&key).unwrap() {
+                        taken.fetch_add(1, Ordering::Relaxed);
+                        g.release().unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    let lost = readers
+        .iter()
+        .filter(|r| r.wait_lost(Duration::from_secs(4)))
+        .count();
+    stop.store(true, Ordering::Relaxed);
+    for t in acquirers {
+        t.join().unwrap();
+    }
+    holding.batch_execute("ROLLBACK").unwrap();
+    holding_sem.batch_execute("ROLLBACK").unwrap();
+    assert_eq!(lost, 0, "readers lost their leases beside acquisitions");
+    assert!(
+        taken.load(Ordering::Relaxed) > 0,
+        "no reader got in beside the held dead row"
+    );
+    for r in readers {
+        r.release().unwrap();
+    }
+    live_permit.release().unwrap();
+    second.unwrap().release().unwrap();
+    drop((dead, dead_permit));
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_acquisitions_pass_a_held_expired_holder() {
+    let Some(h) = common::mysql_own_db_sized(16) else {
+        return;
+    };
+    acquisitions_pass_a_held_expired_holder(&h, Backend::Mysql);
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn pg_acquisitions_pass_a_held_expired_holder() {
+    let Some(h) = common::pg_own_db_sized(16) else {
+        return;
+    };
+    acquisitions_pass_a_held_expired_holder(&h, Backend::Postgres);
+}

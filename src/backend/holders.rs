@@ -225,10 +225,14 @@ pub(crate) trait HolderSteps: super::sealed::Lines {
     fn lock_lease(&mut self, key: &str) -> QueryResult<Option<bool>>;
     /// Locks the key's header row; `None` if it has none yet.
     fn lock_header(&mut self, key: &str) -> QueryResult<Option<Header>>;
-    /// Deletes the key's expired holders.
+    /// Deletes the key's expired holders that no other session holds (PostgreSQL, MySQL:
+    /// `SKIP LOCKED`), never waiting for one: this transaction holds the key's lease row, and
+    /// the key's live holders' renewals wait for it (a wait of `ROW_WAIT` for a purge's or a
+    /// stopped client's row cost 2 s readers their leases).
     fn expire(&mut self, key: &str) -> QueryResult<()>;
-    /// The key's live holders: all of them, and the writers among them (left by versions
-    /// before migration 12, whose writers were holders).
+    /// The key's live (unexpired) holders: all of them, and the writers among them (left by
+    /// versions before migration 12, whose writers were holders). An expired row `expire`
+    /// left is not counted, nor waited for.
     fn count(&mut self, key: &str) -> QueryResult<(i64, i64)>;
     /// Draws the key's next token from its lease row, raises the row's `shared_until` to
     /// the holder's expiry and inserts the holder's row with that token.

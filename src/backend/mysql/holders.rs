@@ -11,7 +11,7 @@ use super::{
 };
 use crate::backend::holders::HolderSteps;
 use crate::backend::holders::{self, Header, HolderAnswer, HolderAsk, HolderLocks, HolderRow};
-use crate::backend::shared::{exists, KeyHolder, One};
+use crate::backend::shared::{exists, HolderId, KeyHolder, One};
 use crate::backend::stmt::{batch_size, in_list, in_pairs, pad, stmt, BATCH_SIZES};
 use crate::backend::Acquired;
 use chrono::NaiveDateTime;
@@ -202,20 +202,34 @@ impl HolderSteps for MysqlConnection {
     }
 
     fn expire(&mut self, key: &str) -> QueryResult<()> {
-        stmt(
-            "DELETE FROM dlock_shared_leases \
-             WHERE lock_key = ? AND expires_at <= UTC_TIMESTAMP(6)",
+        // Only the expired rows nobody else holds (a purge's, a stopped client's), locked
+        // first, then deleted one by one (few: a key's dead holders since its last
+        // acquisition): a DELETE of them all waited for a held one with the key's lease row
+        // locked, and its live holders' renewals out.
+        let expired = stmt(
+            "SELECT holder_id FROM dlock_shared_leases \
+             WHERE lock_key = ? AND expires_at <= UTC_TIMESTAMP(6) FOR UPDATE SKIP LOCKED",
         )
         .bind::<Text, _>(key)
-        .execute(self)
-        .map(drop)
+        .load::<HolderId>(self)?;
+        for row in expired {
+            stmt("DELETE FROM dlock_shared_leases WHERE lock_key = ? AND holder_id = ?")
+                .bind::<Text, _>(key)
+                .bind::<Text, _>(&row.holder_id)
+                .execute(self)?;
+        }
+        Ok(())
     }
 
     fn count(&mut self, key: &str) -> QueryResult<(i64, i64)> {
+        // A plain read at READ COMMITTED (`read_committed`): the newest committed rows.
+        // Every writer of the key's holders but a purge (of expired rows only) holds the
+        // key's lease row, locked here since `lock_lease`, so none is under way; a locking
+        // read would wait for an expired row `expire` left, held by another session.
         stmt(
             "SELECT CAST(COUNT(*) AS SIGNED) AS total, \
                     CAST(COALESCE(SUM(mode = 'write'), 0) AS SIGNED) AS writers \
-             FROM dlock_shared_leases WHERE lock_key = ? FOR UPDATE",
+             FROM dlock_shared_leases WHERE lock_key = ? AND expires_at > UTC_TIMESTAMP(6)",
         )
         .bind::<Text, _>(key)
         .get_result::<Counts>(self)

@@ -83,10 +83,16 @@ impl HolderSteps for PgConnection {
     }
 
     fn expire(&mut self, key: &str) -> QueryResult<()> {
+        // Only the expired rows nobody else holds (a purge's, a stopped client's): waiting
+        // for one kept the key's lease row locked, and its live holders' renewals out.
         stmt(
-            "DELETE FROM dlock_shared_leases \
-             WHERE lock_key = ? AND expires_at <= statement_timestamp()",
+            "WITH s AS MATERIALIZED (SELECT holder_id FROM dlock_shared_leases \
+                 WHERE lock_key = ? AND expires_at <= statement_timestamp() \
+                 FOR UPDATE SKIP LOCKED) \
+             DELETE FROM dlock_shared_leases t USING s \
+             WHERE t.lock_key = ? AND t.holder_id = s.holder_id",
         )
+        .bind::<Text, _>(key)
         .bind::<Text, _>(key)
         .execute(self)
         .map(drop)
@@ -95,7 +101,8 @@ impl HolderSteps for PgConnection {
     fn count(&mut self, key: &str) -> QueryResult<(i64, i64)> {
         stmt(
             "SELECT count(*) AS total, count(*) FILTER (WHERE mode = 'write') AS writers \
-             FROM dlock_shared_leases WHERE lock_key = ?",
+             FROM dlock_shared_leases \
+             WHERE lock_key = ? AND expires_at > statement_timestamp()",
         )
         .bind::<Text, _>(key)
         .get_result::<Counts>(self)

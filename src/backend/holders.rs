@@ -230,9 +230,12 @@ pub(crate) trait HolderSteps: super::sealed::Lines {
     /// the key's live holders' renewals wait for it (a wait of `ROW_WAIT` for a purge's or a
     /// stopped client's row cost 2 s readers their leases).
     fn expire(&mut self, key: &str) -> QueryResult<()>;
-    /// The key's live (unexpired) holders: all of them, and the writers among them (left by
-    /// versions before migration 12, whose writers were holders). An expired row `expire`
-    /// left is not counted, nor waited for.
+    /// The key's holders: all of them, and the writers among them (left by versions before
+    /// migration 12, whose writers were holders). An expired row that `expire` left, because
+    /// another session holds it, is counted, not waited for: a renewal that began before
+    /// its expiry and waited for that session may still extend it (its statement's clock is
+    /// read before the wait), so until it is deleted it keeps its permit (an adversary's
+    /// finding: a semaphore of 1 with two live rows in the database, where it was not).
     fn count(&mut self, key: &str) -> QueryResult<(i64, i64)>;
     /// Draws the key's next token from its lease row, raises the row's `shared_until` to
     /// the holder's expiry and inserts the holder's row with that token.

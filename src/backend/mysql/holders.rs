@@ -225,11 +225,12 @@ impl HolderSteps for MysqlConnection {
         // A plain read at READ COMMITTED (`read_committed`): the newest committed rows.
         // Every writer of the key's holders but a purge (of expired rows only) holds the
         // key's lease row, locked here since `lock_lease`, so none is under way; a locking
-        // read would wait for an expired row `expire` left, held by another session.
+        // read would wait for an expired row `expire` left, held by another session. Such a
+        // row is counted (`HolderSteps::count`).
         stmt(
             "SELECT CAST(COUNT(*) AS SIGNED) AS total, \
                     CAST(COALESCE(SUM(mode = 'write'), 0) AS SIGNED) AS writers \
-             FROM dlock_shared_leases WHERE lock_key = ? AND expires_at > UTC_TIMESTAMP(6)",
+             FROM dlock_shared_leases WHERE lock_key = ?",
         )
         .bind::<Text, _>(key)
         .get_result::<Counts>(self)

@@ -101,8 +101,7 @@ impl HolderSteps for PgConnection {
     fn count(&mut self, key: &str) -> QueryResult<(i64, i64)> {
         stmt(
             "SELECT count(*) AS total, count(*) FILTER (WHERE mode = 'write') AS writers \
-             FROM dlock_shared_leases \
-             WHERE lock_key = ? AND expires_at > statement_timestamp()",
+             FROM dlock_shared_leases WHERE lock_key = ?",
         )
         .bind::<Text, _>(key)
         .get_result::<Counts>(self)

@@ -41,11 +41,7 @@ impl<C: LockConnection> Locker<C> {
             p.used();
         }
         if cancel.is_some_and(Cancel::is_cancelled) {
-            if let Err(e) = taken.hold.release(key) {
-                log::debug!(
-                    "lock {key:?}: releasing a lock granted as its wait was cancelled failed ({e})"
-                );
-            }
+            super::wait::give_back_cancelled(key, taken);
             return Some(None);
         }
         Some(Some(taken))

@@ -307,9 +307,7 @@ impl<C: LockConnection> Locker<C> {
                         Err(Error::Pool(e)) => Err(self.pool_error(e)),
                         Ok(Some(taken)) if cancel.is_some_and(Cancel::is_cancelled) => {
                             // Cancelled meanwhile: never a lock.
-                            if let Err(e) = taken.hold.release(key) {
-                                log::debug!("lock {key:?}: releasing a lock taken as its wait was cancelled failed ({e})");
-                            }
+                            give_back_cancelled(key, taken);
                             Ok(None)
                         }
                         attempt => attempt,
@@ -400,9 +398,7 @@ impl<C: LockConnection> Locker<C> {
         match attempt {
             Ok(Some(taken)) if cancelled => {
                 // Granted as it was cancelled; its session may have been ended already.
-                if let Err(e) = taken.hold.release(key) {
-                    log::debug!("lock {key:?}: releasing a lock granted as its wait was cancelled failed ({e})");
-                }
+                give_back_cancelled(key, taken);
                 Ok(None)
             }
             Err(e) if cancelled => {
@@ -683,5 +679,13 @@ mod tests {
             attempts <= 3,
             "{attempts} attempts: it polled instead of listening"
         );
+    }
+}
+
+/// Releases a lock taken (or granted) as its wait was cancelled: a cancelled wait never
+/// returns a lock, and the release hands the key on as any release does.
+pub(super) fn give_back_cancelled(key: &str, taken: Taken) {
+    if let Err(e) = taken.hold.release(key) {
+        log::debug!("lock {key:?}: releasing a lock taken as its wait was cancelled failed ({e})");
     }
 }

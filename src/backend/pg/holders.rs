@@ -86,13 +86,12 @@ impl HolderSteps for PgConnection {
         // Only the expired rows nobody else holds (a purge's, a stopped client's): waiting
         // for one kept the key's lease row locked, and its live holders' renewals out.
         stmt(
-            "WITH s AS MATERIALIZED (SELECT holder_id FROM dlock_shared_leases \
+            "WITH s AS MATERIALIZED (SELECT lock_key, holder_id FROM dlock_shared_leases \
                  WHERE lock_key = ? AND expires_at <= statement_timestamp() \
                  FOR UPDATE SKIP LOCKED) \
              DELETE FROM dlock_shared_leases t USING s \
-             WHERE t.lock_key = ? AND t.holder_id = s.holder_id",
+             WHERE t.lock_key = s.lock_key AND t.holder_id = s.holder_id",
         )
-        .bind::<Text, _>(key)
         .bind::<Text, _>(key)
         .execute(self)
         .map(drop)

@@ -417,7 +417,8 @@ macro_rules! statements {
             // Again while the server reports contention: a DELETE of a place can be the
             // deadlock victim of a release reading the key's places (`delete_place` in
             // mysql/locks.rs), and a granted place left would hold the key up until it
-            // lapses.
+            // lapses. Not inside a transaction (a reader's or permit's acquisition), which
+            // the deadlock rolled back whole: there it goes up (`statement_retryable`).
             $crate::backoff::retry_contended(
                 self,
                 std::time::Duration::from_millis(64),
@@ -434,7 +435,7 @@ macro_rules! statements {
                         .execute(c)
                         .map(|n| n == 1)
                 },
-                |c, e| $crate::backend::sealed::Dialect::is_contention(c, e),
+                super::statement_retryable,
             )
         }
     };

@@ -36,7 +36,6 @@ pub(super) struct Id {
 /// the two deadlock, and InnoDB rolls back the DELETE (found by the release's adversary:
 /// 3–23 places left in 60–75 s of 12 threads on one key, until `purge`).
 pub(super) fn delete_place(conn: &mut MysqlConnection, place: i64) -> QueryResult<usize> {
-    use crate::backend::sealed::Dialect;
     crate::backoff::retry_contended(
         conn,
         std::time::Duration::from_millis(64),
@@ -46,7 +45,7 @@ pub(super) fn delete_place(conn: &mut MysqlConnection, place: i64) -> QueryResul
                 .bind::<BigInt, _>(place)
                 .execute(c)
         },
-        |c, e| c.is_contention(e),
+        super::statement_retryable,
     )
 }
 

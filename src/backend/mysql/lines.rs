@@ -76,7 +76,7 @@ impl Lines for MysqlConnection {
                 .bind::<Integer, _>(i32::from(shared))
                 .execute(c)
             },
-            |_, e| super::deadlock(e),
+            super::deadlock_retryable,
         )?;
         let id = stmt("SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS n")
             .get_result::<Count>(self)?
@@ -137,7 +137,7 @@ impl Lines for MysqlConnection {
                 .bind::<BigInt, _>(id)
                 .execute(c)
             },
-            |_, e| super::deadlock(e),
+            super::deadlock_retryable,
         )?;
         self.line_look(key, line, id, floor)
     }

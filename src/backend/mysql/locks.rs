@@ -198,7 +198,7 @@ fn give_back(
         std::time::Duration::from_millis(64),
         &format!("giving back {key:?}, taken ahead of the line"),
         f,
-        |c, e| c.is_contention(e),
+        super::statement_retryable,
     )
     .map_err(|e| {
         if conn.is_contention(&e) {

@@ -106,6 +106,33 @@ fn contention(e: &diesel::result::Error) -> bool {
     deadlock(e) || lock_unavailable(e)
 }
 
+/// Whether a statement that failed with `e` may run again by itself (`retry_contended`):
+/// contention, outside a transaction. Inside one, a deadlock (or a Galera certification
+/// conflict) rolled back the whole transaction, whose earlier statements went with it, and
+/// the session went on in autocommit: the statement run again committed alone, and the
+/// caller's COMMIT committed nothing (a permit taken from the line reported taken with no
+/// holder row: `tests/handover.rs`, `permit_whose_line_leaving_is_a_deadlock_victim_…`). A
+/// lock wait that ran out keeps the transaction, unless the server rolls back on timeouts
+/// (`innodb_rollback_on_timeout`). So inside a transaction the error goes up, the
+/// transaction is rolled back, and its caller runs it again as a whole or counts it busy.
+pub(super) fn statement_retryable(c: &mut MysqlConnection, e: &diesel::result::Error) -> bool {
+    contention(e) && !in_transaction(c)
+}
+
+/// As `statement_retryable`, for the statements run again only as a deadlock's victims.
+pub(super) fn deadlock_retryable(c: &mut MysqlConnection, e: &diesel::result::Error) -> bool {
+    deadlock(e) && !in_transaction(c)
+}
+
+/// Is a transaction of diesel's open on `c`? (If its state cannot be read, taken as open.)
+fn in_transaction(c: &mut MysqlConnection) -> bool {
+    use diesel::connection::{AnsiTransactionManager, TransactionManager};
+    !matches!(
+        AnsiTransactionManager::transaction_manager_status_mut(c).transaction_depth(),
+        Ok(None)
+    )
+}
+
 /// True if `e` says the server rolled the statement back to end a deadlock (1213, which
 /// diesel maps to `SerializationFailure`; recognised by its message too), or a Galera node
 /// aborted it in certification (the same error): the statement did nothing, and running it

@@ -934,3 +934,142 @@ fn pg_acquisitions_pass_a_held_expired_holder() {
     };
     acquisitions_pass_a_held_expired_holder(&h, Backend::Postgres);
 }
+
+/// A session's view of the lock waits of the test's own database.
+trait LockWaits {
+    /// Is a session of this database waiting for a row lock?
+    fn someone_waits(&mut self) -> bool;
+}
+
+#[cfg(feature = "postgres")]
+impl LockWaits for diesel::PgConnection {
+    fn someone_waits(&mut self) -> bool {
+        use diesel::RunQueryDsl;
+        #[derive(diesel::QueryableByName)]
+        struct N {
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            n: i64,
+        }
+        diesel::sql_query(
+            "SELECT count(*) AS n FROM pg_stat_activity \
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .get_result::<N>(self)
+        .unwrap()
+        .n > 0
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl LockWaits for diesel::MysqlConnection {
+    fn someone_waits(&mut self) -> bool {
+        use diesel::RunQueryDsl;
+        #[derive(diesel::QueryableByName)]
+        struct N {
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            n: i64,
+        }
+        // INNODB_TRX is refreshed only once nobody read it for 100 ms (the nextest group
+        // `innodb-trx`: one such test at a time).
+        diesel::sql_query(
+            "SELECT CAST(COUNT(*) AS SIGNED) AS n \
+             FROM information_schema.INNODB_TRX t \
+             JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id \
+             WHERE p.DB = DATABASE() AND t.trx_state = 'LOCK WAIT'",
+        )
+        .get_result::<N>(self)
+        .unwrap()
+        .n > 0
+    }
+}
+
+/// A release of a reader whose row another transaction holds (a stopped client's, a
+/// purge's) waits for that row without the key's lease row locked: the key's other readers
+/// keep renewing and new ones get in meanwhile, and the release deletes its row once the
+/// row is let go. It waited with the lease row locked, for as long as the other
+/// transaction lasted: the key's acquisitions were busy and its 2 s readers lost their
+/// leases (an adversary's finding: acquirers 1.0–1.5 s behind such a release).
+fn a_release_waits_for_its_row_without_the_key<C: LockConnection + SimpleConnection + LockWaits>(
+    h: &Harness<C>,
+    backend: Backend,
+) {
+    let short = short_readers(h);
+    let other = h.locker(Strategy::Lease {
+        ttl: Duration::from_secs(30),
+    });
+    let key = unique_key("release-held");
+    let releasing = other.read(&key).unwrap();
+    let readers: Vec<_> = (0..2).map(|_| short.read(&key).unwrap()).collect();
+    // The releasing reader's own row, live, held by a transaction of the test's.
+    let begin = match backend {
+        Backend::Postgres => "BEGIN",
+        _ => "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; BEGIN",
+    };
+    let mut holding = C::establish(&h.url).unwrap();
+    holding
+        .batch_execute(&format!(
+            "{begin}; SELECT * FROM dlock_shared_leases \
+             WHERE lock_key = '{key}' AND token = {} FOR UPDATE",
+            releasing.token()
+        ))
+        .unwrap();
+    let mut watch = C::establish(&h.url).unwrap();
+    let (done, released) = std::sync::mpsc::channel();
+    let release = std::thread::spawn(move || {
+        let r = releasing.release();
+        let _ = done.send(());
+        r
+    });
+    // Until the release waits for the held row.
+    let start = std::time::Instant::now();
+    while !watch.someone_waits() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the release never waited for its row"
+        );
+        assert!(
+            released.try_recv().is_err(),
+            "the release passed its held row"
+        );
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    let churn = Churn::start(h, &key);
+    let lost = readers
+        .iter()
+        .filter(|r| r.wait_lost(Duration::from_secs(4)))
+        .count();
+    let taken = churn.stop();
+    let early = released.try_recv().is_ok();
+    holding.batch_execute("ROLLBACK").unwrap();
+    release.join().unwrap().unwrap();
+    assert!(!early, "the release returned before its row was let go");
+    assert_eq!(
+        lost, 0,
+        "readers lost their leases beside a waiting release"
+    );
+    assert!(taken > 0, "no reader got in beside a waiting release");
+    // The release deleted its row: the key's two readers are its only holders.
+    let held = diesel_lock::admin::lock_info(&mut *h.pool.get().unwrap(), &key).unwrap();
+    assert_eq!(held.len(), 2, "holders after the release: {held:?}");
+    for r in readers {
+        r.release().unwrap();
+    }
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_a_release_waits_for_its_row_without_the_key() {
+    let Some(h) = common::mysql_own_db_sized(16) else {
+        return;
+    };
+    a_release_waits_for_its_row_without_the_key(&h, Backend::Mysql);
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn pg_a_release_waits_for_its_row_without_the_key() {
+    let Some(h) = common::pg_own_db_sized(16) else {
+        return;
+    };
+    a_release_waits_for_its_row_without_the_key(&h, Backend::Postgres);
+}

@@ -28,7 +28,10 @@
 //! MariaDB `idle_transaction_timeout`), well before the holders' renewals, retried every
 //! heartbeat, give up; and it waits for a row lock at most `ROW_WAIT` (`lock_timeout`,
 //! `innodb_lock_wait_timeout`: busy, and the waiting loop goes on to its deadline). A
-//! release's transaction is bounded the same way (`STALL_CAP`).
+//! release's transaction is bounded the same way (`STALL_CAP`). A release whose own holder
+//! row another session holds (a purge's, a stopped client's) does not wait for it with the
+//! lease row locked: it lets the lease row go, waits for its row alone, and tries again
+//! (`release_with`).
 
 use super::Acquired;
 use diesel::QueryResult;
@@ -130,7 +133,8 @@ pub trait HolderLocks {
         ttl_us: i64,
     ) -> QueryResult<Vec<String>>;
     /// Deletes `holder`'s row and lowers the key's `shared_until` to the latest expiry of its
-    /// other live holders; false if the row was gone.
+    /// other live holders; false if the row was gone. If another session holds the row, it
+    /// is waited for without the key's lease row (`release_with`).
     fn holders_release(&mut self, key: &str, holder: &str) -> QueryResult<bool>;
     /// Is `holder`'s row there and unexpired?
     fn holders_held(&mut self, key: &str, holder: &str) -> QueryResult<bool>;
@@ -201,6 +205,42 @@ pub(crate) fn acquire_with<C: HolderSteps>(
     Err(diesel::result::Error::QueryBuilderError(
         "the lock's lease or header row vanished".into(),
     ))
+}
+
+/// What one try of a release found (`release_with`).
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+pub(crate) enum Release {
+    /// Done: true if the holder's row was deleted, false if it was gone.
+    Done(bool),
+    /// The holder's row is there, and another session holds it: nothing was changed.
+    Held,
+}
+
+/// A release of a holder (`HolderLocks::holders_release`): `once` locks the key's lease row,
+/// then deletes the holder's row unless another session holds it (`SKIP LOCKED`), in one
+/// transaction; for a held row, `wait` waits for it alone in a transaction of its own (the
+/// lease row free: the key's acquisitions and renewals go on) and lets it go, and `once`
+/// runs again. A release waited for its row with the lease row locked, for as long as the
+/// other session held the row: every acquisition of the key was busy meanwhile, and its
+/// readers, whose renewals lock the lease row first, lost their leases (`tests/purge.rs`).
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+pub(crate) fn release_with<C>(
+    conn: &mut C,
+    key: &str,
+    mut once: impl FnMut(&mut C) -> QueryResult<Release>,
+    mut wait: impl FnMut(&mut C) -> QueryResult<()>,
+) -> QueryResult<bool> {
+    loop {
+        match once(conn)? {
+            Release::Done(released) => return Ok(released),
+            Release::Held => {
+                log::debug!(
+                    "lock {key:?}: a release waits for its holder row, held by another session"
+                );
+                wait(conn)?;
+            }
+        }
+    }
 }
 
 /// The key's header row, locked for the rest of the transaction.

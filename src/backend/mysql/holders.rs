@@ -10,7 +10,9 @@ use super::{
     AcquiredRow,
 };
 use crate::backend::holders::HolderSteps;
-use crate::backend::holders::{self, Header, HolderAnswer, HolderAsk, HolderLocks, HolderRow};
+use crate::backend::holders::{
+    self, Header, HolderAnswer, HolderAsk, HolderLocks, HolderRow, Release,
+};
 use crate::backend::shared::{exists, HolderId, KeyHolder, One};
 use crate::backend::stmt::{batch_size, in_list, in_pairs, pad, stmt, BATCH_SIZES};
 use crate::backend::Acquired;
@@ -453,32 +455,84 @@ impl HolderLocks for MysqlConnection {
 
     fn holders_release(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
         // The lease row first: with it locked no holder of the key is added or renewed, and
-        // at READ COMMITTED the subquery reads the newest committed holders.
-        with_transaction_bounds(self, holders::STALL_CAP, None, |c| {
-            read_committed(c)?;
-            c.transaction(|c| {
-            stmt("SELECT CAST(1 AS SIGNED) AS one FROM dlock_leases WHERE lock_key = ? FOR UPDATE")
-                .bind::<Text, _>(key)
-                .get_result::<One>(c)
-                .optional()?;
-            let gone = stmt("DELETE FROM dlock_shared_leases WHERE lock_key = ? AND holder_id = ?")
-                .bind::<Text, _>(key)
-                .bind::<Text, _>(holder)
-                .execute(c)?;
-            if gone == 1 {
-                stmt(
-                    "UPDATE dlock_leases SET shared_until = \
-                       (SELECT MAX(expires_at) FROM dlock_shared_leases \
-                        WHERE lock_key = ? AND expires_at > UTC_TIMESTAMP(6)) \
-                     WHERE lock_key = ?",
-                )
-                .bind::<Text, _>(key)
-                .bind::<Text, _>(key)
-                .execute(c)?;
-            }
-            Ok(gone == 1)
-        })
-        })
+        // at READ COMMITTED the subquery reads the newest committed holders. The holder's
+        // row is deleted unless another session holds it (`SKIP LOCKED`); a plain read then
+        // tells such a row from one that is gone.
+        holders::release_with(
+            self,
+            key,
+            |c| {
+                with_transaction_bounds(c, holders::STALL_CAP, None, |c| {
+                    read_committed(c)?;
+                    c.transaction(|c| {
+                        stmt(
+                            "SELECT CAST(1 AS SIGNED) AS one FROM dlock_leases \
+                             WHERE lock_key = ? FOR UPDATE",
+                        )
+                        .bind::<Text, _>(key)
+                        .get_result::<One>(c)
+                        .optional()?;
+                        let mine = stmt(
+                            "SELECT CAST(1 AS SIGNED) AS one FROM dlock_shared_leases \
+                             WHERE lock_key = ? AND holder_id = ? FOR UPDATE SKIP LOCKED",
+                        )
+                        .bind::<Text, _>(key)
+                        .bind::<Text, _>(holder)
+                        .get_result::<One>(c)
+                        .optional()?;
+                        if mine.is_none() {
+                            let present = exists(
+                                stmt(
+                                    "SELECT CAST(1 AS SIGNED) AS one FROM dlock_shared_leases \
+                                     WHERE lock_key = ? AND holder_id = ?",
+                                )
+                                .bind::<Text, _>(key)
+                                .bind::<Text, _>(holder)
+                                .get_result::<One>(c)
+                                .optional(),
+                            )?;
+                            return Ok(if present {
+                                Release::Held
+                            } else {
+                                Release::Done(false)
+                            });
+                        }
+                        stmt(
+                            "DELETE FROM dlock_shared_leases WHERE lock_key = ? AND holder_id = ?",
+                        )
+                        .bind::<Text, _>(key)
+                        .bind::<Text, _>(holder)
+                        .execute(c)?;
+                        stmt(
+                            "UPDATE dlock_leases SET shared_until = \
+                               (SELECT MAX(expires_at) FROM dlock_shared_leases \
+                                WHERE lock_key = ? AND expires_at > UTC_TIMESTAMP(6)) \
+                             WHERE lock_key = ?",
+                        )
+                        .bind::<Text, _>(key)
+                        .bind::<Text, _>(key)
+                        .execute(c)?;
+                        Ok(Release::Done(true))
+                    })
+                })
+            },
+            |c| {
+                with_transaction_bounds(c, holders::STALL_CAP, None, |c| {
+                    read_committed(c)?;
+                    c.transaction(|c| {
+                        stmt(
+                            "SELECT CAST(1 AS SIGNED) AS one FROM dlock_shared_leases \
+                             WHERE lock_key = ? AND holder_id = ? FOR UPDATE",
+                        )
+                        .bind::<Text, _>(key)
+                        .bind::<Text, _>(holder)
+                        .get_result::<One>(c)
+                        .optional()
+                        .map(drop)
+                    })
+                })
+            },
+        )
     }
 
     fn holders_held(&mut self, key: &str, holder: &str) -> QueryResult<bool> {

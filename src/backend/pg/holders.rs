@@ -4,7 +4,9 @@
 
 use super::{bound_transaction, lock_timeout_ms, AcquiredRow};
 use crate::backend::holders::HolderSteps;
-use crate::backend::holders::{self, Header, HolderAnswer, HolderAsk, HolderLocks, HolderRow};
+use crate::backend::holders::{
+    self, Header, HolderAnswer, HolderAsk, HolderLocks, HolderRow, Release,
+};
 use crate::backend::shared::{exists, HolderId, One};
 use crate::backend::stmt::stmt;
 use crate::backend::Acquired;
@@ -22,6 +24,8 @@ struct Released {
     #[diesel(sql_type = BigInt)]
     #[allow(dead_code)] // selected only so that `u` is read
     lowered: i64,
+    #[diesel(sql_type = BigInt)]
+    present: i64,
 }
 
 #[derive(QueryableByName)]
@@ -249,32 +253,63 @@ impl HolderLocks for PgConnection {
     fn holders_release(&mut self, key: &str, holder: &str) -> QueryResult<bool> {
         // The lease row first, locked by a statement of its own: the next statement's
         // snapshot then shows every holder committed before this one got the lock, and no
-        // holder can be added or renewed until the commit. Notifies listening lockers.
-        self.transaction(|c| {
-            bound_transaction(c, holders::STALL_CAP, None)?;
-            stmt("SELECT 1::int8 AS one FROM dlock_leases WHERE lock_key = ? FOR UPDATE")
-                .bind::<Text, _>(key)
-                .get_result::<One>(c)
-                .optional()?;
-            stmt(
-                "WITH d AS (DELETE FROM dlock_shared_leases WHERE lock_key = ? AND holder_id = ? \
-                            RETURNING lock_key), \
-                 u AS (UPDATE dlock_leases SET shared_until = \
-                         (SELECT max(expires_at) FROM dlock_shared_leases \
-                          WHERE lock_key = ? AND holder_id <> ? \
-                            AND expires_at > statement_timestamp()) \
-                       WHERE lock_key = ? AND EXISTS (SELECT 1 FROM d) RETURNING 1) \
-                 SELECT count(pg_notify('dlock_release', lock_key)) AS one, \
-                        (SELECT count(*) FROM u) AS lowered FROM d",
-            )
-            .bind::<Text, _>(key)
-            .bind::<Text, _>(holder)
-            .bind::<Text, _>(key)
-            .bind::<Text, _>(holder)
-            .bind::<Text, _>(key)
-            .get_result::<Released>(c)
-            .map(|r| r.one == 1)
-        })
+        // holder can be added or renewed until the commit. The holder's row is deleted
+        // unless another session holds it (`s`); `present`, of the statement's snapshot,
+        // tells such a row from one that is gone. Notifies listening lockers.
+        holders::release_with(
+            self,
+            key,
+            |c| {
+                c.transaction(|c| {
+                    bound_transaction(c, holders::STALL_CAP, None)?;
+                    stmt("SELECT 1::int8 AS one FROM dlock_leases WHERE lock_key = ? FOR UPDATE")
+                        .bind::<Text, _>(key)
+                        .get_result::<One>(c)
+                        .optional()?;
+                    let r = stmt(
+                        "WITH s AS MATERIALIZED (SELECT lock_key, holder_id FROM dlock_shared_leases \
+                             WHERE lock_key = ? AND holder_id = ? FOR UPDATE SKIP LOCKED), \
+                         d AS (DELETE FROM dlock_shared_leases t USING s \
+                               WHERE t.lock_key = s.lock_key AND t.holder_id = s.holder_id \
+                               RETURNING t.lock_key), \
+                         u AS (UPDATE dlock_leases SET shared_until = \
+                                 (SELECT max(expires_at) FROM dlock_shared_leases \
+                                  WHERE lock_key = s.lock_key AND holder_id <> s.holder_id \
+                                    AND expires_at > statement_timestamp()) \
+                               FROM s WHERE dlock_leases.lock_key = s.lock_key \
+                                 AND EXISTS (SELECT 1 FROM d) RETURNING 1) \
+                         SELECT (SELECT count(pg_notify('dlock_release', lock_key)) FROM d) AS one, \
+                                (SELECT count(*) FROM u) AS lowered, \
+                                (SELECT count(*) FROM dlock_shared_leases \
+                                 WHERE lock_key = ? AND holder_id = ?) AS present",
+                    )
+                    .bind::<Text, _>(key)
+                    .bind::<Text, _>(holder)
+                    .bind::<Text, _>(key)
+                    .bind::<Text, _>(holder)
+                    .get_result::<Released>(c)?;
+                    Ok(match (r.one, r.present) {
+                        (1, _) => Release::Done(true),
+                        (_, 0) => Release::Done(false),
+                        _ => Release::Held,
+                    })
+                })
+            },
+            |c| {
+                c.transaction(|c| {
+                    bound_transaction(c, holders::STALL_CAP, None)?;
+                    stmt(
+                        "SELECT 1::int8 AS one FROM dlock_shared_leases \
+                         WHERE lock_key = ? AND holder_id = ? FOR UPDATE",
+                    )
+                    .bind::<Text, _>(key)
+                    .bind::<Text, _>(holder)
+                    .get_result::<One>(c)
+                    .optional()
+                    .map(drop)
+                })
+            },
+        )
     }
 
     fn holders_held(&mut self, key: &str, holder: &str) -> QueryResult<bool> {

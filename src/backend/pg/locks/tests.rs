@@ -232,3 +232,104 @@ fn grants_go_to_the_grants_channel_of_listeners_that_hear_them() {
     assert!(super::ROW_RELEASE.contains(sql));
     assert!(super::LEASE_RELEASE.contains(sql));
 }
+
+#[derive(diesel::QueryableByName)]
+struct Setting {
+    #[diesel(sql_type = Text)]
+    value: String,
+}
+
+fn synchronous_commit(c: &mut PgConnection) -> String {
+    stmt("SELECT current_setting('synchronous_commit') AS value")
+        .get_result::<Setting>(c)
+        .unwrap()
+        .value
+}
+
+/// A join's own transaction commits without waiting for the WAL's flush; the session's
+/// setting is untouched after it, and a join inside another transaction leaves that
+/// transaction's commit as it was.
+#[test]
+fn a_join_turns_off_the_flush_wait_of_its_own_transaction_only() {
+    let Some(url) = url() else { return };
+    let mut a = PgConnection::establish(&url).unwrap();
+    a.run_migrations().unwrap();
+    let before = synchronous_commit(&mut a);
+    assert_ne!(
+        before, "off",
+        "the test needs a server that waits for the flush"
+    );
+    let k = key("join-async");
+    let own = a
+        .line_join(&k, Line::Lease, "o", None, TTL_US, "h1", false, true)
+        .unwrap();
+    assert_eq!(
+        synchronous_commit(&mut a),
+        before,
+        "the session's setting changed"
+    );
+    a.transaction(|c| {
+        let inner = c
+            .line_join(&k, Line::Lease, "o", None, TTL_US, "h2", false, true)
+            .unwrap();
+        assert_eq!(
+            synchronous_commit(c),
+            before,
+            "a join inside a transaction changed that transaction's commit"
+        );
+        c.line_leave(&k, Line::Lease, inner.id).map(drop)
+    })
+    .unwrap();
+    assert!(!a.line_leave(&k, Line::Lease, own.id).unwrap());
+}
+
+/// A place's id is the server's clock in microseconds times 1,024 plus a sequence's low
+/// bits: above any id handed out before a crash (whose sequence advance may be lost with
+/// an unflushed join), and growing with the joins.
+#[test]
+fn place_ids_follow_the_servers_clock() {
+    let Some(url) = url() else { return };
+    let mut a = PgConnection::establish(&url).unwrap();
+    a.run_migrations().unwrap();
+    #[derive(diesel::QueryableByName)]
+    struct Now {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        us: i64,
+    }
+    let now = || -> i64 {
+        stmt("SELECT floor(extract(epoch FROM clock_timestamp()) * 1000000)::int8 AS us")
+            .get_result::<Now>(&mut PgConnection::establish(&url).unwrap())
+            .unwrap()
+            .us
+    };
+    let k = key("join-ids");
+    let before = now();
+    let ids: Vec<i64> = (0..20)
+        .map(|i| {
+            a.line_join(
+                &k,
+                Line::Lease,
+                "o",
+                None,
+                TTL_US,
+                &format!("h{i}"),
+                false,
+                true,
+            )
+            .unwrap()
+            .id
+        })
+        .collect();
+    let after = now();
+    assert!(
+        ids.windows(2).all(|w| w[0] < w[1]),
+        "ids out of order: {ids:?}"
+    );
+    for id in &ids {
+        assert!(
+            (before * 1024..=(after + 1) * 1024).contains(id),
+            "id {id} outside the clock's range {before}..{after} (µs × 1,024)"
+        );
+        a.line_leave(&k, Line::Lease, *id).unwrap();
+    }
+}

@@ -100,9 +100,11 @@ impl Lines for PgConnection {
         // adversary: two waiters on one place). The id is the server's clock in
         // microseconds, times 1,024, plus the sequence's next value modulo 1,024 (two joins
         // in one microsecond differ): after a crash or a failover the clock has moved on,
-        // so a new place's id is above every id handed out before (as the tokens' epoch
-        // assumes of the clock), and ids still grow in the order of the joins. Places of
-        // builds before this one have the sequence's small ids, and come first.
+        // so a new place's id is above every id handed out before. Should the server's
+        // clock step back, the key's line goes on above its highest place (its index's
+        // last entry, `dlock_waiters_line_key`): a newcomer never comes before those who
+        // wait (an adversary's finding, with the clock put back 2 s). Places of builds
+        // before this one have the sequence's small ids, and come first.
         stmt(concat!(
             "WITH f AS (",
             line_flag!(),
@@ -112,7 +114,9 @@ impl Lines for PgConnection {
                FOR UPDATE SKIP LOCKED)), \
              i AS (INSERT INTO dlock_waiters \
                      (id, lock_key, line, owner, channel, since, expires_at, holder, shared) \
-               SELECT floor(extract(epoch FROM clock_timestamp()) * 1000000)::int8 * 1024 \
+               SELECT greatest(floor(extract(epoch FROM clock_timestamp()) * 1000000)::int8, \
+                               (SELECT COALESCE(max(id), 0) FROM dlock_waiters \
+                                WHERE lock_key = ? AND line = ?) / 1024 + 1) * 1024 \
                         + nextval('dlock_waiters_id_seq') % 1024, \
                       ?, ?, ?, ?, clock_timestamp(), clock_timestamp() + ? * interval '1 microsecond', ?, ? \
                FROM (SELECT count(*) AS n FROM f) x \
@@ -124,6 +128,8 @@ impl Lines for PgConnection {
         .bind::<Text, _>(key)
         .bind::<Bool, _>(flag)
         .bind::<Text, _>(key)
+        .bind::<Text, _>(key)
+        .bind::<Integer, _>(line.id())
         .bind::<Text, _>(key)
         .bind::<Integer, _>(line.id())
         .bind::<Text, _>(owner)

@@ -333,3 +333,61 @@ fn place_ids_follow_the_servers_clock() {
         a.line_leave(&k, Line::Lease, *id).unwrap();
     }
 }
+
+/// Should the server's clock step back, a join still comes after the key's waiting places:
+/// its id is above the line's highest (an adversary's finding: with the clock put back 2 s,
+/// newcomers were served before the three who waited). The step is made for this test's
+/// session only: a `clock_timestamp()` of a schema of its own, 2 s behind, ahead of
+/// `pg_catalog` in its `search_path`.
+#[test]
+fn a_clock_stepped_back_puts_no_newcomer_ahead() {
+    let Some(url) = url() else { return };
+    let mut a = PgConnection::establish(&url).unwrap();
+    a.run_migrations().unwrap();
+    let k = key("join-clock-back");
+    let schema = format!("unit_skew_{}", std::process::id());
+    let ids: Vec<i64> = (0..3)
+        .map(|i| {
+            a.line_join(
+                &k,
+                Line::Row,
+                "o",
+                None,
+                TTL_US,
+                &format!("h{i}"),
+                false,
+                false,
+            )
+            .unwrap()
+            .id
+        })
+        .collect();
+    let mut skewed = PgConnection::establish(&url).unwrap();
+    diesel::connection::SimpleConnection::batch_execute(
+        &mut skewed,
+        &format!(
+            "CREATE SCHEMA IF NOT EXISTS {schema}; \
+             CREATE OR REPLACE FUNCTION {schema}.clock_timestamp() RETURNS timestamptz \
+             LANGUAGE sql VOLATILE AS $$ SELECT pg_catalog.clock_timestamp() - interval '2 s' $$; \
+             SET search_path = {schema}, public, pg_catalog"
+        ),
+    )
+    .unwrap();
+    let late = skewed
+        .line_join(&k, Line::Row, "o", None, TTL_US, "late", false, false)
+        .map(|j| j.id);
+    diesel::connection::SimpleConnection::batch_execute(
+        &mut a,
+        &format!("DROP SCHEMA {schema} CASCADE"),
+    )
+    .unwrap();
+    let late = late.unwrap();
+    for id in &ids {
+        assert!(!a.line_leave(&k, Line::Row, *id).unwrap());
+    }
+    assert!(!a.line_leave(&k, Line::Row, late).unwrap());
+    assert!(
+        late > *ids.last().unwrap(),
+        "a join with the clock 2 s back ({late}) came before the waiting places {ids:?}"
+    );
+}

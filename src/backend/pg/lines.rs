@@ -103,8 +103,11 @@ impl Lines for PgConnection {
         // so a new place's id is above every id handed out before. Should the server's
         // clock step back, the key's line goes on above its highest place (its index's
         // last entry, `dlock_waiters_line_key`): a newcomer never comes before those who
-        // wait (an adversary's finding, with the clock put back 2 s). Places of builds
-        // before this one have the sequence's small ids, and come first.
+        // wait (an adversary's finding, with the clock put back 2 s). Such a join, whose id
+        // is not the clock's, waits for the flush: a crash that lost it would have handed
+        // the same id out again to the next join while the clock was still behind (the
+        // next adversary: a clock 60 s back, then a crash). Places of builds before this
+        // one have the sequence's small ids, and come first.
         stmt(concat!(
             "WITH f AS (",
             line_flag!(),
@@ -112,17 +115,19 @@ impl Lines for PgConnection {
              gone AS (DELETE FROM dlock_waiters WHERE id IN ( \
                SELECT id FROM dlock_waiters WHERE lock_key = ? AND expires_at <= now() \
                FOR UPDATE SKIP LOCKED)), \
+             n AS MATERIALIZED (SELECT floor(extract(epoch FROM clock_timestamp()) * 1000000)::int8 \
+                                         AS clock, \
+                                       (SELECT COALESCE(max(id), 0) FROM dlock_waiters \
+                                        WHERE lock_key = ? AND line = ?) / 1024 + 1 AS above), \
              i AS (INSERT INTO dlock_waiters \
                      (id, lock_key, line, owner, channel, since, expires_at, holder, shared) \
-               SELECT greatest(floor(extract(epoch FROM clock_timestamp()) * 1000000)::int8, \
-                               (SELECT COALESCE(max(id), 0) FROM dlock_waiters \
-                                WHERE lock_key = ? AND line = ?) / 1024 + 1) * 1024 \
-                        + nextval('dlock_waiters_id_seq') % 1024, \
+               SELECT greatest(n.clock, n.above) * 1024 + nextval('dlock_waiters_id_seq') % 1024, \
                       ?, ?, ?, ?, clock_timestamp(), clock_timestamp() + ? * interval '1 microsecond', ?, ? \
-               FROM (SELECT count(*) AS n FROM f) x \
+               FROM n, (SELECT count(*) AS c FROM f) x \
                RETURNING id) \
              SELECT i.id, (SELECT count(*) FROM f) AS flagged FROM i \
-             WHERE (CASE WHEN ? THEN set_config('synchronous_commit', 'off', true) \
+             WHERE (CASE WHEN ? AND (SELECT clock >= above FROM n) \
+                         THEN set_config('synchronous_commit', 'off', true) \
                     ELSE '' END) IS NOT NULL"
         ))
         .bind::<Text, _>(key)

@@ -38,15 +38,6 @@ macro_rules! line_flag {
     };
 }
 
-/// Is `c` outside any transaction of diesel's, so that a statement runs as its own?
-fn own_transaction(c: &mut PgConnection) -> bool {
-    use diesel::connection::{AnsiTransactionManager, TransactionManager};
-    matches!(
-        AnsiTransactionManager::transaction_manager_status_mut(c).transaction_depth(),
-        Ok(None)
-    )
-}
-
 /// What `line_join`'s statement returns.
 #[derive(QueryableByName)]
 struct JoinedRow {
@@ -84,30 +75,18 @@ impl Lines for PgConnection {
         // waiter's place would otherwise stay until a purge; it is ignored meanwhile, as every
         // statement here asks for live places only), skipping any another statement has
         // locked: the join then waits for no place's lock while it holds the lease row's.
-        // Its commit does not wait for the WAL's flush (`synchronous_commit` off for this
-        // transaction): a place says who waits in what order, and gives nobody the key. A
-        // crash can lose a join that was not flushed yet, with its flag (the same
-        // transaction), and the waiter then joins again as for a lapsed place; a grant to
-        // the place is a later commit, whose flush carries the join's record with it. With
-        // eight processes on one key, a join beside every hand-over, the flushes of the
-        // joins were the hand-overs' to wait behind (issue 23). Only when the statement is
-        // its own transaction: inside another (none of the library's joins is) it would make
-        // that transaction's commit unflushed too.
-        //
-        // The place's id is therefore not the sequence's alone: a sequence's advance is
-        // flushed only with a commit that waits for it, and after a crash the sequence gave
-        // out again ids that waiters of lost joins still held, and renewed by id (an
-        // adversary: two waiters on one place). The id is the server's clock in
-        // microseconds, times 1,024, plus the sequence's next value modulo 1,024 (two joins
-        // in one microsecond differ): after a crash or a failover the clock has moved on,
-        // so a new place's id is above every id handed out before. Should the server's
-        // clock step back, the key's line goes on above its highest place (its index's
-        // last entry, `dlock_waiters_line_key`): a newcomer never comes before those who
-        // wait (an adversary's finding, with the clock put back 2 s). Such a join, whose id
-        // is not the clock's, waits for the flush: a crash that lost it would have handed
-        // the same id out again to the next join while the clock was still behind (the
-        // next adversary: a clock 60 s back, then a crash). Places of builds before this
-        // one have the sequence's small ids, and come first.
+        // Its commit waits for the WAL's flush like any other. A join that did not
+        // (`synchronous_commit` off for its own transaction) gave 15–35 % more `Lease`
+        // hand-overs across 8 processes (27 Nov), but a crash then handed out again place
+        // ids whose sequence advance was not flushed yet, while waiters that held them
+        // went on renewing by id: two waiters on one place, served out of order (an
+        // adversary, 1 of 6 bursts of joins crashed). Places are found by id alone. Ids
+        // of the server's clock (µs × 1,024 plus the sequence's low bits, above the line's
+        // highest) fixed that while the clock moves on, but a clock that read the same
+        // microsecond after a restart (frozen, or put back by the outage's length) handed
+        // a lost join's id out again (the third adversary, 3 of 12 crashed runs): an
+        // unflushed join needs a place number that a crash cannot give out twice, and
+        // places matched by the waiter's holder id too; until then, the flush.
         stmt(concat!(
             "WITH f AS (",
             line_flag!(),
@@ -115,26 +94,15 @@ impl Lines for PgConnection {
              gone AS (DELETE FROM dlock_waiters WHERE id IN ( \
                SELECT id FROM dlock_waiters WHERE lock_key = ? AND expires_at <= now() \
                FOR UPDATE SKIP LOCKED)), \
-             n AS MATERIALIZED (SELECT floor(extract(epoch FROM clock_timestamp()) * 1000000)::int8 \
-                                         AS clock, \
-                                       (SELECT COALESCE(max(id), 0) FROM dlock_waiters \
-                                        WHERE lock_key = ? AND line = ?) / 1024 + 1 AS above), \
-             i AS (INSERT INTO dlock_waiters \
-                     (id, lock_key, line, owner, channel, since, expires_at, holder, shared) \
-               SELECT greatest(n.clock, n.above) * 1024 + nextval('dlock_waiters_id_seq') % 1024, \
-                      ?, ?, ?, ?, clock_timestamp(), clock_timestamp() + ? * interval '1 microsecond', ?, ? \
-               FROM n, (SELECT count(*) AS c FROM f) x \
+             i AS (INSERT INTO dlock_waiters (lock_key, line, owner, channel, since, expires_at, holder, shared) \
+               SELECT ?, ?, ?, ?, clock_timestamp(), clock_timestamp() + ? * interval '1 microsecond', ?, ? \
+               FROM (SELECT count(*) AS n FROM f) x \
                RETURNING id) \
-             SELECT i.id, (SELECT count(*) FROM f) AS flagged FROM i \
-             WHERE (CASE WHEN ? AND (SELECT clock >= above FROM n) \
-                         THEN set_config('synchronous_commit', 'off', true) \
-                    ELSE '' END) IS NOT NULL"
+             SELECT i.id, (SELECT count(*) FROM f) AS flagged FROM i"
         ))
         .bind::<Text, _>(key)
         .bind::<Bool, _>(flag)
         .bind::<Text, _>(key)
-        .bind::<Text, _>(key)
-        .bind::<Integer, _>(line.id())
         .bind::<Text, _>(key)
         .bind::<Integer, _>(line.id())
         .bind::<Text, _>(owner)
@@ -142,7 +110,6 @@ impl Lines for PgConnection {
         .bind::<BigInt, _>(ttl_us)
         .bind::<Nullable<Text>, _>((!shared).then_some(holder))
         .bind::<Integer, _>(i32::from(shared))
-        .bind::<Bool, _>(own_transaction(self))
         .get_result::<JoinedRow>(self)
         .map(|r| Joined {
             id: r.id,

@@ -462,74 +462,66 @@ impl HolderLocks for MysqlConnection {
             self,
             key,
             |c| {
-                with_transaction_bounds(c, holders::STALL_CAP, None, |c| {
-                    read_committed(c)?;
-                    c.transaction(|c| {
-                        stmt(
-                            "SELECT CAST(1 AS SIGNED) AS one FROM dlock_leases \
+                release_transaction(c, |c| {
+                    stmt(
+                        "SELECT CAST(1 AS SIGNED) AS one FROM dlock_leases \
                              WHERE lock_key = ? FOR UPDATE",
-                        )
-                        .bind::<Text, _>(key)
-                        .get_result::<One>(c)
-                        .optional()?;
-                        let mine = stmt(
-                            "SELECT CAST(1 AS SIGNED) AS one FROM dlock_shared_leases \
+                    )
+                    .bind::<Text, _>(key)
+                    .get_result::<One>(c)
+                    .optional()?;
+                    let mine = stmt(
+                        "SELECT CAST(1 AS SIGNED) AS one FROM dlock_shared_leases \
                              WHERE lock_key = ? AND holder_id = ? FOR UPDATE SKIP LOCKED",
-                        )
-                        .bind::<Text, _>(key)
-                        .bind::<Text, _>(holder)
-                        .get_result::<One>(c)
-                        .optional()?;
-                        if mine.is_none() {
-                            let present = exists(
-                                stmt(
-                                    "SELECT CAST(1 AS SIGNED) AS one FROM dlock_shared_leases \
+                    )
+                    .bind::<Text, _>(key)
+                    .bind::<Text, _>(holder)
+                    .get_result::<One>(c)
+                    .optional()?;
+                    if mine.is_none() {
+                        let present = exists(
+                            stmt(
+                                "SELECT CAST(1 AS SIGNED) AS one FROM dlock_shared_leases \
                                      WHERE lock_key = ? AND holder_id = ?",
-                                )
-                                .bind::<Text, _>(key)
-                                .bind::<Text, _>(holder)
-                                .get_result::<One>(c)
-                                .optional(),
-                            )?;
-                            return Ok(if present {
-                                Release::Held
-                            } else {
-                                Release::Done(false)
-                            });
-                        }
-                        stmt(
-                            "DELETE FROM dlock_shared_leases WHERE lock_key = ? AND holder_id = ?",
-                        )
+                            )
+                            .bind::<Text, _>(key)
+                            .bind::<Text, _>(holder)
+                            .get_result::<One>(c)
+                            .optional(),
+                        )?;
+                        return Ok(if present {
+                            Release::Held
+                        } else {
+                            Release::Done(false)
+                        });
+                    }
+                    stmt("DELETE FROM dlock_shared_leases WHERE lock_key = ? AND holder_id = ?")
                         .bind::<Text, _>(key)
                         .bind::<Text, _>(holder)
                         .execute(c)?;
-                        stmt(
-                            "UPDATE dlock_leases SET shared_until = \
+                    stmt(
+                        "UPDATE dlock_leases SET shared_until = \
                                (SELECT MAX(expires_at) FROM dlock_shared_leases \
                                 WHERE lock_key = ? AND expires_at > UTC_TIMESTAMP(6)) \
                              WHERE lock_key = ?",
-                        )
-                        .bind::<Text, _>(key)
-                        .bind::<Text, _>(key)
-                        .execute(c)?;
-                        Ok(Release::Done(true))
-                    })
+                    )
+                    .bind::<Text, _>(key)
+                    .bind::<Text, _>(key)
+                    .execute(c)?;
+                    Ok(Release::Done(true))
                 })
             },
             |c| {
-                with_transaction_bounds(c, holders::STALL_CAP, None, |c| {
-                    read_committed(c)?;
-                    c.transaction(|c| {
-                        stmt(
-                            "SELECT CAST(1 AS SIGNED) AS one FROM dlock_shared_leases \
+                release_transaction(c, |c| {
+                    stmt(
+                        "SELECT CAST(1 AS SIGNED) AS one FROM dlock_shared_leases \
                              WHERE lock_key = ? AND holder_id = ? FOR UPDATE",
-                        )
-                        .bind::<Text, _>(key)
-                        .bind::<Text, _>(holder)
-                        .get_result::<One>(c)
-                        .optional()
-                        .map(drop)
-                    })
+                    )
+                    .bind::<Text, _>(key)
+                    .bind::<Text, _>(holder)
+                    .get_result::<One>(c)
+                    .optional()
+                    .map(drop)
                 })
             },
         )
@@ -562,4 +554,16 @@ impl HolderLocks for MysqlConnection {
         .load(self);
         holder_rows(rows)
     }
+}
+
+/// A transaction of a release (`HolderLocks::holders_release`): at READ COMMITTED, idle at
+/// most `STALL_CAP`.
+fn release_transaction<T>(
+    c: &mut MysqlConnection,
+    f: impl FnOnce(&mut MysqlConnection) -> QueryResult<T>,
+) -> QueryResult<T> {
+    with_transaction_bounds(c, holders::STALL_CAP, None, |c| {
+        read_committed(c)?;
+        c.transaction(f)
+    })
 }

@@ -1018,6 +1018,7 @@ fn row_confirmation_deadlocked_keeps_the_grant() {
     #[derive(diesel::QueryableByName)]
     struct N {
         #[diesel(sql_type = BigInt)]
+        #[allow(dead_code)] // the locking reads are run for their locks
         n: i64,
     }
     let Some(h) = common::mysql_own_db_sized(6) else {
@@ -1067,16 +1068,7 @@ fn row_confirmation_deadlocked_keeps_the_grant() {
                 // a time reads it, the nextest group `innodb-trx`, .config/nextest.toml).
                 let start = Instant::now();
                 let result = loop {
-                    let waiting = diesel::sql_query(
-                        "SELECT CAST(COUNT(*) AS SIGNED) AS n \
-                         FROM information_schema.INNODB_TRX t \
-                         JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id \
-                         WHERE p.DB = DATABASE() AND t.trx_state = 'LOCK WAIT'",
-                    )
-                    .get_result::<N>(&mut watch)
-                    .unwrap()
-                    .n;
-                    if waiting > 0 {
+                    if common::mysql_someone_waits(&mut watch) {
                         break diesel::sql_query(
                             "UPDATE dlock_rows SET owner = owner WHERE lock_key = ?",
                         )
@@ -1220,16 +1212,7 @@ fn permit_whose_line_leaving_is_a_deadlock_victim_is_not_taken_without_its_row()
             // time reads it, the nextest group `innodb-trx`).
             let start = Instant::now();
             let result = loop {
-                let waiting = diesel::sql_query(
-                    "SELECT CAST(COUNT(*) AS SIGNED) AS n \
-                     FROM information_schema.INNODB_TRX t \
-                     JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id \
-                     WHERE p.DB = DATABASE() AND t.trx_state = 'LOCK WAIT'",
-                )
-                .get_result::<N>(&mut watch)
-                .unwrap()
-                .n;
-                if waiting > 0 {
+                if common::mysql_someone_waits(&mut watch) {
                     break diesel::sql_query(
                         "SELECT CAST(1 AS SIGNED) AS n FROM dlock_leases WHERE lock_key = ? \
                          FOR UPDATE",

@@ -963,23 +963,7 @@ impl LockWaits for diesel::PgConnection {
 #[cfg(feature = "mysql")]
 impl LockWaits for diesel::MysqlConnection {
     fn someone_waits(&mut self) -> bool {
-        use diesel::RunQueryDsl;
-        #[derive(diesel::QueryableByName)]
-        struct N {
-            #[diesel(sql_type = diesel::sql_types::BigInt)]
-            n: i64,
-        }
-        // INNODB_TRX is refreshed only once nobody read it for 100 ms (the nextest group
-        // `innodb-trx`: one such test at a time).
-        diesel::sql_query(
-            "SELECT CAST(COUNT(*) AS SIGNED) AS n \
-             FROM information_schema.INNODB_TRX t \
-             JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id \
-             WHERE p.DB = DATABASE() AND t.trx_state = 'LOCK WAIT'",
-        )
-        .get_result::<N>(self)
-        .unwrap()
-        .n > 0
+        common::mysql_someone_waits(self)
     }
 }
 

@@ -433,3 +433,26 @@ pub fn mysql_simultaneous_assignment() -> Option<Harness<diesel::MysqlConnection
         _db: None,
     })
 }
+
+/// Is a session of `c`'s database waiting for a row lock (MySQL/MariaDB)? What the server
+/// shows of its transactions (`INNODB_TRX`) is refreshed only once nobody read it for
+/// 100 ms: the tests that poll it run one at a time (the nextest group `innodb-trx`).
+#[cfg(feature = "mysql")]
+#[allow(dead_code)] // not every test binary waits for a lock wait
+pub fn mysql_someone_waits(c: &mut diesel::MysqlConnection) -> bool {
+    use diesel::RunQueryDsl;
+    #[derive(diesel::QueryableByName)]
+    struct N {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    diesel::sql_query(
+        "SELECT CAST(COUNT(*) AS SIGNED) AS n \
+         FROM information_schema.INNODB_TRX t \
+         JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id \
+         WHERE p.DB = DATABASE() AND t.trx_state = 'LOCK WAIT'",
+    )
+    .get_result::<N>(c)
+    .unwrap()
+    .n > 0
+}

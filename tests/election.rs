@@ -546,7 +546,7 @@ fn sqlite_chaos() {
 #[cfg(feature = "postgres")]
 #[test]
 fn pg_chaos_lease() {
-    if let Some(h) = common::pg() {
+    if let Some(h) = common::pg_own_db() {
         chaos(&h, "pg", "lease");
     }
 }
@@ -554,7 +554,7 @@ fn pg_chaos_lease() {
 #[cfg(feature = "postgres")]
 #[test]
 fn pg_chaos_advisory() {
-    if let Some(h) = common::pg() {
+    if let Some(h) = common::pg_own_db() {
         chaos(&h, "pg", "advisory");
     }
 }
@@ -562,7 +562,7 @@ fn pg_chaos_advisory() {
 #[cfg(feature = "mysql")]
 #[test]
 fn mysql_chaos_lease() {
-    if let Some(h) = common::mysql() {
+    if let Some(h) = common::mysql_own_db() {
         chaos(&h, "mysql", "lease");
     }
 }
@@ -570,7 +570,7 @@ fn mysql_chaos_lease() {
 #[cfg(feature = "mysql")]
 #[test]
 fn mysql_chaos_advisory() {
-    if let Some(h) = common::mysql() {
+    if let Some(h) = common::mysql_own_db() {
         chaos(&h, "mysql", "advisory");
     }
 }

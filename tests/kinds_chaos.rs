@@ -177,7 +177,7 @@ fn attack<C: Occupancy>(backend: &str, h: &Harness<C>, s: Strategy, rw: bool) {
 #[cfg(feature = "postgres")]
 #[test]
 fn pg_for_update() {
-    if let Some(h) = common::pg_sized(12) {
+    if let Some(h) = common::pg_own_db_sized(12) {
         attack("pg", &h, Strategy::ForUpdate, true);
     }
 }
@@ -185,7 +185,7 @@ fn pg_for_update() {
 #[cfg(feature = "postgres")]
 #[test]
 fn pg_advisory() {
-    if let Some(h) = common::pg_sized(12) {
+    if let Some(h) = common::pg_own_db_sized(12) {
         attack("pg", &h, Strategy::Advisory, true);
     }
 }
@@ -193,7 +193,7 @@ fn pg_advisory() {
 #[cfg(feature = "postgres")]
 #[test]
 fn pgbouncer_for_update() {
-    if let Some(h) = common::pgbouncer_sized(12) {
+    if let Some(h) = common::pgbouncer_own_db_sized(12) {
         attack("pgbouncer", &h, Strategy::ForUpdate, true);
     }
 }
@@ -201,7 +201,7 @@ fn pgbouncer_for_update() {
 #[cfg(feature = "mysql")]
 #[test]
 fn mysql_for_update() {
-    if let Some(h) = common::mysql_sized(12) {
+    if let Some(h) = common::mysql_own_db_sized(12) {
         attack("mysql", &h, Strategy::ForUpdate, true);
     }
 }

@@ -305,6 +305,57 @@ fn try_lock_beside_purges_takes_free_keys<C: LockConnection>(h: &Harness<C>) {
     assert_eq!(held.load(Ordering::Relaxed), 0, "free keys reported held");
 }
 
+/// As `try_lock_beside_purges_takes_free_keys`, by a `Locker` that found the key held a
+/// moment before (its next acquisition of the key starts with the look a waiting caller
+/// makes, and leaves trying again to the caller): a `try_lock` that met a purge deleting the
+/// key's free row reported the key held (CI, `wait_line` beside `kinds_chaos`'s purges).
+fn try_lock_after_contention_beside_purges_takes_free_keys<C: LockConnection>(h: &Harness<C>) {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let lease = Strategy::Lease {
+        ttl: Duration::from_secs(10),
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let purger = {
+        let (l, stop) = (h.locker(lease), stop.clone());
+        std::thread::spawn(move || {
+            let mut purges = 0;
+            while !stop.load(Ordering::Relaxed) {
+                l.purge(Duration::ZERO).unwrap();
+                purges += 1;
+            }
+            purges
+        })
+    };
+    let held = Arc::new(AtomicUsize::new(0));
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let (holder, l, held) = (h.locker(lease), h.locker(lease), held.clone());
+            let key = unique_key(&format!("contended-beside-purge-{t}"));
+            std::thread::spawn(move || {
+                for _ in 0..150 {
+                    let g = holder.lock(&key).unwrap();
+                    assert!(l.try_lock(&key).unwrap().is_none(), "taken while held");
+                    g.release().unwrap();
+                    match l.try_lock(&key).unwrap() {
+                        Some(g) => g.release().unwrap(),
+                        None => {
+                            held.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let purges = purger.join().unwrap();
+    eprintln!("{purges} purges beside 600 try_locks after contention");
+    assert_eq!(held.load(Ordering::Relaxed), 0, "free keys reported held");
+}
+
 /// Readers and permits of free keys are taken while purges (idle 0) run beside them: a
 /// purge may delete the free lease row an acquisition has just created, and the acquisition
 /// creates it again instead of failing.
@@ -372,6 +423,27 @@ fn mysql_shared_beside_purges_take_free_keys() {
         return;
     };
     shared_beside_purges_take_free_keys(&h);
+}
+
+#[test]
+fn sqlite_try_lock_after_contention_beside_purges_takes_free_keys() {
+    try_lock_after_contention_beside_purges_takes_free_keys(&common::sqlite().unwrap());
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn pg_try_lock_after_contention_beside_purges_takes_free_keys() {
+    let Some(h) = common::pg_own_db() else { return };
+    try_lock_after_contention_beside_purges_takes_free_keys(&h);
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_try_lock_after_contention_beside_purges_takes_free_keys() {
+    let Some(h) = common::mysql_own_db() else {
+        return;
+    };
+    try_lock_after_contention_beside_purges_takes_free_keys(&h);
 }
 
 #[test]

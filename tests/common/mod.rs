@@ -90,6 +90,18 @@ fn own_db<C: LockConnection>(
     size: u32,
     drop_sql: impl FnOnce(&str) -> Vec<String>,
 ) -> Harness<C> {
+    own_db_via(url, drop_sql, |name| {
+        server_at(&with_database(url, name), size)
+    })
+}
+
+/// `own_db`, the harness on the new database (named `name`) made by `harness`: for a
+/// database made on the server at `url` and reached through a pooler.
+fn own_db_via<C: LockConnection>(
+    url: &str,
+    drop_sql: impl FnOnce(&str) -> Vec<String>,
+    harness: impl FnOnce(&str) -> Harness<C>,
+) -> Harness<C> {
     let name = unique_key("dlock_t").replace('-', "_");
     C::establish(url)
         .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
@@ -102,7 +114,7 @@ fn own_db<C: LockConnection>(
         admin_url: url.to_owned(),
         _backend: PhantomData,
     };
-    let mut h = server_at(&with_database(url, &db.name), size);
+    let mut h = harness(&db.name);
     h._db = Some(db);
     h
 }
@@ -308,6 +320,19 @@ pub fn pgbouncer_at(url: &str, size: u32) -> Harness<diesel::PgConnection> {
 #[cfg(feature = "postgres")]
 pub fn pgbouncer_sized(size: u32) -> Option<Harness<diesel::PgConnection>> {
     Some(pgbouncer_at(&pgbouncer_url()?, size))
+}
+
+/// PostgreSQL through the transaction-pooling PgBouncer (which serves every database of the
+/// server: `scripts/services.sh`), on a database of the test's own, made and dropped
+/// directly on the server.
+#[cfg(feature = "postgres")]
+pub fn pgbouncer_own_db_sized(size: u32) -> Option<Harness<diesel::PgConnection>> {
+    let bouncer = pgbouncer_url()?;
+    Some(own_db_via(
+        &pg_url()?,
+        |name| vec![format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")],
+        |name| pgbouncer_at(&with_database(&bouncer, name), size),
+    ))
 }
 
 #[cfg(feature = "postgres")]

@@ -52,13 +52,12 @@ impl<C: LockConnection> LeaseLock<C> {
 
     fn attempt(
         &self,
-        conn: &mut C,
+        conn: &mut Conn<C>,
         key: &str,
         retry: bool,
-        place: i64,
-        holder: Option<String>,
-        granted: Option<Grant>,
     ) -> Result<Option<Taken>> {
+        let (place, holder, granted, once) =
+            (conn.place, conn.holder.clone(), conn.granted, conn.once);
         let holder = holder.unwrap_or_else(crate::random::holder_id);
         if let Some(grant) = granted {
             // A release gave this waiter's place the key, with the place's expiry as the
@@ -88,8 +87,11 @@ impl<C: LockConnection> LeaseLock<C> {
             // busy handler, up to its busy_timeout, while another process holds the
             // database's write lock) is reported busy, so that the caller's wait keeps its
             // deadline.
+            // A caller that tries again anyway (`retry`, unless this is its only attempt:
+            // `Conn::once`) is left to: a `try_lock` by a `Locker` that found the key held
+            // a moment before reported a free key held beside a purge (CI).
             tries += 1;
-            let last = retry || tries == 5;
+            let last = (retry && !once) || tries == 5;
             match acquired {
                 Ok(Some(a)) => break (sent, a),
                 Err(e)
@@ -194,8 +196,7 @@ impl<C: LockConnection> RawLock<C> for LeaseLock<C> {
         retry: bool,
         _wait: Wait,
     ) -> Result<Option<Taken>> {
-        let (place, holder, granted) = (conn.place, conn.holder.clone(), conn.granted);
-        let attempt = self.attempt(conn, key, retry, place, holder, granted);
+        let attempt = self.attempt(conn, key, retry);
         contention_is_busy(&mut **conn, key, attempt)
     }
 

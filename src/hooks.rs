@@ -16,6 +16,7 @@ enum At {
     InHoldersAcquire,
     InRenewBatch,
     BeforeConfirm,
+    BeforeCreate,
 }
 
 fn hooks() -> &'static Mutex<HashMap<(At, String), Hook>> {
@@ -77,6 +78,16 @@ pub fn set_before_confirm(key: &str, hook: Hook) {
         .insert((At::BeforeConfirm, key.to_owned()), hook);
 }
 
+/// Runs `hook` on a `ForUpdate` acquisition of `key` that found no row for the key, before
+/// it makes the row: the instant where a holder can make and lock the row first, and the
+/// acquisition's insert meets the holder's open transaction.
+pub fn set_before_create(key: &str, hook: Hook) {
+    hooks()
+        .lock()
+        .unpoisoned()
+        .insert((At::BeforeCreate, key.to_owned()), hook);
+}
+
 /// Removes the hooks of `key`.
 pub fn clear(key: &str) {
     hooks().lock().unpoisoned().retain(|(_, k), _| k != key);
@@ -97,4 +108,8 @@ pub(crate) fn in_holders_acquire(key: &str) {
 #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
 pub(crate) fn in_renew_batch(key: &str) {
     run(At::InRenewBatch, key);
+}
+
+pub(crate) fn before_create(key: &str) {
+    run(At::BeforeCreate, key);
 }

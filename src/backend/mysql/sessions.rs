@@ -219,10 +219,15 @@ impl SessionLocks for MysqlConnection {
         lock_unavailable(e)
     }
     fn for_update_create(&mut self, key: &str) -> QueryResult<()> {
-        stmt("INSERT IGNORE INTO dlock_for_update (lock_key, version) VALUES (?, 0)")
-            .bind::<Text, _>(key)
-            .execute(self)
-            .map(drop)
+        // The duplicate check waits for a transaction that holds the key's row (made and
+        // locked by a holder after our lock statement found none): bounded, as on
+        // PostgreSQL, so that the attempt locks the row instead, as its wait allows.
+        super::with_lock_wait_timeout(self, 1, |c| {
+            stmt("INSERT IGNORE INTO dlock_for_update (lock_key, version) VALUES (?, 0)")
+                .bind::<Text, _>(key)
+                .execute(c)
+                .map(drop)
+        })
     }
     fn for_update_present(
         &mut self,

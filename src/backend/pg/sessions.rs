@@ -26,6 +26,10 @@ fn statement_timed_out(e: &diesel::result::Error) -> bool {
         if info.message().starts_with("canceling statement due to statement timeout"))
 }
 
+/// How long `for_update_create` waits for a transaction that holds the key's row it would
+/// make (a purge's batch deleting it commits well within this).
+const CREATE_PATIENCE: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// `for_update_lock` with `Wait::Forever`.
 pub const FOR_UPDATE_LOCK: &str =
     "UPDATE dlock_for_update SET version = version + 1 WHERE lock_key = \
@@ -230,11 +234,19 @@ impl SessionLocks for PgConnection {
         lock_unavailable(e)
     }
     fn for_update_create(&mut self, key: &str) -> QueryResult<()> {
+        // The unique check of ON CONFLICT waits for a transaction that has made or updated
+        // the key's row and not ended: a holder that made the row and locked it after our
+        // lock statement's snapshot. Waiting there would wait for the holder's release,
+        // beyond any deadline and out of a cancellation's reach (the session is ended only
+        // while the lock statement runs): the wait is bounded, and `lock_unavailable` then
+        // tells the caller the row is there, to be locked as the attempt allows.
         stmt(
-            "INSERT INTO dlock_for_update (lock_key, version) VALUES (?, 0) \
+            "INSERT INTO dlock_for_update (lock_key, version) \
+             SELECT ?, 0 WHERE set_config('lock_timeout', ?, true) IS NOT NULL \
              ON CONFLICT (lock_key) DO NOTHING",
         )
         .bind::<Text, _>(key)
+        .bind::<Text, _>(lock_timeout_ms(CREATE_PATIENCE))
         .execute(self)
         .map(drop)
     }

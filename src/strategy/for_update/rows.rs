@@ -150,12 +150,24 @@ pub(crate) fn row_lock<C: LockConnection>(
 
 /// Makes the key's row, committed at once. Two inserts of a row a purge has just deleted
 /// can deadlock on MariaDB (each holds a shared lock on the deleted record and wants to
-/// insert): the victim's insert is run again.
+/// insert): the victim's insert is run again. The insert's duplicate check waits for a
+/// transaction holding the row (a holder that made and locked it since the lock statement
+/// found none): only for a moment (`for_update_create`), then the row is there to lock as
+/// the attempt's wait allows; unbounded, that wait outlasted deadlines and cancellations
+/// (the session is ended only while the lock statement runs).
 fn create<C: LockConnection>(conn: &mut Conn<C>, key: &str) -> Result<()> {
+    #[cfg(feature = "test-hooks")]
+    crate::hooks::before_create(key);
     let mut tries = 0;
     loop {
         match conn.session_sql()?.for_update_create(key) {
             Ok(()) => return Ok(()),
+            // The row is there, in a transaction that holds it (made and locked after the
+            // lock statement looked): locked again, as the attempt's wait allows.
+            Err(e) if conn.session_sql()?.is_lock_unavailable(&e) => {
+                log::debug!("lock {key:?}: its row is there, held ({e}); locking it");
+                return Ok(());
+            }
             Err(e) if tries < ROW_TRIES && conn.sql().is_contention(&e) => {
                 tries += 1;
                 log::debug!("lock {key:?}: making its row met contention ({e}); again");

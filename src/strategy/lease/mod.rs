@@ -50,12 +50,7 @@ impl<C: LockConnection> LeaseLock<C> {
         })
     }
 
-    fn attempt(
-        &self,
-        conn: &mut Conn<C>,
-        key: &str,
-        retry: bool,
-    ) -> Result<Option<Taken>> {
+    fn attempt(&self, conn: &mut Conn<C>, key: &str, retry: bool) -> Result<Option<Taken>> {
         let (place, holder, granted, once) =
             (conn.place, conn.holder.clone(), conn.granted, conn.once);
         let holder = holder.unwrap_or_else(crate::random::holder_id);

@@ -307,8 +307,9 @@ fn try_lock_beside_purges_takes_free_keys<C: LockConnection>(h: &Harness<C>) {
 
 /// As `try_lock_beside_purges_takes_free_keys`, by a `Locker` that found the key held a
 /// moment before (its next acquisition of the key starts with the look a waiting caller
-/// makes, and leaves trying again to the caller): a `try_lock` that met a purge deleting the
-/// key's free row reported the key held (CI, `wait_line` beside `kinds_chaos`'s purges).
+/// makes, and leaves trying again to the caller): a `try_lock` (or a wait with no time
+/// left) that met a purge deleting the key's free row reported the key held (PostgreSQL;
+/// CI, `wait_line` beside `kinds_chaos`'s purges).
 fn try_lock_after_contention_beside_purges_takes_free_keys<C: LockConnection>(h: &Harness<C>) {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Arc;
@@ -333,11 +334,16 @@ fn try_lock_after_contention_beside_purges_takes_free_keys<C: LockConnection>(h:
             let (holder, l, held) = (h.locker(lease), h.locker(lease), held.clone());
             let key = unique_key(&format!("contended-beside-purge-{t}"));
             std::thread::spawn(move || {
-                for _ in 0..150 {
+                for i in 0..150 {
                     let g = holder.lock(&key).unwrap();
                     assert!(l.try_lock(&key).unwrap().is_none(), "taken while held");
                     g.release().unwrap();
-                    match l.try_lock(&key).unwrap() {
+                    let once = match i % 3 {
+                        0 => l.try_lock(&key),
+                        1 => l.try_lock_for(&key, Duration::ZERO),
+                        _ => l.try_lock_until(&key, std::time::Instant::now()),
+                    };
+                    match once.unwrap() {
                         Some(g) => g.release().unwrap(),
                         None => {
                             held.fetch_add(1, Ordering::Relaxed);

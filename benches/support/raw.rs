@@ -175,6 +175,7 @@ pub mod pg {
             .bind::<BigInt, _>(TTL.as_micros() as i64)
             .bind::<Text, _>(key)
             .bind::<Text, _>(key)
+            .bind::<Text, _>(key)
             .get_result::<Taken>(c)
             .expect("lease take");
         assert!(t.token.is_some(), "lease take: the key was not free");

@@ -129,9 +129,7 @@ impl<C: LockConnection> Locker<C> {
             }
             None => false,
         };
-        conn.once = matches!(deadline, Deadline::Once);
         let taken = raw.try_acquire(conn, key, retry || joined, Wait::No)?;
-        conn.once = false;
         if joined && taken.is_none() && !raw.exclusive() {
             if let Some(p) = place.as_mut() {
                 p.busy();

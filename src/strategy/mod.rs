@@ -579,10 +579,6 @@ pub(crate) struct Conn<C: LockConnection> {
     /// Whether a cancellation may end this attempt's session (the waiting code registered
     /// the strategy's interrupter): such a session must not be shared with other locks.
     pub(crate) cancellable: bool,
-    /// Whether the caller makes no attempt after this one (`try_lock`): a strategy that
-    /// leaves trying again to its caller (`retry`) tries again itself where a free key only
-    /// looked held for a moment (`Lease` beside a purge).
-    pub(crate) once: bool,
 }
 
 impl<C: LockConnection> Conn<C> {
@@ -594,7 +590,6 @@ impl<C: LockConnection> Conn<C> {
             holder: None,
             granted: None,
             cancellable: false,
-            once: false,
         }
     }
 

@@ -228,8 +228,13 @@ macro_rules! lease_acquire {
 
 /// `lease_acquire` by a newcomer, first: `lease_update!` alone, the key's row taken over if
 /// free (its token, time), or else whether the statement's snapshot shows the row
-/// (`known`). A row it does not show sends the acquisition to `LEASE_ACQUIRE`, which
-/// inserts it. Most acquisitions find their key's row: an insert's part in the statement
+/// (`known`), and whether it showed it free to take (`raced`: the UPDATE, which re-reads
+/// the row's newest version after any wait, found it taken meanwhile, or deleted by a
+/// purge). A row it does not show, or `raced`, sends the acquisition to `LEASE_ACQUIRE`,
+/// whose fresh snapshot inserts the row if a purge deleted it, and finds it held if
+/// another took it: a free key deleted under a `try_lock` was reported held (the key's
+/// `Locker` had found it held a moment before, and its acquisition left trying again to a
+/// caller that makes one attempt; CI's `wait_line` beside another test's purges). Most acquisitions find their key's row: an insert's part in the statement
 /// (`f`, `i`), which runs nothing then, still cost the server about a third of the
 /// statement's time (`EXPLAIN ANALYZE`, median of 35, row free and the line marked free:
 /// 0.055 ms for this statement against 0.076 ms for `LEASE_ACQUIRE`, 27 Nov). A row deleted
@@ -237,8 +242,12 @@ macro_rules! lease_acquire {
 /// with a fresh snapshot, as `LEASE_ACQUIRE`'s.
 pub const LEASE_TAKE: &str = concat!(
     lease_update!(),
-    " SELECT 0::int8 AS id, token, acquired_at, true AS known FROM u \
-     UNION ALL SELECT 0::int8, NULL, NULL, EXISTS (SELECT 1 FROM dlock_leases WHERE lock_key = ?) \
+    " SELECT 0::int8 AS id, token, acquired_at, true AS known, false AS raced FROM u \
+     UNION ALL SELECT 0::int8, NULL, NULL, EXISTS (SELECT 1 FROM dlock_leases WHERE lock_key = ?), \
+       EXISTS (SELECT 1 FROM dlock_leases WHERE lock_key = ? \
+               AND (holder_id IS NULL OR expires_at <= now()) \
+               AND (shared_until IS NULL OR shared_until <= now()) \
+               AND (line_free OR (SELECT turn FROM l))) \
      WHERE NOT EXISTS (SELECT 1 FROM u)"
 );
 
@@ -253,6 +262,8 @@ struct Taken {
     acquired_at: Option<chrono::DateTime<chrono::Utc>>,
     #[diesel(sql_type = diesel::sql_types::Bool)]
     known: bool,
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    raced: bool,
 }
 
 /// `lease_acquire` by a newcomer whose `LEASE_TAKE` found no row of the key (and by a
@@ -492,6 +503,7 @@ impl Locks for PgConnection {
         if place == NO_PLACE {
             let taken = update(LEASE_TAKE)
                 .bind::<Text, _>(key)
+                .bind::<Text, _>(key)
                 .get_result::<Taken>(self)?;
             match (taken.token, taken.acquired_at) {
                 (Some(token), Some(acquired_at)) => {
@@ -501,7 +513,7 @@ impl Locks for PgConnection {
                         acquired_at,
                     }))
                 }
-                _ if taken.known => return Ok(None),
+                _ if taken.known && !taken.raced => return Ok(None),
                 _ => {}
             }
             q(LEASE_ACQUIRE).get_result::<AcquiredRow>(self)

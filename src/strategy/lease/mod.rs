@@ -51,8 +51,7 @@ impl<C: LockConnection> LeaseLock<C> {
     }
 
     fn attempt(&self, conn: &mut Conn<C>, key: &str, retry: bool) -> Result<Option<Taken>> {
-        let (place, holder, granted, once) =
-            (conn.place, conn.holder.clone(), conn.granted, conn.once);
+        let (place, holder, granted) = (conn.place, conn.holder.clone(), conn.granted);
         let holder = holder.unwrap_or_else(crate::random::holder_id);
         if let Some(grant) = granted {
             // A release gave this waiter's place the key, with the place's expiry as the
@@ -82,11 +81,8 @@ impl<C: LockConnection> LeaseLock<C> {
             // busy handler, up to its busy_timeout, while another process holds the
             // database's write lock) is reported busy, so that the caller's wait keeps its
             // deadline.
-            // A caller that tries again anyway (`retry`, unless this is its only attempt:
-            // `Conn::once`) is left to: a `try_lock` by a `Locker` that found the key held
-            // a moment before reported a free key held beside a purge (CI).
             tries += 1;
-            let last = (retry && !once) || tries == 5;
+            let last = retry || tries == 5;
             match acquired {
                 Ok(Some(a)) => break (sent, a),
                 Err(e)

@@ -261,7 +261,13 @@ fn mysql_purge() {
 /// acquisition a deadlock victim on MariaDB; a first attempt tries again for a moment instead
 /// of reporting the free key held (found by the adversary: 481 of 7,816 `try_lock`s on free
 /// keys returned `Ok(None)` on MariaDB).
-fn try_lock_beside_purges_takes_free_keys<C: LockConnection>(h: &Harness<C>) {
+///
+/// `contended`: each try is by a `Locker` that found the key held a moment before (its
+/// next acquisition of the key starts with the look a waiting caller makes, and leaves
+/// trying again to the caller), by `try_lock`, `try_lock_for(0)` or `try_lock_until(now)`
+/// in turn: such a try that met a purge deleting the key's free row reported the key held
+/// (PostgreSQL; CI, `wait_line` beside `kinds_chaos`'s purges).
+fn try_lock_beside_purges_takes_free_keys<C: LockConnection>(h: &Harness<C>, contended: bool) {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Arc;
     let lease = Strategy::Lease {
@@ -279,69 +285,25 @@ fn try_lock_beside_purges_takes_free_keys<C: LockConnection>(h: &Harness<C>) {
             purges
         })
     };
-    let held = Arc::new(AtomicUsize::new(0));
-    let threads: Vec<_> = (0..4)
-        .map(|t| {
-            let (l, held) = (h.locker(lease), held.clone());
-            let key = unique_key(&format!("beside-purge-{t}"));
-            std::thread::spawn(move || {
-                for _ in 0..300 {
-                    match l.try_lock(&key).unwrap() {
-                        Some(g) => g.release().unwrap(),
-                        None => {
-                            held.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                }
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
-    }
-    stop.store(true, Ordering::Relaxed);
-    let purges = purger.join().unwrap();
-    eprintln!("{purges} purges beside 1,200 try_locks");
-    assert_eq!(held.load(Ordering::Relaxed), 0, "free keys reported held");
-}
-
-/// As `try_lock_beside_purges_takes_free_keys`, by a `Locker` that found the key held a
-/// moment before (its next acquisition of the key starts with the look a waiting caller
-/// makes, and leaves trying again to the caller): a `try_lock` (or a wait with no time
-/// left) that met a purge deleting the key's free row reported the key held (PostgreSQL;
-/// CI, `wait_line` beside `kinds_chaos`'s purges).
-fn try_lock_after_contention_beside_purges_takes_free_keys<C: LockConnection>(h: &Harness<C>) {
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-    use std::sync::Arc;
-    let lease = Strategy::Lease {
-        ttl: Duration::from_secs(10),
-    };
-    let stop = Arc::new(AtomicBool::new(false));
-    let purger = {
-        let (l, stop) = (h.locker(lease), stop.clone());
-        std::thread::spawn(move || {
-            let mut purges = 0;
-            while !stop.load(Ordering::Relaxed) {
-                l.purge(Duration::ZERO).unwrap();
-                purges += 1;
-            }
-            purges
-        })
-    };
+    let rounds = if contended { 150 } else { 300 };
     let held = Arc::new(AtomicUsize::new(0));
     let threads: Vec<_> = (0..4)
         .map(|t| {
             let (holder, l, held) = (h.locker(lease), h.locker(lease), held.clone());
-            let key = unique_key(&format!("contended-beside-purge-{t}"));
+            let key = unique_key(&format!("beside-purge-{t}"));
             std::thread::spawn(move || {
-                for i in 0..150 {
-                    let g = holder.lock(&key).unwrap();
-                    assert!(l.try_lock(&key).unwrap().is_none(), "taken while held");
-                    g.release().unwrap();
-                    let once = match i % 3 {
-                        0 => l.try_lock(&key),
-                        1 => l.try_lock_for(&key, Duration::ZERO),
-                        _ => l.try_lock_until(&key, std::time::Instant::now()),
+                for i in 0..rounds {
+                    let once = if contended {
+                        let g = holder.lock(&key).unwrap();
+                        assert!(l.try_lock(&key).unwrap().is_none(), "taken while held");
+                        g.release().unwrap();
+                        match i % 3 {
+                            0 => l.try_lock(&key),
+                            1 => l.try_lock_for(&key, Duration::ZERO),
+                            _ => l.try_lock_until(&key, std::time::Instant::now()),
+                        }
+                    } else {
+                        l.try_lock(&key)
                     };
                     match once.unwrap() {
                         Some(g) => g.release().unwrap(),
@@ -358,7 +320,10 @@ fn try_lock_after_contention_beside_purges_takes_free_keys<C: LockConnection>(h:
     }
     stop.store(true, Ordering::Relaxed);
     let purges = purger.join().unwrap();
-    eprintln!("{purges} purges beside 600 try_locks after contention");
+    eprintln!(
+        "{purges} purges beside {} try_locks (contended first: {contended})",
+        4 * rounds
+    );
     assert_eq!(held.load(Ordering::Relaxed), 0, "free keys reported held");
 }
 
@@ -433,14 +398,14 @@ fn mysql_shared_beside_purges_take_free_keys() {
 
 #[test]
 fn sqlite_try_lock_after_contention_beside_purges_takes_free_keys() {
-    try_lock_after_contention_beside_purges_takes_free_keys(&common::sqlite().unwrap());
+    try_lock_beside_purges_takes_free_keys(&common::sqlite().unwrap(), true);
 }
 
 #[cfg(feature = "postgres")]
 #[test]
 fn pg_try_lock_after_contention_beside_purges_takes_free_keys() {
     let Some(h) = common::pg_own_db() else { return };
-    try_lock_after_contention_beside_purges_takes_free_keys(&h);
+    try_lock_beside_purges_takes_free_keys(&h, true);
 }
 
 #[cfg(feature = "mysql")]
@@ -449,19 +414,19 @@ fn mysql_try_lock_after_contention_beside_purges_takes_free_keys() {
     let Some(h) = common::mysql_own_db() else {
         return;
     };
-    try_lock_after_contention_beside_purges_takes_free_keys(&h);
+    try_lock_beside_purges_takes_free_keys(&h, true);
 }
 
 #[test]
 fn sqlite_try_lock_beside_purges_takes_free_keys() {
-    try_lock_beside_purges_takes_free_keys(&common::sqlite().unwrap());
+    try_lock_beside_purges_takes_free_keys(&common::sqlite().unwrap(), false);
 }
 
 #[cfg(feature = "postgres")]
 #[test]
 fn pg_try_lock_beside_purges_takes_free_keys() {
     let Some(h) = common::pg_own_db() else { return };
-    try_lock_beside_purges_takes_free_keys(&h);
+    try_lock_beside_purges_takes_free_keys(&h, false);
 }
 
 #[cfg(feature = "mysql")]
@@ -470,7 +435,7 @@ fn mysql_try_lock_beside_purges_takes_free_keys() {
     let Some(h) = common::mysql_own_db() else {
         return;
     };
-    try_lock_beside_purges_takes_free_keys(&h);
+    try_lock_beside_purges_takes_free_keys(&h, false);
 }
 
 /// MySQL's named locks are the server's, not a database's: the purge's lock and the

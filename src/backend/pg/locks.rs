@@ -234,12 +234,12 @@ macro_rules! lease_acquire {
 /// whose fresh snapshot inserts the row if a purge deleted it, and finds it held if
 /// another took it: a free key deleted under a `try_lock` was reported held (the key's
 /// `Locker` had found it held a moment before, and its acquisition left trying again to a
-/// caller that makes one attempt; CI's `wait_line` beside another test's purges). Most acquisitions find their key's row: an insert's part in the statement
-/// (`f`, `i`), which runs nothing then, still cost the server about a third of the
-/// statement's time (`EXPLAIN ANALYZE`, median of 35, row free and the line marked free:
-/// 0.055 ms for this statement against 0.076 ms for `LEASE_ACQUIRE`, 27 Nov). A row deleted
-/// by `purge` after the snapshot is `known` and not taken: the attempt fails and is retried
-/// with a fresh snapshot, as `LEASE_ACQUIRE`'s.
+/// caller that makes one attempt; CI's `wait_line` beside another test's purges). Most
+/// acquisitions find their key's row: an insert's part in the statement (`f`, `i`), which
+/// runs nothing then, still cost the server about a third of the statement's time
+/// (`EXPLAIN ANALYZE`, median of 35, row free and the line marked free: 0.055 ms for this
+/// statement against 0.076 ms for `LEASE_ACQUIRE`, 27 Nov). `raced` is read only when
+/// nothing was taken.
 pub const LEASE_TAKE: &str = concat!(
     lease_update!(),
     " SELECT 0::int8 AS id, token, acquired_at, true AS known, false AS raced FROM u \

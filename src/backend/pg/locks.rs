@@ -178,6 +178,17 @@ const ROW_CONFIRM: &str =
      d AS (DELETE FROM dlock_waiters WHERE id = ? AND EXISTS (SELECT 1 FROM u)) \
      SELECT id, token, acquired_at FROM u";
 
+/// Whether the key's lease row (`dlock_leases`) is free to take by the caller: no live
+/// holder, no live readers or permits, and nobody waiting ahead (`l`'s turn) unless the
+/// row says nobody waits. `lease_update!`'s UPDATE and `LEASE_TAKE`'s `raced` ask the same.
+macro_rules! lease_takeable {
+    () => {
+        "(dlock_leases.holder_id IS NULL OR dlock_leases.expires_at <= now()) \
+         AND (dlock_leases.shared_until IS NULL OR dlock_leases.shared_until <= now()) \
+         AND (dlock_leases.line_free OR (SELECT turn FROM l))"
+    };
+}
+
 /// The turn check and the take-over of the key's row, the first CTEs of `LEASE_TAKE`,
 /// `LEASE_ACQUIRE` and `LEASE_ACQUIRE_IN_LINE` (which add the rest).
 /// Its turn check (`l`), as `row_acquire!`'s, counts a granted place too (its holder's
@@ -196,9 +207,7 @@ macro_rules! lease_update {
        UPDATE dlock_leases SET owner = ?, holder_id = ?, \
          token = ", pg_next_token!("token"), ", \
          acquired_at = clock_timestamp(), expires_at = clock_timestamp() + ? * interval '1 microsecond' \
-       WHERE lock_key = ? AND (holder_id IS NULL OR expires_at <= now()) \
-         AND (shared_until IS NULL OR shared_until <= now()) \
-         AND (dlock_leases.line_free OR (SELECT turn FROM l)) \
+       WHERE lock_key = ? AND ", lease_takeable!(), " \
        RETURNING token, acquired_at)")
     };
 }
@@ -244,10 +253,9 @@ pub const LEASE_TAKE: &str = concat!(
     lease_update!(),
     " SELECT 0::int8 AS id, token, acquired_at, true AS known, false AS raced FROM u \
      UNION ALL SELECT 0::int8, NULL, NULL, EXISTS (SELECT 1 FROM dlock_leases WHERE lock_key = ?), \
-       EXISTS (SELECT 1 FROM dlock_leases WHERE lock_key = ? \
-               AND (holder_id IS NULL OR expires_at <= now()) \
-               AND (shared_until IS NULL OR shared_until <= now()) \
-               AND (line_free OR (SELECT turn FROM l))) \
+       EXISTS (SELECT 1 FROM dlock_leases WHERE lock_key = ? AND ",
+    lease_takeable!(),
+    ") \
      WHERE NOT EXISTS (SELECT 1 FROM u)"
 );
 

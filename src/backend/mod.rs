@@ -444,14 +444,15 @@ pub(crate) mod sealed {
     /// place with a lower number exists, and a waiter's acquisition removes its place.
     pub trait Lines {
         /// Takes a place at the end of `key`'s `line` (whose lock: see [`Line`]), alive for
-        /// `ttl_us`; returns its number,
-        /// and whether the key's `Lease` row was marked as waited for (`Joined::flagged`).
+        /// `ttl_us`; returns its number.
         /// `holder`: the holder id the waiter will hold the key under if a release grants it
         /// the key.
         /// `shared`: the place of a reader or a semaphore permit, which others of its kind
         /// may be let in past (`line_ahead`); otherwise an exclusive waiter's.
-        /// `flag`: the key has a `Lease` row to mark as waited for (`line_free` cleared:
-        /// its acquisitions and releases then look into the line); without it no row is
+        /// `flag`: the key's `Lease` row is marked as waited for (`line_free` cleared: its
+        /// acquisitions and releases then look into the line), in the join's own
+        /// transaction, before the place is visible (PostgreSQL: made free and marked if the
+        /// key has none; SQLite and MySQL: see their `line_join`); without it no row is
         /// touched (the key's other strategies' places do not concern `Lease`).
         #[allow(clippy::too_many_arguments)]
         fn line_join(
@@ -465,14 +466,6 @@ pub(crate) mod sealed {
             shared: bool,
             flag: bool,
         ) -> QueryResult<Joined>;
-        /// Marks `key`'s `Lease` row, if it has one, as waited for (`line_free` cleared).
-        /// PostgreSQL's `line_join` does it in the same statement; a waiter whose join found
-        /// no row to mark (the row was being inserted) and whose first try then failed does
-        /// it again, so that the row its try met is marked. Nothing on backends whose join
-        /// marks the row in its own transaction (SQLite) or right after its place (MySQL).
-        fn line_flag(&mut self, _key: &str) -> QueryResult<()> {
-            Ok(())
-        }
         /// The live places of `key`'s `line` ahead of place `place` (every live place for
         /// [`NO_PLACE`](super::NO_PLACE)): how many, and how many of them are exclusive
         /// waiters'. A read only; inside the caller's transaction if one is open.
@@ -552,10 +545,6 @@ pub(crate) mod sealed {
     pub struct Joined {
         /// The place's number.
         pub id: i64,
-        /// The join marked the key's `Lease` row as waited for, or needs not (the backend
-        /// marks it otherwise): false only where `Lines::line_flag` should follow a failed
-        /// first try.
-        pub flagged: bool,
     }
 
     /// The places ahead of one, as `Lines::line_ahead` counts them.

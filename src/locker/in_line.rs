@@ -191,12 +191,6 @@ impl<C: LockConnection> Locker<C> {
         if taken.is_some() {
             Self::took_with(raw, p);
         } else {
-            if !p.flagged && raw.flags_line() {
-                // The join found no `Lease` row to mark: one was being inserted (a newcomer
-                // taking the key as the join ran), which the try has met since. Marked now,
-                // so that the holder's release looks into the line and hands the key over.
-                conn.sql().line_flag(key)?;
-            }
             self.inner.shared.queues.mark_contended(key);
             *place = Some(p);
         }

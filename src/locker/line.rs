@@ -76,9 +76,6 @@ pub(super) struct Place<'a, C: LockConnection> {
     renewed: Instant,
     /// When the place was taken, and how many were ahead at the first look.
     joined: Instant,
-    /// The join marked the key's `Lease` row as waited for (`Lines::line_join`), or needs
-    /// not: false only where `Lines::line_flag` should follow a failed first try.
-    pub(super) flagged: bool,
     ahead_at_first_look: Option<i64>,
     /// The live places ahead of this one at the last look; `None` before the first.
     ahead: Option<i64>,
@@ -124,7 +121,7 @@ impl<'a, C: LockConnection> Place<'a, C> {
         // Only a lock that lines up takes a place (`RawLock::lines`); `Lease`'s line
         // otherwise, as places of builds from before the line's column are.
         let line = raw.line().unwrap_or(Line::Lease);
-        let crate::backend::Joined { id, flagged } = conn.sql().line_join(
+        let crate::backend::Joined { id } = conn.sql().line_join(
             key,
             line,
             owner,
@@ -149,7 +146,6 @@ impl<'a, C: LockConnection> Place<'a, C> {
             ttl_us,
             renewed,
             joined: renewed,
-            flagged,
             ahead_at_first_look: None,
             ahead: None,
             exclusive_ahead: 0,

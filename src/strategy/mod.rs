@@ -493,7 +493,7 @@ pub(crate) trait RawLock<C: LockConnection>: Send + Sync + 'static {
     }
 
     /// For a lock that `lines`: whether its key has a `Lease` row that its line marks as
-    /// waited for (`Lines::line_flag`): true for `Lease` and its readers and permits.
+    /// waited for (`Lines::line_join`'s `flag`): true for `Lease` and its readers and permits.
     fn flags_line(&self) -> bool {
         false
     }

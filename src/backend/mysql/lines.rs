@@ -91,7 +91,7 @@ impl Lines for MysqlConnection {
                 .bind::<Text, _>(key)
                 .execute(self)?;
         }
-        Ok(Joined { id, flagged: true })
+        Ok(Joined { id })
     }
 
     fn line_ahead(&mut self, key: &str, line: Line, place: i64) -> QueryResult<LineAhead> {

@@ -27,7 +27,7 @@ macro_rules! look {
 
 const LOOK: &str = look!();
 
-/// `Lines::line_flag`: the key's lease row, if it has one, no longer says that nobody waits
+/// `line_join`'s first step: the key's lease row, if it has one, no longer says that nobody waits
 /// (`line_free`, which lets `Lease`'s acquisition and release skip their look into the
 /// line: `locks.rs`), and counts one join more (`line_joins`), which tells a release about
 /// to set `line_free` that a place may have come after its snapshot. An UPDATE: it waits
@@ -43,8 +43,6 @@ macro_rules! line_flag {
 struct JoinedRow {
     #[diesel(sql_type = BigInt)]
     id: i64,
-    #[diesel(sql_type = BigInt)]
-    flagged: i64,
 }
 
 /// What `line_leave` answers: the notifications sent (read so that they are sent) and
@@ -70,8 +68,15 @@ impl Lines for PgConnection {
         shared: bool,
         flag: bool,
     ) -> QueryResult<Joined> {
-        // The key's lease row, if it has one and `flag` asks for it, is marked first (`f`,
-        // before the place is written: `line_flag!`); the key's lapsed places go in the same statement (a dead
+        // The key's lease row, if `flag` asks for it, is marked first (`fu`, before the
+        // place is written: `line_flag!`). If `fu` marked none (the snapshot shows no row,
+        // or a purge deleted it since), the row is inserted marked (`fi`: free, its token
+        // at the token floor `f`, as `create_lease` makes it), or, if another's insert of
+        // it came first (a newcomer taking the key), marked once that insert is committed
+        // (ON CONFLICT waits for it). A join that marked nothing let that newcomer's
+        // release, whose snapshot predated the place, say that nobody waits, and the next
+        // newcomer took the key past the place (an adversary beside purges: 3 of 885
+        // newcomer takes). The key's lapsed places go in the same statement (a dead
         // waiter's place would otherwise stay until a purge; it is ignored meanwhile, as every
         // statement here asks for live places only), skipping any another statement has
         // locked: the join then waits for no place's lock while it holds the lease row's.
@@ -88,20 +93,33 @@ impl Lines for PgConnection {
         // unflushed join needs a place number that a crash cannot give out twice, and
         // places matched by the waiter's holder id too; until then, the flush.
         stmt(concat!(
-            "WITH f AS (",
+            "WITH fu AS (",
             line_flag!(),
-            " AND ? RETURNING 1), \
+            " AND ? RETURNING 1), ",
+            pg_floor!("? AND NOT EXISTS (SELECT 1 FROM fu)"),
+            ", fi AS (INSERT INTO dlock_leases (lock_key, token, acquired_at, line_joins) \
+               SELECT ?, GREATEST(f.floor_token, \
+                                  COALESCE((SELECT token FROM dlock_tokens WHERE lock_key = ?), 0)), \
+                      statement_timestamp(), 1 FROM f \
+               ON CONFLICT (lock_key) DO UPDATE \
+                 SET line_free = false, line_joins = dlock_leases.line_joins + 1 \
+               RETURNING 1), \
+             marked AS (SELECT 1 FROM fu UNION ALL SELECT 1 FROM fi), \
              gone AS (DELETE FROM dlock_waiters WHERE id IN ( \
                SELECT id FROM dlock_waiters WHERE lock_key = ? AND expires_at <= now() \
                FOR UPDATE SKIP LOCKED)), \
              i AS (INSERT INTO dlock_waiters (lock_key, line, owner, channel, since, expires_at, holder, shared) \
                SELECT ?, ?, ?, ?, clock_timestamp(), clock_timestamp() + ? * interval '1 microsecond', ?, ? \
-               FROM (SELECT count(*) AS n FROM f) x \
+               FROM (SELECT count(*) AS n FROM marked) x \
                RETURNING id) \
-             SELECT i.id, (SELECT count(*) FROM f) AS flagged FROM i"
+             SELECT i.id FROM i"
         ))
         .bind::<Text, _>(key)
         .bind::<Bool, _>(flag)
+        .bind::<BigInt, _>(crate::key::floor_bucket(key))
+        .bind::<Bool, _>(flag)
+        .bind::<Text, _>(key)
+        .bind::<Text, _>(key)
         .bind::<Text, _>(key)
         .bind::<Text, _>(key)
         .bind::<Integer, _>(line.id())
@@ -111,17 +129,7 @@ impl Lines for PgConnection {
         .bind::<Nullable<Text>, _>((!shared).then_some(holder))
         .bind::<Integer, _>(i32::from(shared))
         .get_result::<JoinedRow>(self)
-        .map(|r| Joined {
-            id: r.id,
-            flagged: r.flagged > 0,
-        })
-    }
-
-    fn line_flag(&mut self, key: &str) -> QueryResult<()> {
-        stmt(line_flag!())
-            .bind::<Text, _>(key)
-            .execute(self)
-            .map(drop)
+        .map(|r| Joined { id: r.id })
     }
 
     fn line_ahead(&mut self, key: &str, line: Line, place: i64) -> QueryResult<LineAhead> {

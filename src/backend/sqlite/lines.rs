@@ -73,7 +73,7 @@ impl Lines for SqliteConnection {
                     .bind::<Text, _>(key)
                     .execute(c)?;
             }
-            Ok(Joined { id, flagged: true })
+            Ok(Joined { id })
         })
     }
 

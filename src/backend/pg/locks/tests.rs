@@ -80,7 +80,6 @@ fn a_join_marks_the_lease_row_only_when_asked() {
     let other = a
         .line_join(&k, Line::Row, "o", None, TTL_US, "hr", false, false)
         .unwrap();
-    assert!(!other.flagged);
     assert!(
         line_free(&mut a, &k),
         "a join without `flag` marked the row"
@@ -89,7 +88,6 @@ fn a_join_marks_the_lease_row_only_when_asked() {
     let lease = a
         .line_join(&k, Line::Lease, "o", None, TTL_US, "hl", false, true)
         .unwrap();
-    assert!(lease.flagged);
     assert!(
         !line_free(&mut a, &k),
         "a join with `flag` left the row free"
@@ -138,7 +136,6 @@ fn a_release_does_not_free_the_line_past_a_join_it_could_not_see() {
     let joined = j
         .line_join(&k, Line::Lease, "o", None, TTL_US, "hj", false, true)
         .unwrap();
-    assert!(joined.flagged);
     let pid = stmt("SELECT pg_backend_pid() AS pid")
         .get_result::<Pid>(&mut a)
         .unwrap()
@@ -172,53 +169,130 @@ fn a_release_does_not_free_the_line_past_a_join_it_could_not_see() {
         .unwrap();
 }
 
-/// A join that found no lease row to mark (the row's insert not committed yet) says so,
-/// and `line_flag` marks the row once it is there: the holder's release then looks into
-/// the line and grants the key to the place.
+#[derive(diesel::QueryableByName)]
+struct Marks {
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    line_free: bool,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    line_joins: i64,
+    #[diesel(sql_type = diesel::sql_types::Nullable<Text>)]
+    holder_id: Option<String>,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    token: i64,
+}
+
+fn marks(c: &mut PgConnection, key: &str) -> Marks {
+    stmt("SELECT line_free, line_joins, holder_id, token FROM dlock_leases WHERE lock_key = ?")
+        .bind::<Text, _>(key)
+        .get_result::<Marks>(c)
+        .unwrap()
+}
+
+fn forget(c: &mut PgConnection, k: &str) {
+    for sql in [
+        "DELETE FROM dlock_waiters WHERE lock_key = ?",
+        "DELETE FROM dlock_leases WHERE lock_key = ?",
+    ] {
+        stmt(sql).bind::<Text, _>(k).execute(c).unwrap();
+    }
+}
+
+/// A join that meets a newcomer's insert of the key's lease row, not committed yet, waits
+/// for it and marks the row (a join that marked nothing let the newcomer's release, whose
+/// snapshot came before the place, say nobody waits, and the next newcomer took the key
+/// past the place). The newcomer's release then hands the key to the place.
 #[test]
-fn a_join_that_met_no_row_marks_it_after() {
+fn a_join_that_meets_an_uncommitted_row_marks_it() {
     let Some(url) = url() else { return };
     let mut n = PgConnection::establish(&url).unwrap();
     n.run_migrations().unwrap();
     let mut j = PgConnection::establish(&url).unwrap();
+    let mut watch = PgConnection::establish(&url).unwrap();
     let k = key("flag-late");
     stmt("BEGIN").execute(&mut n).unwrap();
     assert!(n
         .lease_acquire(&k, "o", "hn", TTL_US, false, NO_PLACE)
         .unwrap()
         .is_some());
-    let joined = j
-        .line_join(&k, Line::Lease, "o", None, TTL_US, "hj", false, true)
-        .unwrap();
-    assert!(!joined.flagged, "the row was not committed");
-    stmt("COMMIT").execute(&mut n).unwrap();
-    // Freed with nobody in line (the place is ignored: a stand-in for a release whose
-    // snapshot came before the join), then taken again by a newcomer.
-    stmt("UPDATE dlock_leases SET line_free = true WHERE lock_key = ?")
-        .bind::<Text, _>(&k)
-        .execute(&mut n)
-        .unwrap();
-    assert!(j
-        .lease_acquire(&k, "o", "hj", TTL_US, true, joined.id)
+    let jpid = stmt("SELECT pg_backend_pid() AS pid")
+        .get_result::<Pid>(&mut j)
         .unwrap()
-        .is_none());
-    j.line_flag(&k).unwrap();
-    assert!(!line_free(&mut n, &k));
+        .pid;
+    let joining = {
+        let k = k.clone();
+        std::thread::spawn(move || {
+            let joined = j
+                .line_join(&k, Line::Lease, "o", None, TTL_US, "hj", false, true)
+                .unwrap();
+            (j, joined)
+        })
+    };
+    until_waiting(&mut watch, jpid);
+    stmt("COMMIT").execute(&mut n).unwrap();
+    let (mut j, joined) = joining.join().unwrap();
+    let m = marks(&mut n, &k);
+    assert!(
+        !m.line_free,
+        "the join marked the row once it was committed"
+    );
+    assert_eq!(m.line_joins, 1);
     assert!(n.lease_release(&k, "hn").unwrap());
+    assert!(!line_free(&mut n, &k), "the place still waits");
     assert!(
         j.line_look_lease(&k, joined.id, 0, "hj")
             .unwrap()
             .is_some_and(|s| s.granted),
         "the release granted the key to the place"
     );
-    stmt("DELETE FROM dlock_waiters WHERE lock_key = ?")
-        .bind::<Text, _>(&k)
-        .execute(&mut j)
+    forget(&mut j, &k);
+}
+
+/// A join on a key without a lease row (never used, or purged) makes the row, free and
+/// marked, with its token at the token floor: a newcomer then waits its turn, and the
+/// waiter takes the key with a token above every earlier holder's.
+#[test]
+fn a_join_on_a_key_without_a_row_makes_it_marked() {
+    let Some(url) = url() else { return };
+    let mut n = PgConnection::establish(&url).unwrap();
+    n.run_migrations().unwrap();
+    let mut j = PgConnection::establish(&url).unwrap();
+    let k = key("flag-none");
+    let first = n
+        .lease_acquire(&k, "o", "h0", TTL_US, false, NO_PLACE)
+        .unwrap()
+        .unwrap()
+        .token;
+    assert!(n.lease_release(&k, "h0").unwrap());
+    // As a purge deletes a free row: its token goes to the token floor first.
+    stmt("UPDATE dlock_token_floor SET floor_token = GREATEST(floor_token, ?) WHERE bucket = ?")
+        .bind::<diesel::sql_types::BigInt, _>(first)
+        .bind::<diesel::sql_types::BigInt, _>(crate::key::floor_bucket(&k))
+        .execute(&mut n)
         .unwrap();
     stmt("DELETE FROM dlock_leases WHERE lock_key = ?")
         .bind::<Text, _>(&k)
-        .execute(&mut j)
+        .execute(&mut n)
         .unwrap();
+    let joined = j
+        .line_join(&k, Line::Lease, "o", None, TTL_US, "hj", false, true)
+        .unwrap();
+    let m = marks(&mut n, &k);
+    assert!(!m.line_free);
+    assert_eq!(m.line_joins, 1);
+    assert_eq!(m.holder_id, None, "made free");
+    assert!(m.token >= first);
+    assert!(
+        n.lease_acquire(&k, "o", "hn", TTL_US, false, NO_PLACE)
+            .unwrap()
+            .is_none(),
+        "a newcomer waits its turn"
+    );
+    let taken = j
+        .lease_acquire(&k, "o", "hj", TTL_US, true, joined.id)
+        .unwrap()
+        .expect("the waiter's turn");
+    assert!(taken.token > first, "{} after {first}", taken.token);
+    forget(&mut j, &k);
 }
 
 /// The grant statements send the grant's note to the grants channel of the listeners that

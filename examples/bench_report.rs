@@ -61,6 +61,10 @@ struct Row {
     /// Session strategies: the lock with no token at all (`Pair::bare`), cycles/s.
     bare: Option<f64>,
     bare_statements: &'static str,
+    /// MariaDB Row and Lease: the hand-written statements with the token back and the
+    /// release on a second checkout (`Pair::bare_token`), cycles/s.
+    bare_token: Option<f64>,
+    bare_token_statements: &'static str,
     /// (handoffs/s, fairness) with 8 threads on one key, per sharing.
     shared: Option<(f64, f64)>,
     separate: Option<(f64, f64)>,
@@ -155,7 +159,13 @@ fn main() {
             if let Some((bare, _)) = &mut p.bare {
                 contestants.push(bare);
             }
+            let bare_token_statements = p.bare_token.as_ref().map_or("", |b| b.1);
+            let with_token = p.bare_token.is_some();
+            if let Some((bare, _)) = &mut p.bare_token {
+                contestants.push(bare);
+            }
             let rates = support::interleaved(round, rounds, &mut contestants);
+            let bare_at = rates.len() - 1 - usize::from(with_token);
             eprintln!("cycle {} {}: {rates:.0?}", db.name(), s.name());
             rows.insert(
                 (order(db), s.name()),
@@ -168,8 +178,10 @@ fn main() {
                         .raw_without_notify
                         .as_ref()
                         .map(|_| rates[if with_redis { 3 } else { 2 }]),
-                    bare: with_bare.then(|| rates[rates.len() - 1]),
+                    bare: with_bare.then(|| rates[bare_at]),
                     bare_statements,
+                    bare_token: with_token.then(|| rates[rates.len() - 1]),
+                    bare_token_statements,
                     ..Row::default()
                 },
             );
@@ -642,6 +654,17 @@ fn targets(
                     mark(r.ours >= 0.9 * bare)
                 )
                 .unwrap();
+                if let Some(token) = r.bare_token {
+                    writeln!(
+                        m,
+                        "   {s} on {}: the same with the token back and the release on a second checkout ({}): {:.2} of the hand-written; the library {:.2} of it.",
+                        db.name(),
+                        r.bare_token_statements,
+                        token / bare,
+                        r.ours / token,
+                    )
+                    .unwrap();
+                }
             }
         }
     }

@@ -24,6 +24,12 @@ pub struct Pair {
     /// `pg_advisory_unlock`, `GET_LOCK` + `RELEASE_LOCK`, `BEGIN; SELECT … FOR UPDATE;
     /// COMMIT`), what a fencing token is measured against, and its statements.
     pub bare: Option<Bare>,
+    /// MariaDB Row and Lease: the hand-written statements (`bare`) with what a lock whose
+    /// guard keeps no connection needs of them: the token (or id) back to the client, and
+    /// the release on a connection checked out again. Through diesel on MariaDB 10.11 a
+    /// value comes back from a write only by a statement of its own (no `INSERT …
+    /// RETURNING` through a prepared statement, MDEV-27013; no insert id in diesel's API).
+    pub bare_token: Option<Bare>,
 }
 
 const OWNER: &str = "bench";
@@ -400,6 +406,7 @@ pub mod pg {
             statements,
             raw_without_notify,
             bare,
+            bare_token: None,
         }
     }
 }
@@ -447,6 +454,84 @@ pub mod mysql {
         high: Option<i64>,
         #[diesel(sql_type = BigInt)]
         acquired_us: i64,
+    }
+
+    /// The hand-written statements with the token back (see `Pair::bare_token`): `Row`'s
+    /// id (an AUTO_INCREMENT, increasing across the table) read back as its token, and
+    /// deleted by it on a second checkout; `Lease`'s upsert bumping a token when it takes
+    /// the row, the token read back by holder, the release on a second checkout.
+    fn bare_token(
+        pool: Pool<ConnectionManager<MysqlConnection>>,
+        strategy: Strategy,
+        key: &str,
+    ) -> Option<Bare> {
+        let k = format!("{key}-bare-token");
+        match strategy {
+            Strategy::Row { .. } => Some((
+                Box::new(move || {
+                    let mut c = pool.get().unwrap();
+                    let n = sql(
+                        "INSERT IGNORE INTO dlock_rows (lock_key, owner, holder, token, acquired_at) \
+                         VALUES (?, ?, ?, 0, UTC_TIMESTAMP(6))",
+                    )
+                    .bind::<Text, _>(&k)
+                    .bind::<Text, _>(OWNER)
+                    .bind::<Text, _>(HOLDER)
+                    .execute(&mut c)
+                    .unwrap();
+                    assert_eq!(n, 1);
+                    let id = sql("SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS answer")
+                        .get_result::<Answer>(&mut c)
+                        .unwrap()
+                        .answer
+                        .expect("id");
+                    drop(c);
+                    let n = sql("DELETE FROM dlock_rows WHERE id = ?")
+                        .bind::<BigInt, _>(id)
+                        .execute(&mut pool.get().unwrap())
+                        .unwrap();
+                    assert_eq!(n, 1);
+                }),
+                "INSERT IGNORE; SELECT LAST_INSERT_ID(); DELETE by id (second checkout)",
+            )),
+            Strategy::Lease { .. } => Some((
+                Box::new(move || {
+                    let mut c = pool.get().unwrap();
+                    sql(
+                        "INSERT INTO dlock_leases (lock_key, owner, holder_id, token, acquired_at, expires_at) \
+                         VALUES (?, ?, ?, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
+                         ON DUPLICATE KEY UPDATE \
+                           token = IF(expires_at IS NULL OR expires_at <= UTC_TIMESTAMP(6), token + 1, token), \
+                           holder_id = IF(expires_at IS NULL OR expires_at <= UTC_TIMESTAMP(6), VALUES(holder_id), holder_id), \
+                           expires_at = IF(expires_at IS NULL OR expires_at <= UTC_TIMESTAMP(6), VALUES(expires_at), expires_at)",
+                    )
+                    .bind::<Text, _>(&k)
+                    .bind::<Text, _>(OWNER)
+                    .bind::<Text, _>(HOLDER)
+                    .bind::<BigInt, _>(TTL.as_micros() as i64)
+                    .execute(&mut c)
+                    .unwrap();
+                    let token = sql(
+                        "SELECT token AS answer FROM dlock_leases WHERE lock_key = ? AND holder_id = ?",
+                    )
+                    .bind::<Text, _>(&k)
+                    .bind::<Text, _>(HOLDER)
+                    .get_result::<Answer>(&mut c)
+                    .unwrap()
+                    .answer;
+                    assert!(token.is_some());
+                    drop(c);
+                    let n = sql(lib::LEASE_RELEASE)
+                        .bind::<Text, _>(&k)
+                        .bind::<Text, _>(HOLDER)
+                        .execute(&mut pool.get().unwrap())
+                        .unwrap();
+                    assert_eq!(n, 1);
+                }),
+                "upsert IF(free) with token + 1; SELECT token by holder; UPDATE … holder = NULL (second checkout)",
+            )),
+            _ => None,
+        }
     }
 
     /// The lock with no token (see `Pair::bare`).
@@ -547,6 +632,7 @@ pub mod mysql {
         let l = build(&pool, strategy, key);
         let k = key.to_owned();
         let bare = bare(pool.clone(), strategy, key);
+        let pool_for_token = pool.clone();
         let (raw, statements): (Box<dyn FnMut()>, _) = match strategy {
             Strategy::Row { .. } => (
                 Box::new(move || {
@@ -648,6 +734,7 @@ pub mod mysql {
             statements,
             raw_without_notify: None,
             bare,
+            bare_token: bare_token(pool_for_token, strategy, key),
         }
     }
 }
@@ -792,6 +879,7 @@ pub mod sqlite {
             statements,
             raw_without_notify: None,
             bare: bare(pool_for_bare, strategy, key),
+            bare_token: None,
         }
     }
 }

@@ -12,6 +12,10 @@
 //! Each test stops the acquisition at that instant (`__test_hooks::set_before_create`),
 //! lets a holder make and lock the row, then lets the acquisition go on, and asks for its
 //! answer within 5 s while the holder keeps the key.
+//!
+//! On MariaDB that insert, made over a record a purge has just deleted, also deadlocks with
+//! another acquisition's waiting lock statement of the key:
+//! `mysql_lock_statement_deadlock_victim_runs_again` builds it.
 
 mod common;
 
@@ -114,4 +118,141 @@ fn mysql() {
     if let Some(h) = common::mysql() {
         all(&h);
     }
+}
+
+/// How many deadlocks the server has ended since it started (`Innodb_deadlocks`).
+#[cfg(feature = "mysql")]
+fn mysql_deadlocks(c: &mut diesel::MysqlConnection) -> i64 {
+    use diesel::RunQueryDsl;
+    #[derive(diesel::QueryableByName)]
+    struct N {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    diesel::sql_query(
+        "SELECT CAST(VARIABLE_VALUE AS SIGNED) AS n FROM information_schema.GLOBAL_STATUS \
+         WHERE VARIABLE_NAME = 'INNODB_DEADLOCKS'",
+    )
+    .get_result::<N>(c)
+    .unwrap()
+    .n
+}
+
+/// Waits (at most 20 s) until `n` sessions of the test's database wait for a row lock.
+#[cfg(feature = "mysql")]
+fn until_waiting(watch: &mut diesel::MysqlConnection, n: i64, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while common::mysql_waiting(watch) < n {
+        assert!(Instant::now() < deadline, "{what} never waited");
+        // What INNODB_TRX shows is refreshed only once nobody read it for 100 ms (see
+        // `common::mysql_someone_waits`): a quicker poll would see the same answer for ever.
+        std::thread::sleep(Duration::from_millis(150));
+    }
+}
+
+/// A waiting acquisition whose lock statement MariaDB rolls back as a deadlock's victim runs
+/// it again and gets the key, instead of failing with "Deadlock found when trying to get
+/// lock". Beside purges of new keys (an adversary: about 1 acquisition in 5,000): a purge's
+/// batch has deleted the key's row and not yet committed; the insert that makes the row
+/// again (`for_update_create`'s, of an acquisition that found no row) waits for a shared
+/// lock on the deleted record, and another acquisition's `SELECT … FOR UPDATE` waits behind
+/// it; the batch commits, the insert gets its shared lock and asks for an exclusive one (it
+/// makes the row over the deleted record), behind the lock statement's: the server rolls
+/// back the lock statement. Built here on purpose with the same statements: the batch is a
+/// transaction that deleted the row; the insert runs in a transaction that has written
+/// rows, so that the server rolls back the other side, the acquisition (as it did beside
+/// real purges); a consistent snapshot keeps the deleted record from being cleaned away.
+/// What went wrong with the acquisition's answer, if anything.
+#[cfg(feature = "mysql")]
+fn lock_statement_deadlock_victim_runs_again(
+    h: &Harness<diesel::MysqlConnection>,
+    how: &str,
+    ask: fn(&diesel_lock::Locker<diesel::MysqlConnection>, &str) -> diesel_lock::Result<bool>,
+) -> Option<String> {
+    use diesel::sql_types::Text;
+    use diesel::{Connection, MysqlConnection, RunQueryDsl};
+    let locker = h.locker(Strategy::ForUpdate);
+    let key = unique_key("for-update-deadlock");
+    drop(locker.lock(&key).unwrap()); // the key's row is there, free
+    let connect = || MysqlConnection::establish(&h.url).unwrap();
+    let (mut pin, mut purge, mut insert, mut watch) = (connect(), connect(), connect(), connect());
+    diesel::sql_query("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+        .execute(&mut pin)
+        .unwrap();
+    diesel::sql_query("BEGIN").execute(&mut purge).unwrap();
+    let deleted = diesel::sql_query("DELETE FROM dlock_for_update WHERE lock_key = ?")
+        .bind::<Text, _>(&key)
+        .execute(&mut purge)
+        .unwrap();
+    assert_eq!(deleted, 1);
+    diesel::sql_query("BEGIN").execute(&mut insert).unwrap();
+    for i in 0..50 {
+        diesel::sql_query("INSERT INTO dlock_versions (lock_key, version) VALUES (?, 0)")
+            .bind::<Text, _>(format!("{key}-weight-{i}"))
+            .execute(&mut insert)
+            .unwrap();
+    }
+    let inserting = {
+        let key = key.clone();
+        std::thread::spawn(move || {
+            let made = diesel::sql_query(
+                "INSERT IGNORE INTO dlock_for_update (lock_key, version) VALUES (?, 0)",
+            )
+            .bind::<Text, _>(&key)
+            .execute(&mut insert);
+            (insert, made)
+        })
+    };
+    until_waiting(&mut watch, 1, "the insert");
+    let (done_tx, done_rx) = mpsc::channel();
+    let asker = {
+        let (locker, key) = (locker.clone(), key.clone());
+        std::thread::spawn(move || {
+            let _ = done_tx.send(ask(&locker, &key));
+        })
+    };
+    until_waiting(&mut watch, 2, "the acquisition's lock statement");
+    let before = mysql_deadlocks(&mut watch);
+    diesel::sql_query("COMMIT").execute(&mut purge).unwrap();
+    let (mut insert, made) = inserting.join().unwrap();
+    assert_eq!(
+        made.expect("the insert, whose transaction has written rows, survives the deadlock"),
+        1
+    );
+    assert!(
+        mysql_deadlocks(&mut watch) > before,
+        "no deadlock was built: nothing tested"
+    );
+    diesel::sql_query("COMMIT").execute(&mut insert).unwrap();
+    let got = done_rx.recv_timeout(Duration::from_secs(20));
+    diesel::sql_query("ROLLBACK").execute(&mut pin).unwrap();
+    asker.join().unwrap();
+    match got {
+        Err(_) => Some(format!("{how}: no answer within 20 s")),
+        Ok(Ok(true)) => None,
+        Ok(Ok(false)) => Some(format!("{how}: the key is free, yet not taken")),
+        Ok(Err(e)) => {
+            let source = std::error::Error::source(&e).map_or(String::new(), |s| format!(": {s}"));
+            Some(format!("{how}: {e}{source}"))
+        }
+    }
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_lock_statement_deadlock_victim_runs_again() {
+    let Some(h) = common::mysql_own_db() else {
+        return;
+    };
+    let failed: Vec<String> = [
+        lock_statement_deadlock_victim_runs_again(&h, "lock", |l, k| l.lock(k).map(|_| true)),
+        lock_statement_deadlock_victim_runs_again(&h, "try_lock_for", |l, k| {
+            l.try_lock_for(k, Duration::from_secs(30))
+                .map(|g| g.is_some())
+        }),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    assert!(failed.is_empty(), "{failed:#?}");
 }

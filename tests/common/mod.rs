@@ -465,6 +465,14 @@ pub fn mysql_simultaneous_assignment() -> Option<Harness<diesel::MysqlConnection
 #[cfg(feature = "mysql")]
 #[allow(dead_code)] // not every test binary waits for a lock wait
 pub fn mysql_someone_waits(c: &mut diesel::MysqlConnection) -> bool {
+    mysql_waiting(c) > 0
+}
+
+/// How many sessions of `c`'s database wait for a row lock (MySQL/MariaDB; see
+/// `mysql_someone_waits`).
+#[cfg(feature = "mysql")]
+#[allow(dead_code)] // not every test binary waits for a lock wait
+pub fn mysql_waiting(c: &mut diesel::MysqlConnection) -> i64 {
     use diesel::RunQueryDsl;
     #[derive(diesel::QueryableByName)]
     struct N {
@@ -479,5 +487,5 @@ pub fn mysql_someone_waits(c: &mut diesel::MysqlConnection) -> bool {
     )
     .get_result::<N>(c)
     .unwrap()
-    .n > 0
+    .n
 }

@@ -47,10 +47,11 @@ impl<C: LockConnection> Hold for ForShareHold<C> {
     }
 }
 
-/// How many times an attempt makes the key's row again, or looks again at a row found
-/// locked, before it reports the key busy: each time a purge must have deleted the row (or
-/// been deleting it) since the last look. A purge takes only rows older than its grace, so
-/// with any grace beyond a round trip the first retry wins.
+/// How many times an attempt makes the key's row again, looks again at a row found locked,
+/// or runs its lock statement again after a deadlock, before it reports the key busy: each
+/// time a purge must have deleted the row (or been deleting it) since the last look. A
+/// purge takes only rows older than its grace, so with any grace beyond a round trip the
+/// first retry wins.
 const ROW_TRIES: usize = 16;
 
 /// How long one attempt waits, in all, for purge batches to let go of the purge gate
@@ -74,10 +75,11 @@ const FENCE_TRIES: usize = 4;
 /// creators do not wait for our transaction; an insert that deadlocks with another on a
 /// just-deleted row is run again) and locked again; a row found locked (`NOWAIT`, or a
 /// bounded wait that ran out) is busy only if it is still there once no purge's batch is
-/// under way (`SessionLocks::for_update_present`), else it is looked at again. At most
-/// [`ROW_TRIES`] times, and never past the deadline of `wait`. A token that may not go out
-/// yet (a new life of the server, or a bound to raise: once in 2^20) is rolled back, made
-/// safe outside the transaction, and drawn again.
+/// under way (`SessionLocks::for_update_present`), else it is looked at again; a lock
+/// statement the server rolled back as a deadlock's victim (`Dialect::is_rolled_back`) is
+/// run again. At most [`ROW_TRIES`] times in all, and never past the deadline of `wait`. A
+/// token that may not go out yet (a new life of the server, or a bound to raise: once in
+/// 2^20) is rolled back, made safe outside the transaction, and drawn again.
 pub(crate) fn row_lock<C: LockConnection>(
     conn: &mut Conn<C>,
     key: &str,
@@ -134,6 +136,21 @@ pub(crate) fn row_lock<C: LockConnection>(
             }
             Err(e) => {
                 rollback(conn);
+                if conn.sql().is_rolled_back(&e) {
+                    // A deadlock's victim: the server rolled the statement back whole (on
+                    // MariaDB, an insert making the row over a record a purge has just
+                    // deleted holds a shared lock on it and asks for an exclusive one
+                    // behind the lock statement's); run again, as the wait allows.
+                    tries += 1;
+                    if tries > ROW_TRIES {
+                        log::debug!("lock {key:?}: the lock statement was a deadlock's victim {ROW_TRIES} times ({e}); busy for now");
+                        return Ok(None);
+                    }
+                    log::debug!(
+                        "lock {key:?}: the lock statement was a deadlock's victim ({e}); again"
+                    );
+                    continue;
+                }
                 if !conn.session_sql()?.is_lock_unavailable(&e) {
                     return Err(e.into());
                 }

@@ -15,7 +15,10 @@
 //!
 //! On MariaDB that insert, made over a record a purge has just deleted, also deadlocks with
 //! another acquisition's waiting lock statement of the key:
-//! `mysql_lock_statement_deadlock_victim_runs_again` builds it.
+//! `mysql_lock_statement_deadlock_victim_runs_again` builds it. On PostgreSQL with sessions
+//! at REPEATABLE READ, a waiting writer's mark of the key fails with a serialization
+//! failure after another's update of the key's header row:
+//! `pg_writer_mark_rolled_back_is_busy`.
 
 mod common;
 
@@ -255,4 +258,97 @@ fn mysql_lock_statement_deadlock_victim_runs_again() {
     .flatten()
     .collect();
     assert!(failed.is_empty(), "{failed:#?}");
+}
+
+/// PostgreSQL sessions that default to REPEATABLE READ: a waiting writer first marks the
+/// key (an upsert of the key's header row in `dlock_shared_keys`), and that upsert fails
+/// with a serialization failure when another transaction updated the row while it waited
+/// (another writer's mark or unmark). The attempt counts as busy and the wait goes on; the
+/// error reached `try_lock_for` and `lock` before (an adversary's reproduction, 3 of 3).
+#[cfg(feature = "postgres")]
+#[test]
+fn pg_writer_mark_rolled_back_is_busy() {
+    use diesel::connection::SimpleConnection;
+    use diesel::{Connection, PgConnection, QueryableByName, RunQueryDsl};
+    #[derive(QueryableByName)]
+    struct N {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let Some(own) = common::pg_own_db_sized(1) else {
+        return;
+    };
+    let name = own
+        .url
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .split('?')
+        .next()
+        .unwrap();
+    PgConnection::establish(&own.url)
+        .unwrap()
+        .batch_execute(&format!(
+            "ALTER DATABASE {name} SET default_transaction_isolation = 'repeatable read'"
+        ))
+        .unwrap();
+    // A pool made after the change: its sessions start at REPEATABLE READ.
+    let h = common::server_at::<PgConnection>(&own.url, 6);
+    let holder = h.locker(Strategy::ForUpdate);
+    let waiter = h.locker(Strategy::ForUpdate);
+    let k = unique_key("mark-rr");
+    let held = holder.lock(&k).unwrap();
+    // A bounded wait makes the key's header row with the waiter's mark.
+    assert!(waiter
+        .try_lock_for(&k, Duration::from_millis(300))
+        .unwrap()
+        .is_none());
+    let mut other = PgConnection::establish(&own.url).unwrap();
+    other.batch_execute("BEGIN").unwrap();
+    let n = diesel::sql_query(
+        "UPDATE dlock_shared_keys SET intent_until = intent_until WHERE lock_key = $1",
+    )
+    .bind::<diesel::sql_types::Text, _>(&k)
+    .execute(&mut other)
+    .unwrap();
+    assert_eq!(n, 1, "the key's header row");
+    let (tx, rx) = mpsc::channel();
+    let waiting = {
+        let (waiter, k) = (waiter.clone(), k.clone());
+        std::thread::spawn(move || {
+            let r = waiter
+                .try_lock_for(&k, Duration::from_secs(3))
+                .map(|g| g.is_some());
+            tx.send(()).unwrap();
+            r
+        })
+    };
+    // Until the waiter's mark waits for the open update's row lock.
+    let mut watch = PgConnection::establish(&own.url).unwrap();
+    let start = Instant::now();
+    while diesel::sql_query(
+        "SELECT count(*) AS n FROM pg_stat_activity \
+         WHERE datname = current_database() AND wait_event_type = 'Lock'",
+    )
+    .get_result::<N>(&mut watch)
+    .unwrap()
+    .n == 0
+    {
+        assert!(
+            rx.try_recv().is_err(),
+            "the wait ended before it met the update"
+        );
+        assert!(start.elapsed() < Duration::from_secs(20), "never waited");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    other.batch_execute("COMMIT").unwrap();
+    match waiting.join().unwrap() {
+        Ok(taken) => assert!(!taken, "taken while held"),
+        Err(e) => panic!("the wait failed: {e}"),
+    }
+    drop(held);
+    assert!(waiter
+        .try_lock_for(&k, Duration::from_secs(3))
+        .unwrap()
+        .is_some());
 }

@@ -18,7 +18,7 @@
 
 use super::rows::{row_lock, share, ForShareHold};
 use super::ForUpdateLock;
-use crate::backend::{Flavor, LockConnection, Wait};
+use crate::backend::{Flavor, LockConnection, Sql, Wait};
 use crate::strategy::session;
 use crate::strategy::session_permits::{check_kind, SlotCore};
 use crate::strategy::{Conn, Hold, Interrupter, Pool, Pooled, RawLock, Taken};
@@ -151,7 +151,18 @@ impl<C: LockConnection> RawLock<C> for ForUpdateWriteLock<C> {
             return self.inner.try_acquire(conn, key, retry, wait);
         };
         let writer = writer.as_str();
-        share(&mut **conn)?.mark_writer(key, writer, self.mark_us)?;
+        match share(&mut **conn)?.mark_writer(key, writer, self.mark_us) {
+            Ok(()) => {}
+            // Rolled back by the server: a serialization failure where sessions default to
+            // REPEATABLE READ or SERIALIZABLE and another writer's mark (or unmark) of the
+            // key's header row came first, or a deadlock. Nothing was marked; the key
+            // counts as busy for this attempt, and a wait tries again.
+            Err(e) if conn.sql().is_rolled_back(&e) => {
+                log::debug!("lock {key:?}: marking the writer was rolled back ({e}); busy for now");
+                return Ok(None);
+            }
+            Err(e) => return Err(e.into()),
+        }
         let slice = match wait {
             Wait::For(d) => Wait::For(d.min(SLICE)),
             _ => Wait::For(SLICE),

@@ -456,6 +456,21 @@ pub mod mysql {
         acquired_us: i64,
     }
 
+    /// The hand-written `row`'s insert, `bare`'s and `bare_token`'s (its id in
+    /// `LAST_INSERT_ID()`).
+    fn bare_row_insert(c: &mut MysqlConnection, key: &str) {
+        let n = sql(
+            "INSERT IGNORE INTO dlock_rows (lock_key, owner, holder, token, acquired_at) \
+             VALUES (?, ?, ?, 0, UTC_TIMESTAMP(6))",
+        )
+        .bind::<Text, _>(key)
+        .bind::<Text, _>(OWNER)
+        .bind::<Text, _>(HOLDER)
+        .execute(c)
+        .unwrap();
+        assert_eq!(n, 1);
+    }
+
     /// The hand-written statements with the token back (see `Pair::bare_token`): `Row`'s
     /// id (an AUTO_INCREMENT, increasing across the table) read back as its token, and
     /// deleted by it on a second checkout; `Lease`'s upsert bumping a token when it takes
@@ -470,16 +485,7 @@ pub mod mysql {
             Strategy::Row { .. } => Some((
                 Box::new(move || {
                     let mut c = pool.get().unwrap();
-                    let n = sql(
-                        "INSERT IGNORE INTO dlock_rows (lock_key, owner, holder, token, acquired_at) \
-                         VALUES (?, ?, ?, 0, UTC_TIMESTAMP(6))",
-                    )
-                    .bind::<Text, _>(&k)
-                    .bind::<Text, _>(OWNER)
-                    .bind::<Text, _>(HOLDER)
-                    .execute(&mut c)
-                    .unwrap();
-                    assert_eq!(n, 1);
+                    bare_row_insert(&mut c, &k);
                     let id = sql("SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS answer")
                         .get_result::<Answer>(&mut c)
                         .unwrap()
@@ -576,16 +582,7 @@ pub mod mysql {
                 Some((
                     Box::new(move || {
                         let mut c = pool.get().unwrap();
-                        let n = sql(
-                            "INSERT IGNORE INTO dlock_rows (lock_key, owner, holder, token, acquired_at) \
-                             VALUES (?, ?, ?, 0, UTC_TIMESTAMP(6))",
-                        )
-                        .bind::<Text, _>(&k)
-                        .bind::<Text, _>(OWNER)
-                        .bind::<Text, _>(HOLDER)
-                        .execute(&mut c)
-                        .unwrap();
-                        assert_eq!(n, 1);
+                        bare_row_insert(&mut c, &k);
                         let n = sql("DELETE FROM dlock_rows WHERE id = LAST_INSERT_ID()")
                             .execute(&mut c)
                             .unwrap();

@@ -177,6 +177,23 @@ fn with_lock_wait_setting<T>(
     result
 }
 
+/// Runs `f` with row lock waits as short as the server allows (MariaDB: none, a locked row
+/// refused at once, as `NOWAIT`; MySQL proper: 1 s, the least it takes), then puts the
+/// session's own setting back, as `with_lock_wait_timeout`.
+fn with_least_lock_wait<T>(
+    conn: &mut MysqlConnection,
+    f: impl FnOnce(&mut MysqlConnection) -> QueryResult<T>,
+) -> QueryResult<T> {
+    stmt(
+        "SET @dlock_saved_wait = @@SESSION.innodb_lock_wait_timeout, \
+         SESSION innodb_lock_wait_timeout = IF(VERSION() LIKE '%MariaDB%', 0, 1)",
+    )
+    .execute(conn)?;
+    let result = f(conn);
+    stmt("SET SESSION innodb_lock_wait_timeout = @dlock_saved_wait").execute(conn)?;
+    result
+}
+
 /// Whole seconds, rounded up, at least 1 (what `innodb_lock_wait_timeout` and MariaDB's
 /// `idle_transaction_timeout` take; 0 would mean no limit).
 fn whole_seconds(d: std::time::Duration) -> i64 {

@@ -236,9 +236,7 @@ fn mysql_purge_beside_acquisitions() {
 
 /// A purge batch that keeps the gate (its purger stopped, or a session holding it by hand,
 /// as here) costs a busy `try_lock` of a held key one bounded wait for the gate (2 s), not
-/// one per retry: it took 32 s (16 × 2 s) before, found by the purge's adversary. A
-/// `try_lock_for` waits for the gate no longer than its own deadline: 300 ms took 2.3 s
-/// before (the gate's whole patience after the deadline's NOWAIT look).
+/// one per retry: it took 32 s (16 × 2 s) before, found by the purge's adversary.
 fn stuck_gate_costs_one_wait<C: LockConnection>(h: &Harness<C>, hold_gate: &str) {
     let locker = h.locker(Strategy::ForUpdate);
     let key = unique_key("stuck-gate");
@@ -254,18 +252,6 @@ fn stuck_gate_costs_one_wait<C: LockConnection>(h: &Harness<C>, hold_gate: &str)
     let took = start.elapsed();
     eprintln!("a busy try_lock beside a stuck purge gate took {took:?}");
     assert!(took < Duration::from_secs(6), "{took:?}");
-    let start = std::time::Instant::now();
-    assert!(
-        other
-            .try_lock_for(&key, Duration::from_millis(300))
-            .unwrap()
-            .is_none(),
-        "a held key was taken"
-    );
-    let took = start.elapsed();
-    eprintln!("a busy try_lock_for(300 ms) beside a stuck purge gate took {took:?}");
-    // Above the deadline by at most the statements' round trips; the gate's patience is 2 s.
-    assert!(took < Duration::from_millis(1500), "{took:?}");
     drop(gate);
     drop(held);
 }

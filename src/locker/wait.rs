@@ -331,9 +331,6 @@ impl<C: LockConnection> Locker<C> {
         };
         self.check_schema(&mut conn)?;
         let mut conn = Conn::new(conn);
-        if let Deadline::At(at) = deadline {
-            conn.give_up_at = Some(at);
-        }
         let live = Arc::new(Mutex::new(true));
         let registration = match cancel {
             Some(c) if wait != Wait::No => {

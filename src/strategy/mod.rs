@@ -579,11 +579,6 @@ pub(crate) struct Conn<C: LockConnection> {
     /// Whether a cancellation may end this attempt's session (the waiting code registered
     /// the strategy's interrupter): such a session must not be shared with other locks.
     pub(crate) cancellable: bool,
-    /// When the caller gives up waiting (`try_lock_for`'s deadline; `None` for a wait with
-    /// no end, and for a try): the attempt's own waits on the client side, which are not
-    /// the lock's wait (`ForUpdate`'s for a purge's batch), end there too, whatever `Wait`
-    /// the attempt was given (the waiting code's first attempt is given `Wait::No`).
-    pub(crate) give_up_at: Option<std::time::Instant>,
 }
 
 impl<C: LockConnection> Conn<C> {
@@ -595,7 +590,6 @@ impl<C: LockConnection> Conn<C> {
             holder: None,
             granted: None,
             cancellable: false,
-            give_up_at: None,
         }
     }
 

@@ -59,9 +59,7 @@ const ROW_TRIES: usize = 16;
 /// purge, whose batches take the gate again one round trip after each other, costs a busy
 /// try at most this long (not this long per retry: on MariaDB, where a waiter looks at the
 /// gate now and then, tries of held keys took up to 6 s during a purge of 10⁵ rows, found
-/// by the purge-gate fix's adversary). A bounded wait (`try_lock_for`) waits for the gate
-/// no longer than its deadline: past it, a gate still held means busy (a wait of 400 ms
-/// used to end up to 1.8 s late beside purges, found by the deadlock fix's adversary).
+/// by the purge-gate fix's adversary).
 const GATE_PATIENCE: Duration = Duration::from_secs(2);
 
 /// How many times a token that may not go out yet is made safe (a new life of the
@@ -156,14 +154,9 @@ pub(crate) fn row_lock<C: LockConnection>(
                 if !conn.session_sql()?.is_lock_unavailable(&e) {
                     return Err(e.into());
                 }
-                // Locked: by a holder, or by a purge deleting the row? Looked at for as
-                // long as the attempt may still wait, and no longer than its patience.
+                // Locked: by a holder, or by a purge deleting the row?
                 tries += 1;
-                let now = Instant::now();
-                let mut patience = gate_until.saturating_duration_since(now);
-                if let Some(at) = deadline.or(conn.give_up_at) {
-                    patience = patience.min(at.saturating_duration_since(now));
-                }
+                let patience = gate_until.saturating_duration_since(Instant::now());
                 if tries > ROW_TRIES || conn.session_sql()?.for_update_present(key, patience)? {
                     return Ok(None);
                 }

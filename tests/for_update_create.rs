@@ -18,7 +18,8 @@
 //! `mysql_lock_statement_deadlock_victim_runs_again` builds it. On PostgreSQL with sessions
 //! at REPEATABLE READ, a waiting writer's mark of the key fails with a serialization
 //! failure after another's update of the key's header row:
-//! `pg_writer_mark_rolled_back_is_busy`.
+//! `pg_writer_mark_rolled_back_is_busy`; so did the insert of a key's kind by its first
+//! readers or permit holders: `pg_first_readers_and_permits_at_repeatable_read`.
 
 mod common;
 
@@ -359,4 +360,74 @@ fn pg_writer_mark_rolled_back_is_busy() {
         .try_lock_for(&k, Duration::from_secs(3))
         .unwrap()
         .is_some());
+}
+
+/// With sessions at REPEATABLE READ, the first readers (and permit holders) of a key, each
+/// with a `Locker` of its own, insert its kind (`dlock_shared_keys`) at once: an insert whose
+/// ON CONFLICT met a row committed after its snapshot failed with a serialization failure,
+/// which reached the caller (an adversary: 246 of 400 first `try_read_for`, 127 of 200
+/// `try_permit_for`). Now run again: no caller sees an error.
+#[cfg(feature = "postgres")]
+#[test]
+fn pg_first_readers_and_permits_at_repeatable_read() {
+    use diesel::connection::SimpleConnection;
+    use diesel::{Connection, PgConnection};
+    use std::sync::Barrier;
+    const THREADS: usize = 4;
+    let Some(own) = common::pg_own_db_sized(1) else {
+        return;
+    };
+    let name = own
+        .url
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .split('?')
+        .next()
+        .unwrap();
+    PgConnection::establish(&own.url)
+        .unwrap()
+        .batch_execute(&format!(
+            "ALTER DATABASE {name} SET default_transaction_isolation = 'repeatable read'"
+        ))
+        .unwrap();
+    let h = common::server_at::<PgConnection>(&own.url, 4);
+    let mut errors = Vec::new();
+    for round in 0..30 {
+        let key = unique_key("kind-rr");
+        let permit = round % 2 == 1;
+        // Fresh Lockers: each asks for the key's kind once, at its first acquisition.
+        let lockers: Vec<_> = (0..THREADS)
+            .map(|_| h.locker(Strategy::ForUpdate))
+            .collect();
+        let barrier = Arc::new(Barrier::new(THREADS));
+        let answers: Vec<_> = lockers
+            .into_iter()
+            .map(|l| {
+                let (key, barrier) = (key.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    let d = Duration::from_millis(300);
+                    if permit {
+                        l.try_permit_for(&key, 2, d).map(drop)
+                    } else {
+                        l.try_read_for(&key, d).map(drop)
+                    }
+                    .map_err(|e| format!("{e:?}"))
+                })
+            })
+            .collect();
+        for a in answers {
+            if let Err(e) = a.join().unwrap() {
+                errors.push(format!("round {round} (permit: {permit}): {e}"));
+            }
+        }
+    }
+    assert!(
+        errors.is_empty(),
+        "{} of {} first acquisitions failed: {:?}",
+        errors.len(),
+        30 * THREADS,
+        &errors[..errors.len().min(3)]
+    );
 }

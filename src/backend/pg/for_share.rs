@@ -89,15 +89,27 @@ impl ForShareLocks for PgConnection {
 
     fn permits_setup(&mut self, key: &str, permits: i64, slots: bool) -> QueryResult<i64> {
         // A purge may delete a reader-writer kind (older than its grace, of a key with no
-        // row) between the insert and the read: made again.
+        // row) between the insert and the read: made again. So is an insert the server
+        // rolled back: with sessions at REPEATABLE READ, ON CONFLICT DO NOTHING meeting a
+        // row committed after the statement's snapshot (another first acquisition's insert,
+        // a writer's mark) is a serialization failure, which reached the caller (an
+        // adversary: 246 of 400 first readers of one key); run again, it takes a new
+        // snapshot and sees the row.
         let stored = crate::backend::for_share::kind_made(key, || {
-            stmt(
+            let made = stmt(
                 "INSERT INTO dlock_shared_keys (lock_key, permit_count, token) VALUES (?, ?, 0) \
                  ON CONFLICT (lock_key) DO NOTHING",
             )
             .bind::<Text, _>(key)
             .bind::<BigInt, _>(permits)
-            .execute(self)?;
+            .execute(self);
+            match made {
+                Err(e) if super::rolled_back(&e) => {
+                    log::debug!("lock {key:?}: making its kind was rolled back ({e}); again");
+                    return Ok(None);
+                }
+                made => made?,
+            };
             stmt("SELECT permit_count AS one FROM dlock_shared_keys WHERE lock_key = ?")
                 .bind::<Text, _>(key)
                 .get_result::<One>(self)
@@ -115,14 +127,28 @@ impl ForShareLocks for PgConnection {
                 .one
                 < permits;
         if missing {
-            stmt(
-                "INSERT INTO dlock_permit_slots (lock_key, slot) \
-                 SELECT ?, g FROM generate_series(0, ?::int4 - 1) g \
-                 ON CONFLICT (lock_key, slot) DO NOTHING",
-            )
-            .bind::<Text, _>(key)
-            .bind::<BigInt, _>(permits)
-            .execute(self)?;
+            // Rolled back at REPEATABLE READ as the kind's insert can be: run again.
+            let mut tries = 0;
+            loop {
+                let made = stmt(
+                    "INSERT INTO dlock_permit_slots (lock_key, slot) \
+                     SELECT ?, g FROM generate_series(0, ?::int4 - 1) g \
+                     ON CONFLICT (lock_key, slot) DO NOTHING",
+                )
+                .bind::<Text, _>(key)
+                .bind::<BigInt, _>(permits)
+                .execute(self);
+                match made {
+                    Err(e) if tries < 16 && super::rolled_back(&e) => {
+                        tries += 1;
+                        log::debug!("lock {key:?}: making its slots was rolled back ({e}); again");
+                    }
+                    made => {
+                        made?;
+                        break;
+                    }
+                }
+            }
         }
         Ok(stored)
     }

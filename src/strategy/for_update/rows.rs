@@ -128,7 +128,20 @@ pub(crate) fn row_lock<C: LockConnection>(
                 if fences > FENCE_TRIES {
                     return Err(crate::Error::Database(no_token()));
                 }
-                conn.session_sql()?.fence_prepare(drawn)?;
+                match conn.session_sql()?.fence_prepare(drawn) {
+                    // Another session raised the bound or joined the life at once, and the
+                    // server rolled this one back (a serialization failure with sessions at
+                    // REPEATABLE READ on PostgreSQL, a deadlock): drawn again, as the
+                    // attempt's tries allow.
+                    Err(e) if tries < ROW_TRIES && conn.sql().is_rolled_back(&e) => {
+                        tries += 1;
+                        fences -= 1;
+                        log::debug!(
+                            "lock {key:?}: making its token safe was rolled back ({e}); again"
+                        );
+                    }
+                    prepared => prepared?,
+                }
             }
             Ok(ForUpdateLocked::Blocked) => {
                 rollback(conn);
@@ -185,7 +198,13 @@ fn create<C: LockConnection>(conn: &mut Conn<C>, key: &str) -> Result<()> {
                 log::debug!("lock {key:?}: its row is there, held ({e}); locking it");
                 return Ok(());
             }
-            Err(e) if tries < ROW_TRIES && conn.sql().is_contention(&e) => {
+            // Contention, or rolled back: a deadlock's victim, or (sessions at REPEATABLE
+            // READ on PostgreSQL) ON CONFLICT meeting a row committed after the statement's
+            // snapshot, a serialization failure that reached first readers' callers.
+            Err(e)
+                if tries < ROW_TRIES
+                    && (conn.sql().is_contention(&e) || conn.sql().is_rolled_back(&e)) =>
+            {
                 tries += 1;
                 log::debug!("lock {key:?}: making its row met contention ({e}); again");
             }

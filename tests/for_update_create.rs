@@ -284,25 +284,9 @@ fn pg_writer_mark_rolled_back_is_busy() {
         #[diesel(sql_type = diesel::sql_types::BigInt)]
         n: i64,
     }
-    let Some(own) = common::pg_own_db_sized(1) else {
+    let Some((own, h)) = pg_own_db_at_repeatable_read(6) else {
         return;
     };
-    let name = own
-        .url
-        .rsplit('/')
-        .next()
-        .unwrap()
-        .split('?')
-        .next()
-        .unwrap();
-    PgConnection::establish(&own.url)
-        .unwrap()
-        .batch_execute(&format!(
-            "ALTER DATABASE {name} SET default_transaction_isolation = 'repeatable read'"
-        ))
-        .unwrap();
-    // A pool made after the change: its sessions start at REPEATABLE READ.
-    let h = common::server_at::<PgConnection>(&own.url, 6);
     let holder = h.locker(Strategy::ForUpdate);
     let waiter = h.locker(Strategy::ForUpdate);
     let k = unique_key("mark-rr");
@@ -370,28 +354,11 @@ fn pg_writer_mark_rolled_back_is_busy() {
 #[cfg(feature = "postgres")]
 #[test]
 fn pg_first_readers_and_permits_at_repeatable_read() {
-    use diesel::connection::SimpleConnection;
-    use diesel::{Connection, PgConnection};
     use std::sync::Barrier;
     const THREADS: usize = 4;
-    let Some(own) = common::pg_own_db_sized(1) else {
+    let Some((_own, h)) = pg_own_db_at_repeatable_read(4) else {
         return;
     };
-    let name = own
-        .url
-        .rsplit('/')
-        .next()
-        .unwrap()
-        .split('?')
-        .next()
-        .unwrap();
-    PgConnection::establish(&own.url)
-        .unwrap()
-        .batch_execute(&format!(
-            "ALTER DATABASE {name} SET default_transaction_isolation = 'repeatable read'"
-        ))
-        .unwrap();
-    let h = common::server_at::<PgConnection>(&own.url, 4);
     let mut errors = Vec::new();
     for round in 0..30 {
         let key = unique_key("kind-rr");
@@ -430,4 +397,31 @@ fn pg_first_readers_and_permits_at_repeatable_read() {
         30 * THREADS,
         &errors[..errors.len().min(3)]
     );
+}
+
+/// A database of the test's own (dropped with the first harness) whose sessions start at
+/// REPEATABLE READ, and a harness of `size` connections on it, made after the change.
+#[cfg(feature = "postgres")]
+fn pg_own_db_at_repeatable_read(
+    size: u32,
+) -> Option<(Harness<diesel::PgConnection>, Harness<diesel::PgConnection>)> {
+    use diesel::connection::SimpleConnection;
+    use diesel::{Connection, PgConnection};
+    let own = common::pg_own_db_sized(1)?;
+    let name = own
+        .url
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .split('?')
+        .next()
+        .unwrap();
+    PgConnection::establish(&own.url)
+        .unwrap()
+        .batch_execute(&format!(
+            "ALTER DATABASE {name} SET default_transaction_isolation = 'repeatable read'"
+        ))
+        .unwrap();
+    let h = common::server_at::<PgConnection>(&own.url, size);
+    Some((own, h))
 }

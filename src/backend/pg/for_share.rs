@@ -128,27 +128,22 @@ impl ForShareLocks for PgConnection {
                 < permits;
         if missing {
             // Rolled back at REPEATABLE READ as the kind's insert can be: run again.
-            let mut tries = 0;
-            loop {
-                let made = stmt(
-                    "INSERT INTO dlock_permit_slots (lock_key, slot) \
-                     SELECT ?, g FROM generate_series(0, ?::int4 - 1) g \
-                     ON CONFLICT (lock_key, slot) DO NOTHING",
-                )
-                .bind::<Text, _>(key)
-                .bind::<BigInt, _>(permits)
-                .execute(self);
-                match made {
-                    Err(e) if tries < 16 && super::rolled_back(&e) => {
-                        tries += 1;
-                        log::debug!("lock {key:?}: making its slots was rolled back ({e}); again");
-                    }
-                    made => {
-                        made?;
-                        break;
-                    }
-                }
-            }
+            crate::backoff::retry_contended(
+                self,
+                std::time::Duration::from_millis(16),
+                "making a key's permit slots",
+                |c| {
+                    stmt(
+                        "INSERT INTO dlock_permit_slots (lock_key, slot) \
+                         SELECT ?, g FROM generate_series(0, ?::int4 - 1) g \
+                         ON CONFLICT (lock_key, slot) DO NOTHING",
+                    )
+                    .bind::<Text, _>(key)
+                    .bind::<BigInt, _>(permits)
+                    .execute(c)
+                },
+                |_, e| super::rolled_back(e),
+            )?;
         }
         Ok(stored)
     }

@@ -124,8 +124,7 @@ pub(crate) fn row_lock<C: LockConnection>(
             }
             Ok(ForUpdateLocked::Unfenced(drawn)) => {
                 rollback(conn);
-                fences += 1;
-                if fences > FENCE_TRIES {
+                if fences == FENCE_TRIES {
                     return Err(crate::Error::Database(no_token()));
                 }
                 match conn.session_sql()?.fence_prepare(drawn) {
@@ -135,12 +134,14 @@ pub(crate) fn row_lock<C: LockConnection>(
                     // attempt's tries allow.
                     Err(e) if tries < ROW_TRIES && conn.sql().is_rolled_back(&e) => {
                         tries += 1;
-                        fences -= 1;
                         log::debug!(
                             "lock {key:?}: making its token safe was rolled back ({e}); again"
                         );
                     }
-                    prepared => prepared?,
+                    prepared => {
+                        prepared?;
+                        fences += 1;
+                    }
                 }
             }
             Ok(ForUpdateLocked::Blocked) => {

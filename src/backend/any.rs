@@ -119,12 +119,17 @@ impl Sealed for AnyConnection {
 
 /// Applies [`SqliteTuning`](crate::SqliteTuning) to the SQLite connections of an
 /// `AnyConnection` pool, and `autocommit = 1` to MySQL ones; turns diesel's prepared-statement
-/// cache off on PostgreSQL connections through a transaction pooler (`dlock_pooler`). A
+/// cache off on PostgreSQL connections through a transaction pooler (`dlock_pooler`), and
+/// in a `Locker`'s own pool puts PostgreSQL sessions reached directly at READ COMMITTED. A
 /// connection that opens clears the pool's last connection failure.
 #[derive(Debug)]
 struct AnyTuning {
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     behind_pooler: bool,
+    /// A pool only a `Locker` uses (`Locker::connect`): its PostgreSQL sessions run at READ
+    /// COMMITTED whatever the database's default, as the line's statements need.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    read_committed: bool,
     failures: Arc<Failures>,
 }
 
@@ -139,6 +144,19 @@ impl CustomizeConnection<AnyConnection, diesel::r2d2::Error> for AnyTuning {
             AnyConnection::Postgresql(c) if self.behind_pooler => {
                 c.set_prepared_statement_cache_size(diesel::connection::CacheSize::Disabled);
                 Ok(())
+            }
+            // The line's statements need READ COMMITTED: at REPEATABLE READ they meet
+            // serialization failures, and newcomers passed earlier waiters meanwhile (an
+            // adversary, 28 Nov); at SERIALIZABLE a `ForUpdate` holder's check was aborted.
+            // A session setting: never through a transaction pooler, where it would stay on
+            // a server session that other clients are given next.
+            #[cfg(feature = "postgres")]
+            AnyConnection::Postgresql(c) if self.read_committed => {
+                use diesel::connection::SimpleConnection;
+                c.batch_execute(
+                    "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED",
+                )
+                .map_err(diesel::r2d2::Error::QueryError)
             }
             #[cfg(feature = "sqlite")]
             AnyConnection::Sqlite(c) => super::SqliteTuning::default()
@@ -190,10 +208,29 @@ pub(crate) fn open(url: &str) -> Result<Target> {
 
 /// The pool for `target`: `size` connections at most, waiting at most 10 s for one, its
 /// connection failures kept (with the driver's reason) in `failures`.
-pub(crate) fn pool(
+fn pool(
     target: &Target,
     size: u32,
     failures: Arc<Failures>,
+) -> Result<Pool<ConnectionManager<AnyConnection>>> {
+    build_pool(target, size, failures, false)
+}
+
+/// A `Locker`'s own pool (`Locker::connect`): as [`pool`], and its PostgreSQL sessions
+/// reached directly run at READ COMMITTED (`AnyTuning::read_committed`).
+pub(crate) fn locker_pool(
+    target: &Target,
+    size: u32,
+    failures: Arc<Failures>,
+) -> Result<Pool<ConnectionManager<AnyConnection>>> {
+    build_pool(target, size, failures, true)
+}
+
+fn build_pool(
+    target: &Target,
+    size: u32,
+    failures: Arc<Failures>,
+    own: bool,
 ) -> Result<Pool<ConnectionManager<AnyConnection>>> {
     if size == 0 {
         return Err(Error::InvalidConfig(
@@ -213,6 +250,7 @@ pub(crate) fn pool(
         .test_on_check_out(!matches!(target.backend, Backend::Sqlite))
         .connection_customizer(Box::new(AnyTuning {
             behind_pooler: target.behind_pooler,
+            read_committed: own && !target.behind_pooler,
             failures: failures.clone(),
         }))
         .error_handler(Box::new(ReportErrors(failures)))

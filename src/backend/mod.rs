@@ -28,7 +28,7 @@ pub(crate) mod stmt;
 mod url;
 
 pub use any::{connect, AnyConnection};
-pub(crate) use any::{open, pool, Failures};
+pub(crate) use any::{locker_pool, open, Failures};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteTuning;
 pub use url::mask_secrets;
@@ -281,6 +281,13 @@ pub(crate) mod sealed {
         /// invisible to everyone else, on a pooled connection); SQLite without WAL and a busy
         /// timeout (`SqliteTuning`).
         fn misconfigured(&mut self) -> QueryResult<Option<String>> {
+            Ok(None)
+        }
+        /// The isolation level this session's transactions and statements run at by
+        /// default, where the library depends on it: PostgreSQL's `transaction_isolation`
+        /// (`read committed`, `repeatable read`, `serializable`); `None` elsewhere (MySQL's
+        /// transactions set READ COMMITTED themselves where they need it).
+        fn default_isolation(&mut self) -> QueryResult<Option<String>> {
             Ok(None)
         }
         /// Why this server's session locks (`GET_LOCK`, `FOR UPDATE` row locks) would

@@ -78,7 +78,7 @@ impl LockerBuilder<AnyConnection> {
         let target = crate::backend::open(url)?;
         Ok(LockerBuilder::new(Source::Url {
             target,
-            make: crate::backend::pool,
+            make: crate::backend::locker_pool,
         }))
     }
 }
@@ -334,7 +334,9 @@ impl<C: LockConnection> LockerBuilder<C> {
     /// built from such a URL (its session locks would stay on whichever server session the
     /// pooler gave out), a `pool_size` of 0 or for a pool
     /// of your own, a MySQL pool with
-    /// autocommit off, or a SQLite pool without WAL or a busy timeout;
+    /// autocommit off, a PostgreSQL pool whose sessions run at SERIALIZABLE (the
+    /// sessions a `Locker` opens itself from a URL run at READ COMMITTED, unless through a
+    /// transaction pooler), or a SQLite pool without WAL or a busy timeout;
     /// [`Error::Unsupported`] for a strategy the backend cannot honour;
     /// [`Error::Connection`] or [`Error::Pool`] if a connection was needed and none could be
     /// had; [`Error::Thread`] if the listener's
@@ -433,6 +435,9 @@ impl<C: LockConnection> LockerBuilder<C> {
             if let Some(why) = pool.get().map_err(pool_error)?.sql().misconfigured()? {
                 return Err(Error::InvalidConfig(why));
             }
+        } else {
+            let level = pool.get().map_err(pool_error)?.sql().default_isolation()?;
+            check_isolation(level.as_deref(), raw.lines())?;
         }
         let shared = Arc::new(Shared {
             owner,
@@ -505,5 +510,35 @@ impl<C: LockConnection> LockerBuilder<C> {
                 doorbell,
             }),
         })
+    }
+}
+
+/// What a PostgreSQL pool's default isolation level means for a `Locker` (`lines`: its
+/// strategy keeps a line of waiters, `Row` or `Lease`). READ COMMITTED, the server's default
+/// and what `Locker::connect` sets on the sessions it opens directly: as designed.
+/// SERIALIZABLE: refused (a `ForUpdate` holder's `check()` was aborted by the server, and
+/// acquisitions failed with "could not serialize access"). REPEATABLE READ: exclusion and
+/// tokens hold, and `ForUpdate` runs again what the server rolls back, but the line's order
+/// does not (newcomers passed earlier waiters while the line's statements were run again):
+/// a warning for `Row` and `Lease`.
+fn check_isolation(level: Option<&str>, lines: bool) -> Result<()> {
+    const HOW: &str = "set default_transaction_isolation = 'read committed' for the role or \
+                       database (ALTER ROLE ... SET ...), or in your pool's connection \
+                       customizer, or build the Locker with Locker::connect (not through a \
+                       transaction pooler)";
+    match level {
+        Some("serializable") => Err(Error::InvalidConfig(format!(
+            "the pool's PostgreSQL sessions run at SERIALIZABLE, where the server aborts \
+             holders' checks and acquisitions: {HOW}"
+        ))),
+        Some("repeatable read") if lines => {
+            log::warn!(
+                "the pool's PostgreSQL sessions run at REPEATABLE READ: locks and tokens \
+                 hold, but newcomers can take a key past earlier waiters while the line's \
+                 statements meet serialization failures; for the line's order, {HOW}"
+            );
+            Ok(())
+        }
+        _ => Ok(()),
     }
 }

@@ -165,7 +165,10 @@ impl Locker<AnyConnection> {
     /// hand can only say that it timed out. The URL accepts the same parameters as
     /// [`connect`](crate::connect) (`dlock_pooler=transaction` for PgBouncer), and its
     /// password appears in no message. [`Locker::pool`] gives the pool, for the
-    /// application's own queries.
+    /// application's own queries. On PostgreSQL reached directly (not through a transaction
+    /// pooler) the pool's sessions run at READ COMMITTED whatever the role's or the
+    /// database's default isolation: the line of waiters keeps its order only there (see
+    /// the guide, "Waiting").
     ///
     /// # Errors
     /// [`Error::InvalidUrl`](crate::Error::InvalidUrl) for an empty or malformed URL, an

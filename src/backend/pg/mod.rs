@@ -193,6 +193,17 @@ impl Dialect for PgConnection {
         })
     }
 
+    fn default_isolation(&mut self) -> diesel::QueryResult<Option<String>> {
+        #[derive(diesel::QueryableByName)]
+        struct Level {
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            level: String,
+        }
+        stmt("SELECT current_setting('transaction_isolation') AS level")
+            .get_result::<Level>(self)
+            .map(|l| Some(l.level))
+    }
+
     fn is_contention(&self, e: &diesel::result::Error) -> bool {
         contention(e)
     }

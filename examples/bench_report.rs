@@ -61,8 +61,8 @@ struct Row {
     /// Session strategies: the lock with no token at all (`Pair::bare`), cycles/s.
     bare: Option<f64>,
     bare_statements: &'static str,
-    /// MariaDB Row and Lease: the hand-written statements with the token back and the
-    /// release on a second checkout (`Pair::bare_token`), cycles/s.
+    /// MariaDB Row and Lease, PostgreSQL Row: the hand-written statements with a fencing
+    /// token (`Pair::bare_token`), cycles/s.
     bare_token: Option<f64>,
     bare_token_statements: &'static str,
     /// (handoffs/s, fairness) with 8 threads on one key, per sharing.
@@ -657,7 +657,7 @@ fn targets(
                 if let Some(token) = r.bare_token {
                     writeln!(
                         m,
-                        "   {s} on {}: the same with the token back and the release on a second checkout ({}): {:.2} of the hand-written; the library {:.2} of it.",
+                        "   {s} on {}: the same with a fencing token ({}): {:.2} of the hand-written; the library {:.2} of it.",
                         db.name(),
                         r.bare_token_statements,
                         token / bare,

@@ -29,6 +29,8 @@ pub struct Pair {
     /// the release on a connection checked out again. Through diesel on MariaDB 10.11 a
     /// value comes back from a write only by a statement of its own (no `INSERT …
     /// RETURNING` through a prepared statement, MDEV-27013; no insert id in diesel's API).
+    /// PostgreSQL Row: the hand-written statements with a token that grows per key (a
+    /// counter's upsert in the insert's statement); its hand-written `Lease` carries one.
     pub bare_token: Option<Bare>,
 }
 
@@ -203,6 +205,47 @@ pub mod pg {
                 .expect("lease release")
         };
         assert_eq!(n, 1);
+    }
+
+    /// `Row`'s hand-written statements with a fencing token (see `Pair::bare_token`): the
+    /// per-key counter's upsert in the insert's statement, as the minimal way to hand out a
+    /// token that grows per key across holders (a sequence would not: a slow inserter can
+    /// win with an older value). `Lease`'s hand-written upsert carries its token already.
+    fn bare_token(
+        pool: Pool<ConnectionManager<PgConnection>>,
+        strategy: Strategy,
+        key: &str,
+    ) -> Option<Bare> {
+        let k = format!("{key}-bare-token");
+        match strategy {
+            Strategy::Row { .. } => Some((
+                Box::new(move || {
+                    let mut c = pool.get().unwrap();
+                    let a = sql(
+                        "WITH t AS (INSERT INTO dlock_tokens AS t (lock_key, token) VALUES (?, 1) \
+                                    ON CONFLICT (lock_key) DO UPDATE SET token = t.token + 1 \
+                                    RETURNING token) \
+                         INSERT INTO dlock_rows (lock_key, owner, holder, token, acquired_at) \
+                         SELECT ?, ?, ?, t.token, now() FROM t ON CONFLICT (lock_key) DO NOTHING \
+                         RETURNING id, token, acquired_at",
+                    )
+                    .bind::<Text, _>(&k)
+                    .bind::<Text, _>(&k)
+                    .bind::<Text, _>(OWNER)
+                    .bind::<Text, _>(HOLDER)
+                    .get_result::<Acquired>(&mut c)
+                    .expect("bare row insert with a token");
+                    drop(c);
+                    let n = sql("DELETE FROM dlock_rows WHERE id = ?")
+                        .bind::<BigInt, _>(a.id)
+                        .execute(&mut pool.get().unwrap())
+                        .unwrap();
+                    assert_eq!(n, 1);
+                }),
+                "counter upsert + INSERT … ON CONFLICT DO NOTHING RETURNING (one statement); DELETE by id",
+            )),
+            _ => None,
+        }
     }
 
     /// The lock with no token (see `Pair::bare`).
@@ -399,6 +442,7 @@ pub mod pg {
             }
             _ => unreachable!(),
         };
+        let bare_token = bare_token(pool_for_bare.clone(), strategy, key);
         let bare = bare(pool_for_bare, strategy, key);
         Pair {
             ours: ours(l, key.to_owned()),
@@ -406,7 +450,7 @@ pub mod pg {
             statements,
             raw_without_notify,
             bare,
-            bare_token: None,
+            bare_token,
         }
     }
 }

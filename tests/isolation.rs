@@ -179,4 +179,63 @@ fn connect_through_a_pooler_to_a_serializable_database_is_refused() {
             other => panic!("{s:?}: {other:?}"),
         }
     }
+    // The CLI there: `list` reads as before (over a plain pool), `migrate` says why it
+    // cannot (a usage error, exit 2).
+    let dlock = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_dlock"))
+            .args(args)
+            .env("DLOCK_URL", &url)
+            .env_remove("RUST_LOG")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let list = dlock(&["list"]);
+    assert!(list.status.success(), "{list:?}");
+    let migrate = dlock(&["migrate"]);
+    assert_eq!(migrate.status.code(), Some(2), "{migrate:?}");
+    assert!(
+        String::from_utf8_lossy(&migrate.stderr).contains("SERIALIZABLE"),
+        "{migrate:?}"
+    );
+}
+
+/// The CLI's maintenance commands on a database whose sessions run at SERIALIZABLE or
+/// REPEATABLE READ: `migrate` and `purge` were refused at SERIALIZABLE once `build` refused
+/// such pools (helper-88: exit 2 where the build before exited 0), and `release --force` and
+/// `purge` failed now and then with "could not serialize access" there. The CLI's pool is a
+/// `Locker`'s own, at READ COMMITTED: every command succeeds, and `purge` warns of nothing.
+#[test]
+fn cli_maintenance_at_serializable_and_repeatable_read() {
+    let Some(h) = common::pg_sized(1) else {
+        return;
+    };
+    for default in ["serializable", "repeatable read"] {
+        let url = at(&h.url, default);
+        let key = common::unique_key("isolation-cli");
+        let dlock = |args: &[&str]| {
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_dlock"))
+                .args(args)
+                .env("DLOCK_URL", &url)
+                .env("RUST_LOG", "warn")
+                .stdin(std::process::Stdio::null())
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+            assert!(
+                out.status.success(),
+                "{default}: dlock {args:?}: {:?}\n{stderr}",
+                out.status
+            );
+            assert!(
+                !stderr.contains("REPEATABLE READ"),
+                "{default}: dlock {args:?}: {stderr}"
+            );
+        };
+        dlock(&["migrate"]);
+        dlock(&["run", "--key", &key, "--", "true"]);
+        dlock(&["purge", "--older-than", "0s"]);
+        dlock(&["release", "--force", &key]);
+        dlock(&["list"]);
+    }
 }

@@ -75,10 +75,25 @@ impl Database {
         }
     }
 
-    /// A pool for `list`, `status`, `release` and `migrate`.
+    /// A pool for `list`, `status`, `release`, `migrate` and `purge`: a `Locker`'s own, as
+    /// `Locker::connect` builds it, whose PostgreSQL sessions run at READ COMMITTED whatever
+    /// the database's default isolation. A plain pool (`diesel_lock::connect`) at the
+    /// database's default made `migrate` and `purge` refused on a database whose sessions
+    /// run at SERIALIZABLE, and `release --force` and `purge` fail now and then there and at
+    /// REPEATABLE READ ("could not serialize access"; helper-88). Where no `Locker` can be
+    /// built (a database at SERIALIZABLE through a transaction pooler, where no session
+    /// setting can be made), a plain pool: `list`, `status` and `release` read and delete
+    /// there as before, and `migrate` and `purge` say why they cannot.
     pub(crate) fn connect(&self) -> Result<Pool<ConnectionManager<AnyConnection>>, Failure> {
         log::info!("database: {}", self.redacted());
-        let pool = diesel_lock::connect(&self.url).map_err(|e| self.failure(e))?;
+        let pool = match Locker::connect(&self.url).and_then(|b| b.build()) {
+            Ok(locker) => locker.pool().clone(),
+            Err(Error::InvalidConfig(why)) => {
+                log::debug!("a plain pool, as no Locker could be built: {why}");
+                diesel_lock::connect(&self.url).map_err(|e| self.failure(e))?
+            }
+            Err(e) => return Err(self.failure(e)),
+        };
         self.say_default();
         Ok(pool)
     }

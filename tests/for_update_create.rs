@@ -408,14 +408,7 @@ fn pg_own_db_at_repeatable_read(
     use diesel::connection::SimpleConnection;
     use diesel::{Connection, PgConnection};
     let own = common::pg_own_db_sized(1)?;
-    let name = own
-        .url
-        .rsplit('/')
-        .next()
-        .unwrap()
-        .split('?')
-        .next()
-        .unwrap();
+    let name = common::database_name(&own.url);
     PgConnection::establish(&own.url)
         .unwrap()
         .batch_execute(&format!(

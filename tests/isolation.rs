@@ -149,15 +149,7 @@ fn connect_through_a_pooler_to_a_serializable_database_is_refused() {
     let (Some(own), Some(bouncer)) = (common::pg_own_db_sized(1), common::pgbouncer_url()) else {
         return;
     };
-    let name = own
-        .url
-        .rsplit('/')
-        .next()
-        .unwrap()
-        .split('?')
-        .next()
-        .unwrap()
-        .to_owned();
+    let name = common::database_name(&own.url).to_owned();
     PgConnection::establish(&own.url)
         .unwrap()
         .batch_execute(&format!(
@@ -181,15 +173,7 @@ fn connect_through_a_pooler_to_a_serializable_database_is_refused() {
     }
     // The CLI there: `list` reads as before (over a plain pool), `migrate` says why it
     // cannot (a usage error, exit 2).
-    let dlock = |args: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_dlock"))
-            .args(args)
-            .env("DLOCK_URL", &url)
-            .env_remove("RUST_LOG")
-            .stdin(std::process::Stdio::null())
-            .output()
-            .unwrap()
-    };
+    let dlock = |args: &[&str]| dlock(&url, None, args);
     let list = dlock(&["list"]);
     assert!(list.status.success(), "{list:?}");
     let migrate = dlock(&["migrate"]);
@@ -214,13 +198,7 @@ fn cli_maintenance_at_serializable_and_repeatable_read() {
         let url = at(&h.url, default);
         let key = common::unique_key("isolation-cli");
         let dlock = |args: &[&str]| {
-            let out = std::process::Command::new(env!("CARGO_BIN_EXE_dlock"))
-                .args(args)
-                .env("DLOCK_URL", &url)
-                .env("RUST_LOG", "warn")
-                .stdin(std::process::Stdio::null())
-                .output()
-                .unwrap();
+            let out = dlock(&url, Some("warn"), args);
             let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
             assert!(
                 out.status.success(),
@@ -238,4 +216,17 @@ fn cli_maintenance_at_serializable_and_repeatable_read() {
         dlock(&["release", "--force", &key]);
         dlock(&["list"]);
     }
+}
+
+/// `dlock ARGS` against `url`, its log filtered by `log` (none: no log).
+fn dlock(url: &str, log: Option<&str>, args: &[&str]) -> std::process::Output {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_dlock"));
+    cmd.args(args)
+        .env("DLOCK_URL", url)
+        .stdin(std::process::Stdio::null());
+    match log {
+        Some(filter) => cmd.env("RUST_LOG", filter),
+        None => cmd.env_remove("RUST_LOG"),
+    };
+    cmd.output().unwrap()
 }

@@ -207,6 +207,15 @@ pub mod pg {
         assert_eq!(n, 1);
     }
 
+    /// The hand-written `Row` release, on a connection checked out again: `DELETE` by id.
+    fn bare_row_delete(pool: &Pool<ConnectionManager<PgConnection>>, id: i64) {
+        let n = sql("DELETE FROM dlock_rows WHERE id = ?")
+            .bind::<BigInt, _>(id)
+            .execute(&mut pool.get().unwrap())
+            .unwrap();
+        assert_eq!(n, 1);
+    }
+
     /// `Row`'s hand-written statements with a fencing token (see `Pair::bare_token`): the
     /// per-key counter's upsert in the insert's statement, as the minimal way to hand out a
     /// token that grows per key across holders (a sequence would not: a slow inserter can
@@ -236,11 +245,7 @@ pub mod pg {
                     .get_result::<Acquired>(&mut c)
                     .expect("bare row insert with a token");
                     drop(c);
-                    let n = sql("DELETE FROM dlock_rows WHERE id = ?")
-                        .bind::<BigInt, _>(a.id)
-                        .execute(&mut pool.get().unwrap())
-                        .unwrap();
-                    assert_eq!(n, 1);
+                    bare_row_delete(&pool, a.id);
                 }),
                 "counter upsert + INSERT … ON CONFLICT DO NOTHING RETURNING (one statement); DELETE by id",
             )),
@@ -319,11 +324,7 @@ pub mod pg {
                         .get_result::<Acquired>(&mut c)
                         .expect("bare row insert");
                         drop(c);
-                        let n = sql("DELETE FROM dlock_rows WHERE id = ?")
-                            .bind::<BigInt, _>(a.id)
-                            .execute(&mut pool.get().unwrap())
-                            .unwrap();
-                        assert_eq!(n, 1);
+                        bare_row_delete(&pool, a.id);
                     }),
                     "INSERT … ON CONFLICT DO NOTHING RETURNING; DELETE by id",
                 ))

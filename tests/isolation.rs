@@ -156,8 +156,7 @@ fn connect_through_a_pooler_to_a_serializable_database_is_refused() {
             "ALTER DATABASE {name} SET default_transaction_isolation = 'serializable'"
         ))
         .unwrap();
-    let (base, query) = bouncer.split_once('?').unwrap_or((&bouncer, ""));
-    let url = format!("{}/{name}?{query}", base.rsplit_once('/').unwrap().0);
+    let url = common::with_database(&bouncer, &name);
     for s in [
         Strategy::Row { stale_after: None },
         Strategy::Lease {

@@ -279,15 +279,12 @@ pub(crate) mod sealed {
         /// Why this session's settings cannot keep locks safely, if they cannot: MySQL with
         /// `autocommit = 0` (every lock written through it would stay uncommitted, and
         /// invisible to everyone else, on a pooled connection); SQLite without WAL and a busy
-        /// timeout (`SqliteTuning`).
-        fn misconfigured(&mut self) -> QueryResult<Option<String>> {
-            Ok(None)
-        }
-        /// The isolation level this session's transactions and statements run at by
-        /// default, where the library depends on it: PostgreSQL's `transaction_isolation`
-        /// (`read committed`, `repeatable read`, `serializable`); `None` elsewhere (MySQL's
-        /// transactions set READ COMMITTED themselves where they need it).
-        fn default_isolation(&mut self) -> QueryResult<Option<String>> {
+        /// timeout (`SqliteTuning`); PostgreSQL sessions at SERIALIZABLE (there a `ForUpdate`
+        /// holder's `check()` was aborted by the server). Asked once per `build`; `lines`:
+        /// the strategy keeps a line of waiters (`Row`, `Lease`), which PostgreSQL at
+        /// REPEATABLE READ does not keep in order (a warning, not a refusal).
+        fn misconfigured(&mut self, lines: bool) -> QueryResult<Option<String>> {
+            let _ = lines;
             Ok(None)
         }
         /// Why this server's session locks (`GET_LOCK`, `FOR UPDATE` row locks) would

@@ -431,13 +431,13 @@ impl<C: LockConnection> LockerBuilder<C> {
             max_backoff: self.max_backoff,
         };
         let raw = strategy::build(self.strategy, setup)?;
-        if backend != Backend::Postgres {
-            if let Some(why) = pool.get().map_err(pool_error)?.sql().misconfigured()? {
-                return Err(Error::InvalidConfig(why));
-            }
-        } else {
-            let level = pool.get().map_err(pool_error)?.sql().default_isolation()?;
-            check_isolation(level.as_deref(), raw.lines())?;
+        if let Some(why) = pool
+            .get()
+            .map_err(pool_error)?
+            .sql()
+            .misconfigured(raw.lines())?
+        {
+            return Err(Error::InvalidConfig(why));
         }
         let shared = Arc::new(Shared {
             owner,
@@ -510,35 +510,5 @@ impl<C: LockConnection> LockerBuilder<C> {
                 doorbell,
             }),
         })
-    }
-}
-
-/// What a PostgreSQL pool's default isolation level means for a `Locker` (`lines`: its
-/// strategy keeps a line of waiters, `Row` or `Lease`). READ COMMITTED, the server's default
-/// and what `Locker::connect` sets on the sessions it opens directly: as designed.
-/// SERIALIZABLE: refused (a `ForUpdate` holder's `check()` was aborted by the server, and
-/// acquisitions failed with "could not serialize access"). REPEATABLE READ: exclusion and
-/// tokens hold, and `ForUpdate` runs again what the server rolls back, but the line's order
-/// does not (newcomers passed earlier waiters while the line's statements were run again):
-/// a warning for `Row` and `Lease`.
-fn check_isolation(level: Option<&str>, lines: bool) -> Result<()> {
-    const HOW: &str = "set default_transaction_isolation = 'read committed' for the role or \
-                       database (ALTER ROLE ... SET ...), or in your pool's connection \
-                       customizer, or build the Locker with Locker::connect (not through a \
-                       transaction pooler)";
-    match level {
-        Some("serializable") => Err(Error::InvalidConfig(format!(
-            "the pool's PostgreSQL sessions run at SERIALIZABLE, where the server aborts \
-             holders' checks and acquisitions: {HOW}"
-        ))),
-        Some("repeatable read") if lines => {
-            log::warn!(
-                "the pool's PostgreSQL sessions run at REPEATABLE READ: locks and tokens \
-                 hold, but newcomers can take a key past earlier waiters while the line's \
-                 statements meet serialization failures; for the line's order, {HOW}"
-            );
-            Ok(())
-        }
-        _ => Ok(()),
     }
 }

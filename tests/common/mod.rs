@@ -70,14 +70,15 @@ impl<C: LockConnection> Drop for OwnDb<C> {
     }
 }
 
-/// `url` with its database (the path) replaced by `name`, its query kept.
 /// The database a server URL names (its path, without the query).
 #[allow(dead_code)]
 pub fn database_name(url: &str) -> &str {
     url.rsplit('/').next().unwrap().split('?').next().unwrap()
 }
 
-fn with_database(url: &str, name: &str) -> String {
+/// `url` with its database (the path) replaced by `name`, its query kept.
+#[allow(dead_code)]
+pub fn with_database(url: &str, name: &str) -> String {
     let (base, query) = match url.split_once('?') {
         Some((base, query)) => (base, format!("?{query}")),
         None => (url, String::new()),

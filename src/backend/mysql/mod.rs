@@ -278,7 +278,7 @@ impl Dialect for MysqlConnection {
         Ok(())
     }
 
-    fn misconfigured(&mut self) -> QueryResult<Option<String>> {
+    fn misconfigured(&mut self, _lines: bool) -> QueryResult<Option<String>> {
         let autocommit = stmt("SELECT CAST(@@SESSION.autocommit AS SIGNED) AS one")
             .get_result::<One>(self)?
             .one;

@@ -193,15 +193,40 @@ impl Dialect for PgConnection {
         })
     }
 
-    fn default_isolation(&mut self) -> diesel::QueryResult<Option<String>> {
+    /// SERIALIZABLE sessions are refused, REPEATABLE READ ones warned of for a strategy with
+    /// a line: `Locker::connect` sets READ COMMITTED on the sessions it opens directly
+    /// (`AnyTuning`), so this meets pools of the caller's own and those through a pooler.
+    /// Exclusion and tokens hold at REPEATABLE READ, and `ForUpdate` runs again what the
+    /// server rolls back, but newcomers passed earlier waiters while the line's statements
+    /// were run again (an adversary, 28 Nov).
+    fn misconfigured(&mut self, lines: bool) -> diesel::QueryResult<Option<String>> {
+        const HOW: &str = "set default_transaction_isolation = 'read committed' for the role \
+                           or database (ALTER ROLE ... SET ...), or in your pool's connection \
+                           customizer, or build the Locker with Locker::connect (not through \
+                           a transaction pooler)";
         #[derive(diesel::QueryableByName)]
         struct Level {
             #[diesel(sql_type = diesel::sql_types::Text)]
             level: String,
         }
-        stmt("SELECT current_setting('transaction_isolation') AS level")
-            .get_result::<Level>(self)
-            .map(|l| Some(l.level))
+        let level = stmt("SELECT current_setting('transaction_isolation') AS level")
+            .get_result::<Level>(self)?
+            .level;
+        Ok(match level.as_str() {
+            "serializable" => Some(format!(
+                "the pool's PostgreSQL sessions run at SERIALIZABLE, where the server aborts \
+                 holders' checks and acquisitions: {HOW}"
+            )),
+            "repeatable read" if lines => {
+                log::warn!(
+                    "the pool's PostgreSQL sessions run at REPEATABLE READ: locks and tokens \
+                     hold, but newcomers can take a key past earlier waiters while the line's \
+                     statements meet serialization failures; for the line's order, {HOW}"
+                );
+                None
+            }
+            _ => None,
+        })
     }
 
     fn is_contention(&self, e: &diesel::result::Error) -> bool {

@@ -48,7 +48,7 @@ impl Dialect for SqliteConnection {
     /// statement has already returned its row; without a busy timeout, every collision is an
     /// error at once. A pool without `SqliteTuning` can therefore break mutual exclusion and
     /// issue a token twice, so it is refused.
-    fn misconfigured(&mut self) -> diesel::QueryResult<Option<String>> {
+    fn misconfigured(&mut self, _lines: bool) -> diesel::QueryResult<Option<String>> {
         use diesel::RunQueryDsl;
         #[derive(diesel::QueryableByName)]
         struct Mode {
